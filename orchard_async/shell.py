@@ -1,0 +1,273 @@
+"""The shell-session protocol: the hot path of every adapter.
+
+One long-lived POSIX ``sh`` per sandbox reads *frames* from its stdin. A frame is a
+single call ``_o_x NONCE HEAD TAIL SESSION 'cwd' 'env' 'cmd' 'stdin-b64'``
+whose arguments are single-quoted shell literals, so the shell's own parser does the
+input framing: any byte but NUL survives, and nothing in a command can end a frame
+early. The server runs each command in a fresh subshell (one fork, no exec: this is
+what keeps a round trip near a millisecond) and sends back::
+
+    @@ORCH <nonce> <exit code> <timed out 0|1> <stdout size> <stderr size>\\n
+    <stdout payload><stderr payload>@@END <nonce>\\n
+
+Each payload is the whole stream when it fits ``HEAD + TAIL`` bytes, otherwise its
+first HEAD and last TAIL bytes; the client knows both numbers, so it reads exact
+lengths and never scans output for a delimiter. The nonce only checks that client and
+server agree on where a frame starts.
+
+Timeouts are the client's: when one passes it *interrupts* the server (SIGUSR1, sent
+by the adapter over a side channel: ``os.kill`` locally, a second exec in a container),
+and the server freezes and kills the command's whole process tree, then answers the
+frame as usual with the timed-out flag set. So no watcher process is paid per command.
+
+The client speaks to the server over any anyio ``ByteStream``: local pipes, a Docker
+attach stream, a Kubernetes exec websocket. Only ``sh``, ``head -c``, ``tail -c``,
+``wc``, ``sleep``, ``kill``, ``base64`` (for stdin and binary files) and a Linux
+``/proc`` are needed in the image; busybox has all of them.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import time
+
+import anyio
+import anyio.abc
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from .errors import ConfigError, SandboxLost
+from collections.abc import Awaitable, Callable
+
+from .types import DEFAULT_OUTPUT_CAP, ExecResult, ExitReason, check_env, check_timeout
+
+# The server. `$1` control dir, `$2` TTL seconds, `$3` a dir to remove when the shell ends
+# (the local adapter's sandbox dir, so a SIGKILLed controller leaves no temp dir behind).
+# Every name is prefixed `_o_` because commands run in subshells that can see them.
+SERVER_SCRIPT = r"""
+_o_C=$1; _o_rm=$3; _o_busy=0; _o_p=; _o_t=0
+exec 2>>"$_o_C/shell.log"
+# Kill a process and all its descendants; each is frozen first so it cannot fork away.
+_o_tree() {
+  local _o_ch _o_c
+  kill -STOP "$1" 2>/dev/null || return 0
+  read -r _o_ch <"/proc/$1/task/$1/children" 2>/dev/null
+  for _o_c in $_o_ch; do _o_tree "$_o_c"; done
+  kill -KILL "$1" 2>/dev/null
+}
+_o_children() {
+  local _o_ch _o_c
+  read -r _o_ch <"/proc/$$/task/$$/children" 2>/dev/null
+  for _o_c in $_o_ch; do _o_tree "$_o_c"; done
+}
+_o_end() {
+  trap - EXIT
+  _o_children
+  if [ -n "$_o_rm" ]; then rm -rf -- "$_o_rm"; fi
+}
+# The client's timeout: it signals USR1 while a command runs (wait returns at once).
+_o_int() { if [ "$_o_busy" = 1 ]; then _o_t=1; _o_tree "$_o_p"; fi; }
+trap _o_end EXIT
+trap 'exit 143' TERM HUP INT
+trap _o_int USR1
+# TTL watchdog: the sandbox ends itself even if nobody is left to destroy it.
+(trap - USR1; sleep "$2"; kill -TERM $$) </dev/null >/dev/null 2>&1 &
+_o_size() { if [ -s "$1" ]; then _o_n=$(wc -c <"$1"); _o_n=$((_o_n)); else _o_n=0; fi; }
+_o_send() {
+  if [ "$2" -le $(($3 + $4)) ]; then if [ "$2" -gt 0 ]; then head -c "$2" "$1"; fi
+  else head -c "$3" "$1"; tail -c "$4" "$1"; fi
+}
+_o_x() {
+  _o_in=/dev/null; _o_t=0
+  if [ -n "$8" ]; then printf %s "$8" | base64 -d >"$_o_C/i"; _o_in=$_o_C/i; fi
+  if [ -n "$4" ]; then
+    (_o_st=$_o_C/s.$4 _o_cwd=$5 _o_env=$6 _o_cmd=$7; set --; trap - USR1; set -a
+     cd -- "$_o_cwd" || exit 126
+     if [ -f "$_o_st" ]; then . "$_o_st"; fi
+     trap 'export -p >"$_o_st"; echo "cd -- \"\$PWD\"" >>"$_o_st"' EXIT
+     eval "$_o_env"; eval "$_o_cmd") <"$_o_in" >"$_o_C/o" 2>"$_o_C/e" &
+  else
+    (_o_cwd=$5 _o_env=$6 _o_cmd=$7; set --; trap - USR1
+     cd -- "$_o_cwd" || exit 126; eval "$_o_env"; eval "$_o_cmd") <"$_o_in" >"$_o_C/o" 2>"$_o_C/e" &
+  fi
+  _o_p=$!; _o_busy=1
+  wait "$_o_p"; _o_rc=$?
+  while [ "$_o_rc" -gt 128 ] && kill -0 "$_o_p" 2>/dev/null; do wait "$_o_p"; _o_rc=$?; done
+  _o_busy=0
+  _o_size "$_o_C/o"; _o_os=$_o_n; _o_size "$_o_C/e"; _o_es=$_o_n
+  printf '@@ORCH %s %s %s %s %s\n' "$1" "$_o_rc" "$_o_t" "$_o_os" "$_o_es"
+  _o_send "$_o_C/o" "$_o_os" "$2" "$3"; _o_send "$_o_C/e" "$_o_es" "$2" "$3"
+  printf '@@END %s\n' "$1"
+}
+printf '@@READY %s\n' $$
+"""
+
+READY_TIMEOUT = 30.0
+FRAME_GRACE = 10.0  # beyond a command's own timeout, before the sandbox counts as lost
+
+
+def quote(value: str) -> str:
+    """A single-quoted sh literal: every byte but NUL stands for itself."""
+    if "\0" in value:
+        raise ConfigError("commands, paths and environment values cannot contain NUL bytes")
+    return "'" + value.replace("'", "'\\''") + "'"
+
+
+def env_prelude(env: dict[str, str] | None) -> str:
+    check_env(env)
+    if not env:
+        return ""
+    return "export " + " ".join(f"{key}={quote(val)}" for key, val in env.items())
+
+
+def cut_marker(dropped: int) -> bytes:
+    return b"\n[orchard: %d bytes cut]\n" % dropped
+
+
+def classify(exit_code: int, timed_out: bool) -> ExitReason:
+    if timed_out:
+        return ExitReason.TIMEOUT
+    if exit_code == 0:
+        return ExitReason.OK
+    # sh reports death by signal N as 128+N. SIGKILL (9) is never a command's own choice
+    # here; adapters that can see the cgroup refine it to OOM.
+    if exit_code == 128 + 9:
+        return ExitReason.KILLED
+    return ExitReason.NONZERO
+
+
+class ShellClient:
+    """Drives one server over a byte stream. Commands on one shell run one at a time."""
+
+    def __init__(
+        self,
+        stream: anyio.abc.ByteStream,
+        *,
+        workdir: str,
+        interrupt: Callable[[ShellClient], Awaitable[None]],
+        output_cap: int = DEFAULT_OUTPUT_CAP,
+    ):
+        self._stream = stream
+        self._interrupt = interrupt
+        self._reader = BufferedByteReceiveStream(stream)
+        self._lock = anyio.Lock()
+        self.workdir = workdir
+        self.head = output_cap // 2
+        self.tail = output_cap - self.head
+        self.server_pid = 0  # as the sandbox sees it
+        self.lost: str | None = None  # why the shell is unusable, once it is
+        self.ctl_dir = ""
+
+    async def start(self, ctl_dir: str, ttl: float, remove_on_exit: str = "") -> None:
+        """Send the server script and wait for it to answer."""
+        self.ctl_dir = ctl_dir
+        args = f"set -- {quote(ctl_dir)} {int(ttl) + 1} {quote(remove_on_exit)}\n"
+        await self._stream.send((args + SERVER_SCRIPT).encode())
+        try:
+            with anyio.fail_after(READY_TIMEOUT):
+                line = await self._reader.receive_until(b"\n", 4096)
+                while not line.startswith(b"@@READY "):
+                    line = await self._reader.receive_until(b"\n", 4096)
+        except (TimeoutError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError) as exc:
+            raise SandboxLost(f"the sandbox shell did not start ({type(exc).__name__})") from None
+        self.server_pid = int(line.split()[1])
+
+    async def run(
+        self,
+        cmd: str,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: bytes | None = None,
+        session: str = "",
+        uncapped: bool = False,
+    ) -> ExecResult:
+        check_timeout(timeout)
+        head, tail = (1 << 62, 0) if uncapped else (self.head, self.tail)
+        nonce = secrets.token_hex(8)
+        frame = " ".join(
+            [
+                "_o_x",
+                nonce,
+                str(head),
+                str(tail),
+                quote(session),
+                quote(cwd or self.workdir),
+                quote(env_prelude(env)),
+                quote(cmd),
+                quote(base64.b64encode(stdin).decode() if stdin else ""),
+            ]
+        )
+        async with self._lock:
+            started = time.perf_counter()
+            if self.lost:
+                return self._lost_result(started)
+            try:
+                await self._stream.send(frame.encode() + b"\n")
+                with anyio.move_on_after(timeout) as deadline:
+                    header = await self._read_header(nonce)
+                if deadline.cancelled_caught:
+                    await self._interrupt(self)
+                    with anyio.fail_after(FRAME_GRACE):
+                        header = await self._read_header(nonce)
+                with anyio.fail_after(FRAME_GRACE + (header[2] + header[3]) / 1e6):  # time to move the payload
+                    code, timed_out, out, out_cut, err, err_cut = await self._read_body(nonce, header, head, tail)
+            except TimeoutError:
+                self.lost = "the sandbox shell stopped answering"
+                return self._lost_result(started)
+            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                self.lost = "the sandbox shell is gone"
+                return self._lost_result(started)
+            return ExecResult(
+                exit_code=code,
+                reason=classify(code, timed_out),
+                stdout=out,
+                stderr=err,
+                duration=time.perf_counter() - started,
+                stdout_cut=out_cut,
+                stderr_cut=err_cut,
+            )
+
+    async def _read_header(self, nonce: str) -> tuple[int, bool, int, int]:
+        line = await self._reader.receive_until(b"\n", 4096)
+        while not line.startswith(b"@@ORCH "):
+            line = await self._reader.receive_until(b"\n", 4096)  # stray bytes: resync on the header
+        _, got_nonce, code, timed_out, out_size, err_size = line.decode().split()
+        if got_nonce != nonce:
+            raise anyio.BrokenResourceError(f"frame out of sync: expected {nonce}, got {got_nonce}")
+        return int(code), timed_out == "1", int(out_size), int(err_size)
+
+    async def _read_body(
+        self, nonce: str, header: tuple[int, bool, int, int], head: int, tail: int
+    ) -> tuple[int, bool, bytes, int, bytes, int]:
+        code, timed_out, out_size, err_size = header
+        out, out_cut = await self._read_payload(out_size, head, tail)
+        err, err_cut = await self._read_payload(err_size, head, tail)
+        trailer = await self._reader.receive_until(b"\n", 4096)
+        if trailer != b"@@END " + nonce.encode():
+            raise anyio.BrokenResourceError("frame trailer missing")
+        return code, timed_out, out, out_cut, err, err_cut
+
+    async def _read_payload(self, size: int, head: int, tail: int) -> tuple[bytes, int]:
+        if size == 0:
+            return b"", 0
+        if size <= head + tail:
+            return await self._reader.receive_exactly(size), 0
+        first = await self._reader.receive_exactly(head)
+        last = await self._reader.receive_exactly(tail)
+        dropped = size - head - tail
+        return first + cut_marker(dropped) + last, dropped
+
+    def _lost_result(self, started: float) -> ExecResult:
+        return ExecResult(
+            exit_code=-1,
+            reason=ExitReason.SANDBOX_LOST,
+            stderr=(self.lost or "").encode(),
+            duration=time.perf_counter() - started,
+        )
+
+    async def aclose(self) -> None:
+        self.lost = self.lost or "the sandbox was closed"
+        with anyio.CancelScope(shield=True):
+            await self._stream.aclose()

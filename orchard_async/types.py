@@ -1,0 +1,140 @@
+"""The plain data of the contract: what a sandbox is asked to be and what a command returns."""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Literal
+
+import msgspec
+
+from .errors import ConfigError
+
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.\-/]{0,61}[A-Za-z0-9])?$")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MEMORY = re.compile(r"^(\d+)([kmgKMG]i?)?$")
+_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1024, "mi": 1024**2, "gi": 1024**3}
+
+DEFAULT_OUTPUT_CAP = 1 << 20  # bytes kept per stream: half from the head, half from the tail
+
+
+def parse_memory(value: str | int | None) -> int | None:
+    """'512Mi' -> 536870912. None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, int):
+        if value <= 0:
+            raise ConfigError(f"memory must be positive, got {value}")
+        return value
+    match = _MEMORY.match(value.strip())
+    if not match:
+        raise ConfigError(f"memory {value!r} is not a size; use bytes or a suffix like 512Mi or 2G")
+    amount, unit = int(match[1]), (match[2] or "").lower()
+    if amount <= 0:
+        raise ConfigError(f"memory must be positive, got {value!r}")
+    return amount * _UNITS[unit]
+
+
+def check_env(env: dict[str, str] | None) -> None:
+    for key, val in (env or {}).items():
+        if not _ENV_KEY.match(key):
+            raise ConfigError(f"environment variable name {key!r} is not a valid shell identifier")
+        if "\0" in val:
+            raise ConfigError(f"environment variable {key} contains a NUL byte")
+
+
+def check_timeout(timeout: float | None, what: str = "timeout") -> None:
+    if timeout is not None and not timeout > 0:
+        raise ConfigError(f"{what} must be a positive number of seconds, got {timeout!r}")
+
+
+class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What a sandbox must be. Validated on construction: a bad spec never reaches a backend."""
+
+    image: str | None = None  # container adapters need one; local and sim ignore it
+    cpu: float | None = None  # cores
+    memory: str | int | None = None  # bytes or '512Mi'
+    pids: int | None = None
+    network: Literal["none", "on"] = "none"
+    env: dict[str, str] = {}
+    workdir: str | None = None  # container path; local uses a private temp dir
+    ttl: float = 3600.0  # seconds until the sandbox destroys itself
+    labels: dict[str, str] = {}
+    pull: Literal["missing", "never", "always"] = "missing"
+
+    def __post_init__(self) -> None:
+        if self.cpu is not None and not self.cpu > 0:
+            raise ConfigError(f"cpu must be a positive number of cores, got {self.cpu!r}")
+        parse_memory(self.memory)
+        if self.pids is not None and self.pids < 1:
+            raise ConfigError(f"pids must be at least 1, got {self.pids}")
+        check_timeout(self.ttl, "ttl")
+        check_env(self.env)
+        if self.workdir is not None and not self.workdir.startswith("/"):
+            raise ConfigError(f"workdir must be an absolute path, got {self.workdir!r}")
+        for key, val in self.labels.items():
+            if not _LABEL_KEY.match(key) or len(val) > 63:
+                raise ConfigError(f"label {key}={val!r} is not a valid label (key: letters, digits, -_./; value: 63 chars)")
+
+    @property
+    def memory_bytes(self) -> int | None:
+        return parse_memory(self.memory)
+
+    @classmethod
+    def parse(cls, data: bytes | str | dict) -> SandboxSpec:
+        """Build a spec from JSON or a dict, with msgspec's type errors turned into ConfigError."""
+        try:
+            if isinstance(data, dict):
+                return msgspec.convert(data, cls)
+            return msgspec.json.decode(data, type=cls)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"invalid sandbox spec: {exc}") from None
+
+
+class ExitReason(str, enum.Enum):
+    """Why a command ended. Everything but ok/nonzero is something the command did not choose."""
+
+    OK = "ok"
+    NONZERO = "nonzero"
+    TIMEOUT = "timeout"
+    KILLED = "killed"  # by a signal the command did not ask for
+    OOM = "oom"
+    SANDBOX_LOST = "sandbox_lost"
+    INFRA_ERROR = "infra_error"
+
+    @property
+    def is_infra(self) -> bool:
+        return self in (ExitReason.SANDBOX_LOST, ExitReason.INFRA_ERROR)
+
+
+class ExecResult(msgspec.Struct, frozen=True, kw_only=True):
+    """One command's outcome. Streams are raw bytes; ``.text``/``.error_text`` decode on demand."""
+
+    exit_code: int
+    reason: ExitReason
+    stdout: bytes = b""
+    stderr: bytes = b""
+    duration: float = 0.0
+    stdout_cut: int = 0  # bytes dropped from the middle of stdout by the output cap
+    stderr_cut: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is ExitReason.OK
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def error_text(self) -> str:
+        return self.stderr.decode("utf-8", "replace")
+
+
+class FileInfo(msgspec.Struct, frozen=True):
+    name: str
+    path: str
+    size: int
+    is_dir: bool
+    mode: int
+    mtime: float
