@@ -1,0 +1,216 @@
+"""One episode: policy <-> sandbox turns under one deadline, then scoring.
+
+The deadline sizes everything: the sandbox TTL (deadline plus a margin, so the sandbox
+outlives its verifier), each command's timeout (never past the agent's share), and the
+time reserved for ``evaluate``. Infrastructure failures propagate as ``InfraError`` so
+the engine can retry the episode in a fresh sandbox; a policy's or a task's own error
+ends the episode as failed, never retried.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import msgspec
+
+from .errors import InfraError, SandboxLost
+from .pool import Pool
+from .protocols import Sandbox
+from .task import Observation, Policy, Reward, Task
+from .trajectory import Op, Step, Trajectory
+from .types import ExecResult
+
+TTL_MARGIN = 120.0  # the sandbox lives this much past the episode deadline
+OBSERVATION_LIMIT = 16_000  # characters of output kept in a step's observation
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    """One planned episode: which task, which GRPO group, which sample in the group."""
+
+    episode_id: str
+    task: Task
+    group_id: str
+    sample: int
+
+
+def render(result: ExecResult, limit: int = OBSERVATION_LIMIT) -> str:
+    """What the agent reads back: output, then the exit status when it is not plain success."""
+    text = result.text + result.error_text
+    if len(text) > limit:
+        half = limit // 2
+        text = f"{text[:half]}\n[... {len(text) - limit} characters elided ...]\n{text[-half:]}"
+    if not result.ok:
+        text += f"\n[exit code {result.exit_code}: {result.reason.value}]"
+    return text
+
+
+class RecordingSandbox:
+    """Passes every call through to the sandbox and times it into the trajectory's ops."""
+
+    def __init__(self, inner: Sandbox, ops: list[Op], t0: float):
+        self._inner = inner
+        self._ops = ops
+        self._t0 = t0
+        self.id = inner.id
+        self.workdir = inner.workdir
+        self.labels = inner.labels
+
+    async def _timed(self, name: str, call: Any) -> Any:
+        start = time.monotonic()
+        try:
+            result = await call
+        except BaseException as exc:
+            self._ops.append(Op(name, start - self._t0, time.monotonic() - start, type(exc).__name__))
+            raise
+        outcome = result.reason.value if isinstance(result, ExecResult) else "ok"
+        self._ops.append(Op(name, start - self._t0, time.monotonic() - start, outcome))
+        return result
+
+    async def exec(self, cmd: str, **kwargs: Any) -> ExecResult:
+        return await self._timed("exec", self._inner.exec(cmd, **kwargs))
+
+    async def read_file(self, path: str) -> bytes:
+        return await self._timed("read_file", self._inner.read_file(path))
+
+    async def write_file(self, path: str, data: bytes | str, **kwargs: Any) -> None:
+        return await self._timed("write_file", self._inner.write_file(path, data, **kwargs))
+
+    async def list_dir(self, path: str = ".") -> Any:
+        return await self._timed("list_dir", self._inner.list_dir(path))
+
+    async def apply_patch(self, patch: str | bytes, **kwargs: Any) -> ExecResult:
+        return await self._timed("apply_patch", self._inner.apply_patch(patch, **kwargs))
+
+    def session(self) -> Any:
+        return self._inner.session()
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+    async def __aenter__(self) -> RecordingSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: str, attempt: int = 0) -> Trajectory:
+    """Run the episode once. Raises InfraError when the backend fails; everything else
+    ends up in the returned trajectory."""
+    task = episode.task
+    t0 = time.monotonic()
+    started_at = time.time()
+    ops: list[Op] = []
+    steps: list[Step] = []
+    timings = {"create": 0.0, "setup": 0.0, "agent": 0.0, "exec": 0.0, "score": 0.0, "destroy": 0.0}
+    spec = msgspec.structs.replace(
+        task.spec,
+        ttl=task.deadline + TTL_MARGIN,
+        labels={**task.spec.labels, "orchard.episode": _label_safe(episode.episode_id), "orchard.attempt": str(attempt)},
+    )
+    status, end_reason, error, instruction = "finished", "max_steps", "", ""
+    reward = Reward(value=0.0, success=False)
+
+    start = time.monotonic()
+    try:
+        raw = await pool.acquire(spec)
+    except BaseException as exc:
+        ops.append(Op("create", 0.0, time.monotonic() - start, type(exc).__name__))
+        raise
+    timings["create"] = time.monotonic() - start
+    ops.append(Op("create", start - t0, timings["create"]))
+    sandbox = RecordingSandbox(raw, ops, t0)
+    try:
+        agent_deadline = t0 + task.deadline - task.score_timeout
+        # One cancel scope for the whole agent phase (a timer per step costs more than a step).
+        with anyio.move_on_after(agent_deadline - time.monotonic()) as agent_phase:
+            mark = time.monotonic()
+            try:
+                instruction = await task.setup(sandbox)
+            finally:
+                timings["setup"] = time.monotonic() - mark
+            for index in range(task.max_steps):
+                mark = time.monotonic()
+                observation = Observation(episode.episode_id, task, instruction, index, steps, agent_deadline - mark)
+                try:
+                    action = await policy.act(observation)
+                except InfraError:
+                    raise
+                except Exception as exc:  # the policy's own failure: recorded, never retried
+                    status, end_reason, error = "failed", "policy_error", f"{type(exc).__name__}: {exc}"
+                    break
+                agent_s = time.monotonic() - mark
+                timings["agent"] += agent_s
+                if action.kind == "submit":
+                    steps.append(Step(index=index, action=action, agent_s=agent_s))
+                    end_reason = "submitted"
+                    break
+                if action.kind == "invalid":
+                    steps.append(Step(index=index, action=action, observation=f"error: {action.error}", agent_s=agent_s))
+                    continue
+                timeout = max(0.001, min(task.exec_timeout, agent_deadline - time.monotonic()))
+                result = await sandbox.exec(action.command, timeout=timeout)
+                timings["exec"] += result.duration
+                if result.reason.is_infra:
+                    raise SandboxLost(f"step {index}: {result.error_text or result.reason.value}")
+                steps.append(
+                    Step(
+                        index=index,
+                        action=action,
+                        observation=render(result),
+                        exit_code=result.exit_code,
+                        reason=result.reason.value,
+                        agent_s=agent_s,
+                        exec_s=result.duration,
+                        stdout_cut=result.stdout_cut,
+                        stderr_cut=result.stderr_cut,
+                    )
+                )
+        if agent_phase.cancelled_caught:
+            end_reason = "deadline"
+        if status == "finished":
+            mark = time.monotonic()
+            try:
+                with anyio.fail_after(task.score_timeout):
+                    reward = await task.evaluate(sandbox)
+            finally:
+                timings["score"] = time.monotonic() - mark
+    except InfraError:
+        raise
+    except Exception as exc:  # setup or evaluate failed for a reason of the task's own
+        status, end_reason, error = "failed", "task_error", f"{type(exc).__name__}: {exc}"
+    finally:
+        mark = time.monotonic()
+        await pool.release(raw)
+        timings["destroy"] = time.monotonic() - mark
+        ops.append(Op("destroy", mark - t0, timings["destroy"]))
+    timings["total"] = time.monotonic() - t0
+    return Trajectory(
+        episode_id=episode.episode_id,
+        task_id=task.id,
+        group_id=episode.group_id,
+        sample=episode.sample,
+        policy=policy.name,
+        adapter=getattr(pool.adapter, "name", "?"),
+        run_id=run_id,
+        status=status,
+        end_reason=end_reason,
+        reward=reward.value,
+        success=reward.success,
+        instruction=instruction,
+        steps=steps,
+        ops=ops,
+        timings=timings,
+        info=reward.info,
+        error=error,
+        started_at=started_at,
+    )
+
+
+def _label_safe(value: str) -> str:
+    cleaned = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in value)
+    return cleaned[-63:].strip("-_.") or "episode"

@@ -1,0 +1,92 @@
+"""Admission control in front of an adapter.
+
+Backends fall over when asked for too much at once (a Docker daemon serialises creates,
+an API server throttles). The pool bounds concurrent creates and live sandboxes, and
+after a backend error it makes every create wait an exponentially growing pause, reset
+by the next success. Leases: each sandbox carries owner/run/expiry labels (added by the
+adapter) and a self-destruct deadline inside it; ``reap`` removes what dead runs left.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+
+from .errors import BackendUnavailable, CreateFailed
+from .protocols import Adapter, Sandbox
+from .types import SandboxSpec
+
+
+class Pool:
+    def __init__(
+        self,
+        adapter: Adapter,
+        *,
+        max_live: int | None = None,
+        max_creating: int = 32,
+        create_timeout: float = 120.0,
+        max_backoff: float = 30.0,
+    ):
+        self.adapter = adapter
+        self._live = anyio.Semaphore(max_live) if max_live else None  # not a limiter: any task may release
+        self._creating = anyio.CapacityLimiter(max_creating)
+        self.create_timeout = create_timeout
+        self.max_backoff = max_backoff
+        self._failures = 0  # consecutive backend failures
+        self._resume_at = 0.0  # monotonic time before which creates wait
+        self.created = 0
+        self.destroyed = 0
+
+    async def acquire(self, spec: SandboxSpec) -> Sandbox:
+        if self._live:
+            await self._live.acquire()
+        try:
+            async with self._creating:
+                pause = self._resume_at - time.monotonic()
+                if pause > 0:
+                    await anyio.sleep(pause)
+                try:
+                    with anyio.fail_after(self.create_timeout):
+                        sandbox = await self.adapter.create(spec)
+                except TimeoutError:
+                    self._backend_failed()
+                    raise CreateFailed(f"create did not finish within {self.create_timeout:.0f}s") from None
+                except (CreateFailed, BackendUnavailable):
+                    self._backend_failed()
+                    raise
+        except BaseException:
+            if self._live:
+                self._live.release()
+            raise
+        self._failures = 0
+        self.created += 1
+        return sandbox
+
+    def _backend_failed(self) -> None:
+        self._failures += 1
+        pause = min(self.max_backoff, 0.05 * 2 ** min(self._failures, 20)) * random.uniform(0.5, 1.0)
+        self._resume_at = max(self._resume_at, time.monotonic() + pause)
+
+    async def release(self, sandbox: Sandbox) -> None:
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.adapter.destroy(sandbox)
+        finally:
+            self.destroyed += 1
+            if self._live:
+                self._live.release()
+
+    @asynccontextmanager
+    async def lease(self, spec: SandboxSpec) -> AsyncIterator[Sandbox]:
+        sandbox = await self.acquire(spec)
+        try:
+            yield sandbox
+        finally:
+            await self.release(sandbox)
+
+    async def reap(self, older_than: float = 0.0) -> list[str]:
+        return await self.adapter.reap(older_than)

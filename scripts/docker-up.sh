@@ -1,0 +1,93 @@
+#!/bin/bash
+# Start a local Docker daemon for orchard-async's tests (Debian 12, root, no systemd, no registry).
+#
+#  1. apt-get install docker.io debootstrap busybox-static, only those missing
+#     (one `apt-get update` first when something has to be installed).
+#  2. Unless a daemon already answers `docker info`, start dockerd by hand in its own session,
+#     log in $ORCHARD_DOCKERD_LOG, PID in $ORCHARD_DOCKERD_PID (only written when we start one),
+#     and wait up to $ORCHARD_DOCKERD_WAIT seconds for `docker info`.
+#
+# Idempotent: a second run with the daemon up costs one `docker info` (well under a second).
+# Stop it with scripts/docker-down.sh. Every `docker info` is bounded by `timeout`: Debian's
+# dockerd 20.10 has been seen to deadlock, and a hung daemon must not hang this script.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+
+LOG=${ORCHARD_DOCKERD_LOG:-/tmp/orchard-dockerd.log}
+PIDFILE=${ORCHARD_DOCKERD_PID:-/tmp/orchard-dockerd.pid}
+WAIT=${ORCHARD_DOCKERD_WAIT:-60}
+DATA_ROOT=${ORCHARD_DOCKER_DATA_ROOT:-/var/lib/docker}
+# extra dockerd flags, e.g. ORCHARD_DOCKERD_ARGS="--storage-driver=vfs"
+EXTRA_ARGS=${ORCHARD_DOCKERD_ARGS:-}
+
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}'; }
+log() { echo "docker-up: $*"; }
+die() { echo "docker-up: ERROR: $*" >&2; exit 1; }
+answers() { timeout 5 docker info >/dev/null 2>&1; }
+# alive PID: the process exists, is not a zombie, and is a dockerd
+alive() { local s; s=$(awk '{print $3}' /proc/"$1"/stat 2>/dev/null) || return 1
+  [ -n "$s" ] && [ "$s" != Z ] && [ "$(cat /proc/"$1"/comm 2>/dev/null)" = dockerd ]; }
+
+[ "$(id -u)" = 0 ] || die "must run as root"
+
+# ---- 1. packages -------------------------------------------------------------------------------
+t=$(now)
+missing=()
+for p in docker.io debootstrap busybox-static; do
+  st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [ "$st" = "install ok installed" ] || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing ${missing[*]} (apt-get update + install, ~1 min)"
+  apt-get update -qq >/tmp/orchard-apt.log 2>&1 || { tail -20 /tmp/orchard-apt.log >&2; die "apt-get update failed"; }
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >>/tmp/orchard-apt.log 2>&1 \
+    || { tail -30 /tmp/orchard-apt.log >&2; die "apt-get install ${missing[*]} failed"; }
+  log "packages installed in $(since "$t") s"
+fi
+command -v dockerd >/dev/null || die "dockerd not found after installing docker.io"
+command -v docker >/dev/null || die "docker CLI not found after installing docker.io"
+
+# ---- 2. daemon ---------------------------------------------------------------------------------
+if answers; then
+  log "a Docker daemon already answers; nothing to start"
+  exit 0
+fi
+
+# A dockerd we started earlier may still be alive (starting up, or hung): never start a second one.
+ours=""
+if [ -s "$PIDFILE" ]; then
+  p=$(cat "$PIDFILE")
+  if [ -n "$p" ] && alive "$p"; then
+    ours=$p
+    log "dockerd $p (started earlier by this script) is alive but not answering yet; waiting"
+  else
+    rm -f "$PIDFILE"   # stale
+  fi
+fi
+
+t=$(now)
+if [ -z "$ours" ]; then
+  mkdir -p "$DATA_ROOT"
+  # setsid: own session/process group, detached from this shell; stdin from /dev/null.
+  # shellcheck disable=SC2086
+  setsid dockerd --data-root="$DATA_ROOT" $EXTRA_ARGS >"$LOG" 2>&1 </dev/null &
+  ours=$!
+  echo "$ours" >"$PIDFILE"
+  log "started dockerd pid $ours (log $LOG)"
+fi
+
+deadline=$(( $(date +%s) + WAIT ))
+until answers; do
+  if ! alive "$ours"; then
+    echo "---- last lines of $LOG ----" >&2; tail -30 "$LOG" >&2 || true
+    rm -f "$PIDFILE"
+    die "dockerd $ours exited before answering"
+  fi
+  if [ "$(date +%s)" -ge "$deadline" ]; then
+    echo "---- last lines of $LOG ----" >&2; tail -30 "$LOG" >&2 || true
+    die "dockerd $ours did not answer \`docker info\` within ${WAIT} s (stop it: scripts/docker-down.sh)"
+  fi
+  sleep 0.2
+done
+log "dockerd pid $ours ready in $(since "$t") s"
