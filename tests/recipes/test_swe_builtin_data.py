@@ -1,0 +1,301 @@
+"""Validate the bundled SWE-style task set the way SWE-bench validates instances.
+
+For every instance in ``recipes/swe/builtin/instances.jsonl``:
+
+1. ``base_commit`` equals the hash produced by ``make_repo.materialize()``;
+2. at base + ``test_patch`` every FAIL_TO_PASS test fails and every
+   PASS_TO_PASS test passes;
+3. at base + ``test_patch`` + gold ``patch`` all of them pass;
+4. ``patch`` touches no test file and ``test_patch`` touches only test files.
+
+Only subprocess, git and ``python -m pytest`` are used (in temporary
+directories); ``make_repo`` is imported by file path.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+BUILTIN_DIR = pathlib.Path(__file__).resolve().parents[2] / "recipes" / "swe" / "builtin"
+INSTANCES_PATH = BUILTIN_DIR / "instances.jsonl"
+REQUIRED_KEYS = {
+    "instance_id",
+    "repo",
+    "base_commit",
+    "problem_statement",
+    "patch",
+    "test_patch",
+    "FAIL_TO_PASS",
+    "PASS_TO_PASS",
+    "test_command",
+    "created_at",
+}
+
+
+def _load_make_repo():
+    spec = importlib.util.spec_from_file_location("_swe_builtin_make_repo", BUILTIN_DIR / "make_repo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_repo = _load_make_repo()
+
+
+def _load_instances():
+    with open(INSTANCES_PATH, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+INSTANCES = _load_instances()
+INSTANCE_IDS = [inst["instance_id"] for inst in INSTANCES]
+BY_ID = {inst["instance_id"]: inst for inst in INSTANCES}
+
+
+# -- helpers ---------------------------------------------------------------
+
+_DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+_SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS)\s+(\S.*)$")
+
+
+def patched_files(patch: str) -> set[str]:
+    files = set()
+    for old, new in _DIFF_HEADER.findall(patch):
+        files.update({old, new})
+    return files
+
+
+def is_test_file(path: str) -> bool:
+    parts = path.split("/")
+    name = parts[-1]
+    return (
+        any(part in ("tests", "test", "testing") for part in parts[:-1])
+        or name.startswith("test_")
+        or name.endswith("_test.py")
+        or name == "conftest.py"
+    )
+
+
+def parse_test_outcomes(output: str) -> dict[str, str]:
+    """Map node id -> status from the ``-rA`` short test summary of pytest.
+
+    Only lines after the "short test summary info" banner are considered.  A
+    node reported more than once (e.g. PASSED then ERROR at teardown) keeps
+    its worst status.  Missing node ids mean "did not pass".
+    """
+    outcomes: dict[str, str] = {}
+    in_summary = False
+    for line in output.splitlines():
+        if not in_summary:
+            in_summary = "short test summary info" in line
+            continue
+        match = _SUMMARY_LINE.match(line)
+        if not match:
+            continue
+        status, rest = match.groups()
+        nodeid = rest.split(" - ", 1)[0].strip()
+        if outcomes.get(nodeid, "PASSED") == "PASSED":
+            outcomes[nodeid] = status
+    return outcomes
+
+
+def run_git(args: list[str], cwd: pathlib.Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["git", *args],
+        cwd=str(cwd),
+        input=stdin,
+        env=make_repo.git_env(),
+        capture_output=True,
+        text=True,
+    )
+
+
+def run_tests(repo: pathlib.Path, test_command: str) -> tuple[dict[str, str], str]:
+    argv = shlex.split(test_command)
+    if argv and argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GIT_"))}
+    env.update(
+        {
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONHASHSEED": "0",
+            # Keep third-party plugins installed in this environment from
+            # changing the suites' behaviour or output.
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+            "COLUMNS": "200",
+        }
+    )
+    env.pop("PYTHONPATH", None)
+    result = subprocess.run(argv, cwd=str(repo), env=env, capture_output=True, text=True, timeout=300)
+    return parse_test_outcomes(result.stdout), result.stdout + result.stderr
+
+
+def _tail(text: str, limit: int = 4000) -> str:
+    return text if len(text) <= limit else "...\n" + text[-limit:]
+
+
+# -- tests -----------------------------------------------------------------
+
+
+def test_parse_test_outcomes():
+    output = "\n".join(
+        [
+            "tests/test_a.py::test_x PASSED  [ 50%]",
+            "PASSED tests/test_a.py::test_not_in_summary",
+            "=========================== short test summary info ============================",
+            "PASSED tests/test_a.py::test_x",
+            "PASSED tests/test_a.py::test_p[a-b]",
+            "FAILED tests/test_a.py::test_y - AssertionError: assert 1 == 2",
+            "PASSED tests/test_a.py::test_z",
+            "ERROR tests/test_a.py::test_z - RuntimeError: teardown",
+            "ERROR tests/test_b.py",
+            "========================= 1 failed, 3 passed in 0.01s ==========================",
+        ]
+    )
+    assert parse_test_outcomes(output) == {
+        "tests/test_a.py::test_x": "PASSED",
+        "tests/test_a.py::test_p[a-b]": "PASSED",
+        "tests/test_a.py::test_y": "FAILED",
+        "tests/test_a.py::test_z": "ERROR",
+        "tests/test_b.py": "ERROR",
+    }
+
+
+def test_instances_schema():
+    assert len(INSTANCES) >= 12
+    assert len(set(INSTANCE_IDS)) == len(INSTANCE_IDS), "duplicate instance ids"
+    repos = set(make_repo.repo_names())
+    for inst in INSTANCES:
+        iid = inst["instance_id"]
+        assert set(inst) == REQUIRED_KEYS, iid
+        assert inst["repo"] in repos, iid
+        assert re.fullmatch(rf"{re.escape(inst['repo'])}__\d+", iid), iid
+        assert re.fullmatch(r"[0-9a-f]{40}", inst["base_commit"]), iid
+        assert inst["problem_statement"].strip(), iid
+        assert inst["created_at"] == "2026-12-02", iid
+        assert inst["test_command"].split()[:3] == ["python", "-m", "pytest"], iid
+        assert "-rA" in inst["test_command"].split(), iid
+        f2p, p2p = inst["FAIL_TO_PASS"], inst["PASS_TO_PASS"]
+        assert f2p and p2p, iid
+        assert all(isinstance(t, str) and "::" in t and " " not in t for t in f2p + p2p), iid
+        assert len(set(f2p)) == len(f2p) and len(set(p2p)) == len(p2p), iid
+        assert not set(f2p) & set(p2p), iid
+        # the statement must not leak the fix
+        assert "diff --git" not in inst["problem_statement"], iid
+    # at least three repositories, none of them trivial
+    assert len({inst["repo"] for inst in INSTANCES}) >= 3
+
+
+@pytest.mark.parametrize("instance_id", INSTANCE_IDS)
+def test_patch_file_partition(instance_id):
+    inst = BY_ID[instance_id]
+    gold_files = patched_files(inst["patch"])
+    test_files = patched_files(inst["test_patch"])
+    assert gold_files, "gold patch is empty"
+    assert test_files, "test patch is empty"
+    assert not [f for f in gold_files if is_test_file(f)], f"gold patch touches tests: {sorted(gold_files)}"
+    assert all(is_test_file(f) for f in test_files), f"test patch touches non-tests: {sorted(test_files)}"
+    # every FAIL_TO_PASS test lives in a file that the test patch touches
+    for nodeid in inst["FAIL_TO_PASS"]:
+        assert nodeid.split("::", 1)[0] in test_files, nodeid
+
+
+@pytest.mark.parametrize("repo_name", sorted({inst["repo"] for inst in INSTANCES}))
+def test_materialize_is_deterministic(repo_name, tmp_path):
+    first = make_repo.materialize(repo_name, tmp_path / "a")
+    second = make_repo.materialize(repo_name, tmp_path / "b")
+    assert first == second
+    status = run_git(["status", "--porcelain", "--untracked-files=all"], tmp_path / "a")
+    assert status.returncode == 0 and status.stdout == "", status.stdout
+    for inst in INSTANCES:
+        if inst["repo"] == repo_name:
+            assert inst["base_commit"] == first, inst["instance_id"]
+
+
+@dataclasses.dataclass
+class InstanceRun:
+    """Outcome of validating one instance in a scratch checkout."""
+
+    base_commit: str
+    test_patch_error: str | None = None
+    patch_error: str | None = None
+    before: dict[str, str] = dataclasses.field(default_factory=dict)
+    log_before: str = ""
+    after: dict[str, str] = dataclasses.field(default_factory=dict)
+    log_after: str = ""
+
+
+def validate_instance(inst: dict, workdir: pathlib.Path) -> InstanceRun:
+    """Materialize, apply test_patch, run tests, apply gold patch, run tests."""
+    repo = workdir / inst["repo"]
+    run = InstanceRun(base_commit=make_repo.materialize(inst["repo"], repo))
+    applied = run_git(["apply", "--whitespace=nowarn", "-"], repo, stdin=inst["test_patch"])
+    if applied.returncode != 0:
+        run.test_patch_error = applied.stderr
+        return run
+    run.before, run.log_before = run_tests(repo, inst["test_command"])
+    applied = run_git(["apply", "--whitespace=nowarn", "-"], repo, stdin=inst["patch"])
+    if applied.returncode != 0:
+        run.patch_error = applied.stderr
+        return run
+    run.after, run.log_after = run_tests(repo, inst["test_command"])
+    return run
+
+
+@pytest.fixture(scope="module")
+def instance_runs(request, tmp_path_factory):
+    """Validate the selected instances concurrently; map id -> Future[InstanceRun].
+
+    Each instance runs pytest exactly twice (before and after the gold patch);
+    instances are independent, so they are spread over the available cores.
+    """
+    selected = sorted(
+        {
+            item.callspec.params["instance_id"]
+            for item in request.session.items
+            if getattr(item, "originalname", None) == "test_instance_validates" and hasattr(item, "callspec")
+        }
+    )
+    root = tmp_path_factory.mktemp("swe-instances")
+    workers = max(2, min(len(selected), os.cpu_count() or 2))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {iid: pool.submit(validate_instance, BY_ID[iid], root / iid) for iid in selected}
+        yield futures
+        for future in futures.values():
+            future.cancel()
+
+
+@pytest.mark.parametrize("instance_id", INSTANCE_IDS)
+def test_instance_validates(instance_id, instance_runs):
+    inst = BY_ID[instance_id]
+    run = instance_runs[instance_id].result(timeout=600)
+    f2p, p2p = inst["FAIL_TO_PASS"], inst["PASS_TO_PASS"]
+
+    # (1) reproducible base commit
+    assert run.base_commit == inst["base_commit"]
+
+    # (2) base + test_patch: FAIL_TO_PASS fail, PASS_TO_PASS pass
+    assert run.test_patch_error is None, f"test_patch does not apply:\n{run.test_patch_error}"
+    passed_too_early = [t for t in f2p if run.before.get(t) == "PASSED"]
+    assert not passed_too_early, f"FAIL_TO_PASS passing before the fix: {passed_too_early}\n{_tail(run.log_before)}"
+    # the FAIL_TO_PASS tests must actually run and fail, not just be missing
+    missing = [t for t in f2p if t not in run.before]
+    assert not missing, f"FAIL_TO_PASS tests not collected: {missing}\n{_tail(run.log_before)}"
+    broken = [t for t in p2p if run.before.get(t) != "PASSED"]
+    assert not broken, f"PASS_TO_PASS not passing before the fix: {broken}\n{_tail(run.log_before)}"
+
+    # (3) base + test_patch + gold patch: everything passes
+    assert run.patch_error is None, f"gold patch does not apply:\n{run.patch_error}"
+    not_passing = [t for t in f2p + p2p if run.after.get(t) != "PASSED"]
+    assert not not_passing, f"not passing with the gold patch: {not_passing}\n{_tail(run.log_after)}"
