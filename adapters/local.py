@@ -7,10 +7,13 @@ new PID, mount and network namespaces (``unshare``): when it ends, the kernel ki
 everything inside, and the network is only a loopback that is down. Without namespaces
 it still runs in its own session and kills the process groups it started.
 
-A SIGKILLed controller leaves nothing behind: the shell sees EOF on its stdin and ends
-(removing its directory), and a TTL watchdog inside the sandbox ends it regardless.
-``reap`` finds leftovers by lease file and by the ``ORCHARD_SANDBOX_ID`` variable every
-process of a sandbox inherits.
+A small supervisor shell owns each sandbox's lifetime (see ``SUPERVISOR``): it is PID 1
+of the namespaces, runs the shell-session server as its child, kills that server when the
+TTL passes, and when the server ends, for whatever reason, kills everything left in the
+sandbox and removes its directory. So a SIGKILLed controller leaves nothing behind: the
+server sees EOF on its pipe and ends, and the TTL ends it regardless. ``reap`` finds
+leftovers by lease file and by the ``ORCHARD_SANDBOX`` variable (the sandbox's directory)
+every process of a sandbox inherits.
 """
 
 from __future__ import annotations
@@ -35,8 +38,23 @@ from orchard_async.sandbox import ShellSandbox
 from orchard_async.shell import ShellClient
 from orchard_async.types import DEFAULT_OUTPUT_CAP, SandboxSpec
 
-SANDBOX_ENV = "ORCHARD_SANDBOX_ID"
+SANDBOX_ENV = "ORCHARD_SANDBOX"  # the sandbox dir: names the sandbox and the root it lives in
 DESTROY_GRACE = 5.0
+
+# `$1` TTL seconds, `$2` the sandbox dir. stdin is the controller's pipe, passed to the server.
+# Traps run while the supervisor waits (POSIX `wait` returns on a trapped signal), which a
+# shell blocked reading commands does not do: that is why the TTL lives here, not in the server.
+SUPERVISOR = r"""
+exec 3<&0 0</dev/null
+sh -s <&3 3<&- &
+server=$!
+exec 3<&-
+trap 'kill -USR1 $server 2>/dev/null' USR1
+(sleep "$1"; kill -KILL $server) </dev/null >/dev/null 2>&1 &
+while :; do wait $server; kill -0 $server 2>/dev/null || break; done
+if [ $$ = 1 ]; then kill -KILL -1 2>/dev/null; fi
+rm -rf -- "$2"
+"""
 
 
 def default_root() -> Path:
@@ -117,7 +135,7 @@ class LocalAdapter:
             "expires_at": expires_at,
         }
         (base / "lease.json").write_text(json.dumps(lease))
-        argv = ["sh", "-s"]
+        argv = ["sh", "-c", SUPERVISOR, "supervisor", str(int(spec.ttl) + 1), str(base)]
         if self.namespaces:
             net = ["--net"] if spec.network == "none" else []
             argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", *net, *argv]
@@ -127,7 +145,7 @@ class LocalAdapter:
             "LANG": "C.UTF-8",
             "TERM": "dumb",
             **spec.env,
-            SANDBOX_ENV: sandbox_id,
+            SANDBOX_ENV: str(base),
         }
         with open(ctl / "shell.log", "ab") as log:
             try:
@@ -146,7 +164,7 @@ class LocalAdapter:
         if limits:
             await process.stdin.send(limits.encode())
         try:
-            await client.start(str(ctl), spec.ttl, remove_on_exit=str(base))
+            await client.start(str(ctl))
         except SandboxLost as exc:
             await self._stop(process, base)
             raise CreateFailed(f"{exc}; see {ctl / 'shell.log'}") from exc
@@ -163,9 +181,10 @@ class LocalAdapter:
         return sandbox
 
     async def _interrupt(self, process: anyio.abc.Process, client: ShellClient) -> None:
-        """Signal the sandbox shell that its command timed out (see orchard_async.shell)."""
+        """Signal the sandbox shell that its command timed out (see orchard_async.shell);
+        the supervisor passes the signal on to the server."""
         pid = process.pid
-        if self.namespaces:  # the shell is unshare's only child
+        if self.namespaces:  # the supervisor is unshare's only child
             try:
                 pid = int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
             except (OSError, IndexError, ValueError):
@@ -193,7 +212,7 @@ class LocalAdapter:
                 _kill_quietly(process.pid)
                 await process.wait()
             if not self.namespaces:  # orphans of finished commands went to the host's init
-                await anyio.to_thread.run_sync(_kill_sandbox_processes, {base.name})
+                await anyio.to_thread.run_sync(_kill_sandbox_processes, {str(base)})
             if base.exists():
                 await anyio.to_thread.run_sync(shutil.rmtree, base, True)
 
@@ -220,7 +239,7 @@ def _kill_quietly(pid: int) -> None:
 
 
 def _sandbox_processes() -> dict[str, list[int]]:
-    """Every process on the host that belongs to some local sandbox, by sandbox id."""
+    """Every process on the host that belongs to some local sandbox, by sandbox dir."""
     marker = SANDBOX_ENV.encode() + b"="
     found: dict[str, list[int]] = {}
     for entry in os.scandir("/proc"):
@@ -237,9 +256,9 @@ def _sandbox_processes() -> dict[str, list[int]]:
     return found
 
 
-def _kill_sandbox_processes(ids: set[str]) -> None:
-    for sandbox_id, pids in _sandbox_processes().items():
-        if sandbox_id in ids:
+def _kill_sandbox_processes(dirs: set[str]) -> None:
+    for sandbox_dir, pids in _sandbox_processes().items():
+        if sandbox_dir in dirs:
             for pid in pids:
                 _kill_quietly(pid)
 
@@ -272,7 +291,12 @@ def reap_local(root: Path, older_than: float = 0.0, keep: set[str] | None = None
             live_dirs.add(base.name)
             if base.name not in keep and _lease_is_dead(lease, now, older_than):
                 doomed.add(base.name)
-    processes = _sandbox_processes()
+    # Processes of this root's sandboxes, by id; other roots are other users' business.
+    processes = {
+        Path(sandbox_dir).name: pids
+        for sandbox_dir, pids in _sandbox_processes().items()
+        if Path(sandbox_dir).parent == root
+    }
     orphans = {sid for sid in processes if sid not in live_dirs and sid not in keep}
     for sandbox_id in doomed | orphans:
         for pid in processes.get(sandbox_id, []):

@@ -153,7 +153,8 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
                     steps.append(Step(index=index, action=action, observation=f"error: {action.error}", agent_s=agent_s))
                     continue
                 timeout = max(0.001, min(task.exec_timeout, agent_deadline - time.monotonic()))
-                result = await sandbox.exec(action.command, timeout=timeout)
+                # Straight to the sandbox: the step itself records this command's timing.
+                result = await raw.exec(action.command, timeout=timeout)
                 timings["exec"] += result.duration
                 if result.reason.is_infra:
                     raise SandboxLost(f"step {index}: {result.error_text or result.reason.value}")

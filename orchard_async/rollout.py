@@ -61,7 +61,7 @@ def _infra_reason(exc: InfraError) -> str:
 
 
 async def run_with_retries(
-    episode: Episode, policy: Policy, pool: Pool, *, run_id: str, max_retries: int
+    episode: Episode, policy: Policy, pool: Pool, *, run_id: str, max_retries: int, retry_backoff: float = RETRY_BACKOFF
 ) -> Trajectory:
     retries: list[Retry] = []
     for attempt in range(max_retries + 1):
@@ -73,7 +73,7 @@ async def run_with_retries(
                 Retry(attempt=attempt, reason=_infra_reason(exc), error=str(exc), duration=time.monotonic() - started)
             )
             if attempt < max_retries:
-                await anyio.sleep(RETRY_BACKOFF * 2**attempt * random.uniform(0.5, 1.0))
+                await anyio.sleep(retry_backoff * 2**attempt * random.uniform(0.5, 1.0))
             continue
         trajectory.retries = retries
         return trajectory
@@ -103,6 +103,7 @@ async def rollout(
     group_size: int = 1,
     concurrency: int = 8,
     max_retries: int = 2,
+    retry_backoff: float = RETRY_BACKOFF,
     skip: Iterable[str] = (),
     run_id: str | None = None,
 ) -> AsyncIterator[Trajectory]:
@@ -122,7 +123,9 @@ async def rollout(
 
     async def worker() -> None:
         for episode in pending:  # shared iterator: each episode goes to exactly one worker
-            trajectory = await run_with_retries(episode, policy, pool, run_id=run_id, max_retries=max_retries)
+            trajectory = await run_with_retries(
+                episode, policy, pool, run_id=run_id, max_retries=max_retries, retry_backoff=retry_backoff
+            )
             await send.send(trajectory)
 
     async def workers() -> None:

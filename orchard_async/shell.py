@@ -31,21 +31,21 @@ from __future__ import annotations
 import base64
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from .errors import ConfigError, SandboxLost
-from collections.abc import Awaitable, Callable
-
 from .types import DEFAULT_OUTPUT_CAP, ExecResult, ExitReason, check_env, check_timeout
 
-# The server. `$1` control dir, `$2` TTL seconds, `$3` a dir to remove when the shell ends
-# (the local adapter's sandbox dir, so a SIGKILLed controller leaves no temp dir behind).
+# The server. `$1` is its control dir (scratch files; never the agent's work dir).
 # Every name is prefixed `_o_` because commands run in subshells that can see them.
+# Lifetime (TTL, cleanup) is the adapter's business: a container's main process, or the
+# local adapter's supervisor. The server only kills what it started when it ends.
 SERVER_SCRIPT = r"""
-_o_C=$1; _o_rm=$3; _o_busy=0; _o_p=; _o_t=0
+_o_C=$1; _o_busy=0; _o_p=; _o_t=0
 exec 2>>"$_o_C/shell.log"
 # Kill a process and all its descendants; each is frozen first so it cannot fork away.
 _o_tree() {
@@ -60,18 +60,12 @@ _o_children() {
   read -r _o_ch <"/proc/$$/task/$$/children" 2>/dev/null
   for _o_c in $_o_ch; do _o_tree "$_o_c"; done
 }
-_o_end() {
-  trap - EXIT
-  _o_children
-  if [ -n "$_o_rm" ]; then rm -rf -- "$_o_rm"; fi
-}
+_o_end() { trap - EXIT; _o_children; }
 # The client's timeout: it signals USR1 while a command runs (wait returns at once).
 _o_int() { if [ "$_o_busy" = 1 ]; then _o_t=1; _o_tree "$_o_p"; fi; }
 trap _o_end EXIT
 trap 'exit 143' TERM HUP INT
 trap _o_int USR1
-# TTL watchdog: the sandbox ends itself even if nobody is left to destroy it.
-(trap - USR1; sleep "$2"; kill -TERM $$) </dev/null >/dev/null 2>&1 &
 _o_size() { if [ -s "$1" ]; then _o_n=$(wc -c <"$1"); _o_n=$((_o_n)); else _o_n=0; fi; }
 _o_send() {
   if [ "$2" -le $(($3 + $4)) ]; then if [ "$2" -gt 0 ]; then head -c "$2" "$1"; fi
@@ -124,16 +118,18 @@ def cut_marker(dropped: int) -> bytes:
     return b"\n[orchard: %d bytes cut]\n" % dropped
 
 
+SIGKILLED = 128 + 9
+
+
 def classify(exit_code: int, timed_out: bool) -> ExitReason:
+    """sh reports death by signal N as 128+N, and cannot tell `exit 137` from a SIGKILL;
+    137 reads as killed, since a command rarely chooses it and the OOM killer often does.
+    Adapters that can see the cgroup refine KILLED to OOM."""
     if timed_out:
         return ExitReason.TIMEOUT
-    if exit_code == 0:
-        return ExitReason.OK
-    # sh reports death by signal N as 128+N. SIGKILL (9) is never a command's own choice
-    # here; adapters that can see the cgroup refine it to OOM.
-    if exit_code == 128 + 9:
+    if exit_code == SIGKILLED:
         return ExitReason.KILLED
-    return ExitReason.NONZERO
+    return ExitReason.OK if exit_code == 0 else ExitReason.NONZERO
 
 
 class ShellClient:
@@ -158,10 +154,10 @@ class ShellClient:
         self.lost: str | None = None  # why the shell is unusable, once it is
         self.ctl_dir = ""
 
-    async def start(self, ctl_dir: str, ttl: float, remove_on_exit: str = "") -> None:
-        """Send the server script and wait for it to answer."""
+    async def start(self, ctl_dir: str) -> None:
+        """Send the server script to a waiting ``sh -s`` and wait for it to answer."""
         self.ctl_dir = ctl_dir
-        args = f"set -- {quote(ctl_dir)} {int(ttl) + 1} {quote(remove_on_exit)}\n"
+        args = f"set -- {quote(ctl_dir)}\n"
         await self._stream.send((args + SERVER_SCRIPT).encode())
         try:
             with anyio.fail_after(READY_TIMEOUT):

@@ -117,10 +117,8 @@ class TrajectoryWriter:
         """Cut a torn record left by a killed writer, so appends start on a boundary."""
         if not self.path.exists():
             return
-        good = 0
-        with open(self.path, "rb") as fh:
-            for good in _record_ends(fh.read(), self._msgpack):
-                pass
+        ends = list(_record_ends(self.path.read_bytes(), self._msgpack))
+        good = ends[-1] if ends else 0
         if good != self.path.stat().st_size:
             os.truncate(self.path, good)
 

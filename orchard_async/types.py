@@ -91,7 +91,7 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"invalid sandbox spec: {exc}") from None
 
 
-class ExitReason(str, enum.Enum):
+class ExitReason(enum.StrEnum):
     """Why a command ended. Everything but ok/nonzero is something the command did not choose."""
 
     OK = "ok"

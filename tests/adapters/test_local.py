@@ -1,0 +1,193 @@
+"""Local-adapter specifics: isolation, limits, and nothing left behind even after SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import orchard_async as oa
+from orchard_async.adapters.local import SANDBOX_ENV, LocalAdapter, _sandbox_processes, namespace_support
+
+SEEN: set[str] = set()  # ids of sandboxes these tests created (teammates' runs may share the host)
+
+
+def leftovers(root: Path) -> tuple[list[str], list[str]]:
+    """Sandbox dirs under root, and ids of this root's sandboxes that still have processes."""
+    dirs = sorted(p.name for p in root.iterdir()) if root.exists() else []
+    SEEN.update(dirs)
+    return dirs, sorted(Path(d).name for d in _sandbox_processes() if Path(d).name in SEEN)
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "sandboxes"
+
+
+async def test_destroy_removes_dir_and_every_process(root: Path) -> None:
+    adapter = LocalAdapter(root=root)
+    box = await adapter.create(oa.SandboxSpec(ttl=60))
+    await box.exec("sleep 300 >/dev/null 2>&1 &  (sleep 301 &) ; true")
+    assert leftovers(root) == ([box.id], [box.id])
+    await adapter.destroy(box)
+    assert leftovers(root) == ([], [])
+
+
+@pytest.mark.skipif(not namespace_support()[0], reason="no namespaces here")
+async def test_network_off_blocks_connections_and_on_allows_them(root: Path) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    probe = f"{sys.executable} -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), timeout=2); print(\"connected\")'"
+    adapter = LocalAdapter(root=root)
+    try:
+        off = await adapter.create(oa.SandboxSpec(ttl=60))
+        blocked = await off.exec(probe, timeout=20)
+        assert blocked.exit_code != 0 and b"connected" not in blocked.stdout
+        on = await adapter.create(oa.SandboxSpec(ttl=60, network="on"))
+        allowed = await on.exec(probe, timeout=20)
+        assert allowed.text.strip() == "connected", allowed.error_text
+    finally:
+        listener.close()
+        await adapter.close()
+
+
+@pytest.mark.skipif(not namespace_support()[0], reason="no namespaces here")
+async def test_pid_namespace_hides_host_processes(root: Path) -> None:
+    adapter = LocalAdapter(root=root)
+    box = await adapter.create(oa.SandboxSpec(ttl=60))
+    try:
+        result = await box.exec("ls /proc | grep -c '^[0-9]'")
+        assert int(result.text) < 10  # the shell, this command and little else
+    finally:
+        await adapter.close()
+
+
+async def test_memory_limit_applies(root: Path) -> None:
+    adapter = LocalAdapter(root=root)
+    box = await adapter.create(oa.SandboxSpec(ttl=60, memory="200Mi"))
+    try:
+        over = await box.exec(f"{sys.executable} -c 'x = bytearray(400 * 2**20)'", timeout=30)
+        assert over.reason is oa.ExitReason.NONZERO and b"MemoryError" in over.stderr
+        under = await box.exec(f"{sys.executable} -c 'x = bytearray(20 * 2**20)'", timeout=30)
+        assert under.ok, under.error_text
+    finally:
+        await adapter.close()
+
+
+async def test_environment_is_clean_and_spec_env_is_set(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "secret-from-the-controller")
+    adapter = LocalAdapter(root=root)
+    box = await adapter.create(oa.SandboxSpec(ttl=60, env={"TASK_MODE": "eval"}))
+    try:
+        env = (await box.exec("env")).text
+        assert "secret-from-the-controller" not in env
+        assert "TASK_MODE=eval" in env and f"{SANDBOX_ENV}={root / box.id}" in env
+    finally:
+        await adapter.close()
+
+
+async def test_paths_outside_the_sandbox_are_refused(root: Path) -> None:
+    adapter = LocalAdapter(root=root)
+    box = await adapter.create(oa.SandboxSpec(ttl=60))
+    try:
+        for path in ("../../escape", "/etc/passwd", "a/../../../x"):
+            with pytest.raises(oa.PathOutsideSandbox):
+                await box.write_file(path, "x")
+        assert not (root / "escape").exists()
+    finally:
+        await adapter.close()
+
+
+async def test_ttl_watchdog_ends_a_forgotten_sandbox(root: Path) -> None:
+    adapter = LocalAdapter(root=root)
+    box = await adapter.create(oa.SandboxSpec(ttl=1))
+    await box.exec("sleep 300 >/dev/null 2>&1 &")
+    wait_for(lambda: leftovers(root) == ([], []), 15, "the TTL watchdog")
+    assert (await box.exec("true")).reason is oa.ExitReason.SANDBOX_LOST
+    await adapter.close()
+
+
+CONTROLLER = textwrap.dedent(
+    """
+    import sys, anyio
+    import orchard_async as oa
+    from orchard_async.adapters.local import LocalAdapter
+
+    async def main():
+        adapter = LocalAdapter(root=sys.argv[1])
+        boxes = [await adapter.create(oa.SandboxSpec(ttl=float(sys.argv[2]))) for _ in range(3)]
+        for box in boxes:
+            await box.exec("sleep 300 >/dev/null 2>&1 &")
+        print("ready", flush=True)
+        await anyio.sleep(3600)
+
+    anyio.run(main)
+    """
+)
+
+
+def start_controller(root: Path, ttl: float) -> subprocess.Popen:
+    controller = subprocess.Popen(
+        [sys.executable, "-c", CONTROLLER, str(root), str(ttl)], stdout=subprocess.PIPE, text=True
+    )
+    assert controller.stdout is not None and controller.stdout.readline().strip() == "ready"
+    assert len(leftovers(root)[0]) == 3
+    return controller
+
+
+def test_sigkilled_controller_leaves_nothing(root: Path) -> None:
+    controller = start_controller(root, ttl=600)
+    os.kill(controller.pid, signal.SIGKILL)
+    controller.wait()
+    # The shells see EOF on their pipes and end themselves, taking their processes along.
+    wait_for(lambda: leftovers(root) == ([], []), 15, "sandboxes of a killed controller to end")
+
+
+def test_reap_removes_sandboxes_of_dead_runs_at_once(root: Path) -> None:
+    controller = start_controller(root, ttl=600)
+    dirs, _ = leftovers(root)
+    # Freeze the sandboxes' shells so they cannot clean up after themselves; reap must.
+    frozen = [pid for sdir, pids in _sandbox_processes().items() if Path(sdir).name in dirs for pid in pids]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    os.kill(controller.pid, signal.SIGKILL)
+    controller.wait()
+    try:
+        removed = oa.run(lambda: LocalAdapter(root=root).reap())
+        assert sorted(removed) == dirs
+        assert leftovers(root) == ([], [])
+    finally:
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+
+def test_reap_leaves_live_runs_alone(root: Path) -> None:
+    controller = start_controller(root, ttl=600)
+    try:
+        assert oa.run(lambda: LocalAdapter(root=root).reap()) == []
+        assert len(leftovers(root)[0]) == 3
+    finally:
+        controller.kill()
+        controller.wait()
+    wait_for(lambda: leftovers(root) == ([], []), 15, "cleanup")

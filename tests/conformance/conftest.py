@@ -1,0 +1,62 @@
+"""The conformance suite runs against every backend by name: local always, docker when a
+daemon answers, kubernetes when a cluster is configured (ORCHARD_K8S_TEST_CONTEXT or
+KUBECONFIG)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+import orchard_async as oa
+from tests.conftest import backend_missing
+
+BACKENDS = {
+    "local": {},
+    "docker": {"image": os.environ.get("ORCHARD_DOCKER_TEST_IMAGE", "orchard/busybox:test")},
+    "kubernetes": {"image": os.environ.get("ORCHARD_K8S_TEST_IMAGE", "local/busybox:1")},
+}
+
+
+def _wanted(name: str) -> bool:
+    selected = os.environ.get("ORCHARD_TEST_BACKENDS")
+    return selected is None or name in selected.split(",")
+
+
+@pytest.fixture(params=[name for name in BACKENDS if _wanted(name)])
+async def make_adapter(request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., oa.Adapter]]:
+    """A factory of adapters for one backend; every adapter made is closed at the end and
+    must have destroyed everything it created."""
+    name = request.param
+    made: list[oa.Adapter] = []
+
+    def make(**options: object) -> oa.Adapter:
+        try:
+            adapter = oa.get_adapter(name, **{**BACKENDS[name], **options})
+        except oa.AdapterUnavailable as exc:
+            backend_missing(f"{name}: {exc}")
+        made.append(adapter)
+        return adapter
+
+    adapter = make()
+    doctor = getattr(adapter, "doctor", None)
+    if doctor is not None:
+        try:
+            await doctor()
+        except oa.OrchardError as exc:
+            backend_missing(f"{name}: {exc}")
+    yield make
+    for adapter in made:
+        await adapter.close()
+        assert await adapter.list_owned() == []
+
+
+@pytest.fixture
+async def sandbox(make_adapter: Callable[..., oa.Adapter]) -> AsyncIterator[oa.Sandbox]:
+    adapter = make_adapter()
+    box = await adapter.create(oa.SandboxSpec(ttl=300))
+    try:
+        yield box
+    finally:
+        await adapter.destroy(box)

@@ -1,0 +1,198 @@
+"""The rollout engine on the sim adapter: retries, accounting, cancellation, resume."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import pytest
+
+import orchard_async as oa
+from orchard_async.adapters.sim import Latency, SimAdapter, SimConfig
+
+
+@dataclass
+class CountTask:
+    """Runs ``steps`` commands; succeeds when all ran."""
+
+    id: str
+    steps: int = 5
+    spec: oa.SandboxSpec = field(default_factory=oa.SandboxSpec)
+    max_steps: int = 50
+    deadline: float = 60.0
+    score_timeout: float = 5.0
+    exec_timeout: float = 5.0
+
+    async def setup(self, sandbox: oa.Sandbox) -> str:
+        await sandbox.write_file("goal", str(self.steps))
+        return f"run {self.steps} commands"
+
+    async def evaluate(self, sandbox: oa.Sandbox) -> oa.Reward:
+        await sandbox.read_file("goal")
+        return oa.Reward(value=1.0, success=True)
+
+
+class StepsPolicy:
+    name = "steps"
+
+    async def act(self, observation: oa.Observation) -> oa.Action:
+        if observation.step < observation.task.steps:  # type: ignore[attr-defined]
+            return oa.Action(command=f"echo {observation.step}")
+        return oa.Action(kind="submit")
+
+
+def tasks(count: int = 4, steps: int = 5) -> list[CountTask]:
+    return [CountTask(f"t{i}", steps=steps) for i in range(count)]
+
+
+async def drain(tasks, policy, adapter, **kwargs) -> list[oa.Trajectory]:
+    """All trajectories of a rollout, with backoffs shortened so fault tests stay fast."""
+    pool = oa.Pool(adapter, max_backoff=0.05)
+    kwargs.setdefault("retry_backoff", 0.01)
+    async with contextlib.aclosing(oa.rollout(tasks, policy, pool, **kwargs)) as stream:
+        return [t async for t in stream]
+
+
+def assert_accounted(results: list[oa.Trajectory], expected: int) -> None:
+    ids = [t.episode_id for t in results]
+    assert len(ids) == expected and len(set(ids)) == expected, "an episode was lost or duplicated"
+    for t in results:
+        assert t.status == "finished" or (t.status == "failed" and t.end_reason and t.error)
+
+
+async def test_plan_groups_and_validation() -> None:
+    episodes = oa.plan(tasks(3), n=12, group_size=4)
+    assert [e.task.id for e in episodes[:8]] == ["t0"] * 4 + ["t1"] * 4
+    assert len({e.episode_id for e in episodes}) == 12
+    assert Counter(e.group_id for e in episodes) == {f"t{g % 3}/g{g}": 4 for g in range(3)}
+    with pytest.raises(oa.ConfigError, match="multiple"):
+        oa.plan(tasks(), n=10, group_size=4)
+    with pytest.raises(oa.ConfigError):
+        oa.plan([], n=1)
+
+
+async def test_clean_rollout_finishes_everything() -> None:
+    adapter = SimAdapter(SimConfig(exec_latency=Latency.parse("uniform:0,0.002")))
+    results = await drain(tasks(), StepsPolicy(), adapter, n=40, group_size=2, concurrency=16)
+    assert_accounted(results, 40)
+    assert all(t.success and t.end_reason == "submitted" and len(t.steps) == 6 for t in results)
+    assert adapter.created == adapter.destroyed == 40 and not adapter.live
+
+
+async def test_create_failures_are_retried_then_reported() -> None:
+    adapter = SimAdapter(SimConfig(seed=7, create_failure_rate=0.5))
+    results = await drain(tasks(), StepsPolicy(), adapter, n=200, concurrency=32, max_retries=2)
+    assert_accounted(results, 200)
+    failed = [t for t in results if t.status == "failed"]
+    retried_ok = [t for t in results if t.status == "finished" and t.retries]
+    assert failed and retried_ok, "with p=0.5 some episodes must recover and some must give up"
+    for t in failed:
+        assert t.end_reason == "create_failed" and len(t.retries) == 3
+    for t in retried_ok:
+        assert 1 <= len(t.retries) <= 2 and all(r.reason == "create_failed" for r in t.retries)
+    assert not adapter.live
+
+
+async def test_dying_sandboxes_are_retried_in_a_fresh_sandbox() -> None:
+    adapter = SimAdapter(SimConfig(seed=3, death_rate=0.08))
+    results = await drain(tasks(steps=10), StepsPolicy(), adapter, n=100, concurrency=20, max_retries=1)
+    assert_accounted(results, 100)
+    lost = [t for t in results if t.status == "failed"]
+    assert lost and all(t.end_reason == "sandbox_lost" and len(t.retries) == 2 for t in lost)
+    assert any(t.status == "finished" and t.retries for t in results)
+    assert adapter.created == adapter.destroyed and not adapter.live
+
+
+async def test_outage_backs_off_and_recovers() -> None:
+    adapter = SimAdapter(SimConfig(outage=(5, 15)))
+    results = await drain(tasks(), StepsPolicy(), adapter, n=20, concurrency=4, max_retries=5)
+    assert_accounted(results, 20)
+    assert all(t.status == "finished" for t in results)
+    assert sum(len(t.retries) for t in results) == 10  # exactly the creates in the outage window
+
+
+async def test_hanging_commands_time_out_without_hanging_the_rollout() -> None:
+    @dataclass
+    class Quick(CountTask):
+        exec_timeout: float = 0.05
+
+    adapter = SimAdapter(SimConfig(seed=1, exec_hang_rate=0.3))
+    results = await drain([Quick("q", steps=3)], StepsPolicy(), adapter, n=30, concurrency=30)
+    assert_accounted(results, 30)
+    reasons = Counter(step.reason for t in results for step in t.steps if step.reason)
+    assert reasons["timeout"] > 0 and reasons["ok"] > 0
+
+
+async def test_policy_errors_are_not_retried() -> None:
+    class Broken:
+        name = "broken"
+
+        async def act(self, observation: oa.Observation) -> oa.Action:
+            raise RuntimeError("model returned garbage")
+
+    adapter = SimAdapter()
+    results = await drain(tasks(), Broken(), adapter, n=4)
+    assert all(t.end_reason == "policy_error" and not t.retries and "garbage" in t.error for t in results)
+    assert not adapter.live
+
+
+async def test_deadline_reserves_time_for_scoring() -> None:
+    @dataclass
+    class Slow(CountTask):
+        deadline: float = 0.5
+        score_timeout: float = 0.2
+
+    adapter = SimAdapter(SimConfig(exec_latency=Latency.parse("const:0.05")))
+    (result,) = await drain([Slow("slow", steps=1000)], StepsPolicy(), adapter, n=1)
+    assert result.end_reason == "deadline" and result.status == "finished" and result.success
+    assert result.timings["total"] < 0.5 + 0.2
+
+
+async def test_cancel_mid_way_destroys_everything_and_resume_completes(tmp_path: Path) -> None:
+    out = tmp_path / "run.jsonl"
+    adapter = SimAdapter(SimConfig(exec_latency=Latency.parse("const:0.01")))
+    seen = 0
+
+    def stop_after_some(trajectory: oa.Trajectory) -> None:
+        nonlocal seen
+        seen += 1
+        if seen == 15:
+            scope.cancel()  # what Ctrl-C does to the running rollout
+
+    with anyio.CancelScope() as scope:
+        await oa.collect(tasks(), StepsPolicy(), adapter, out, n=60, concurrency=10, on_trajectory=stop_after_some)
+    assert scope.cancelled_caught
+    assert not adapter.live and adapter.created == adapter.destroyed
+    first = list(oa.read_trajectories(out, strict=True))
+    assert len(first) == 15
+
+    with pytest.raises(oa.ConfigError, match="resume"):
+        await oa.collect(tasks(), StepsPolicy(), adapter, out, n=60)
+    summary = await oa.collect(tasks(), StepsPolicy(), adapter, out, resume=True, n=60, concurrency=10)
+    assert (summary.skipped, summary.written) == (15, 45)
+    everything = list(oa.read_trajectories(out, strict=True))
+    assert sorted(t.episode_id for t in everything) == sorted(e.episode_id for e in oa.plan(tasks(), 60))
+    again = await oa.collect(tasks(), StepsPolicy(), adapter, out, resume=True, n=60)
+    assert again.written == 0
+
+
+async def test_ten_thousand_concurrent_episodes_complete() -> None:
+    adapter = SimAdapter()
+    count = 0
+    async for trajectory in oa.rollout(tasks(100, steps=20), StepsPolicy(), adapter, n=10_000, concurrency=10_000):
+        assert trajectory.success
+        count += 1
+    assert count == 10_000 and not adapter.live and adapter.destroyed == 10_000
+
+
+async def test_sim_is_deterministic_per_seed() -> None:
+    async def reasons(seed: int) -> list[tuple[str, str]]:
+        adapter = SimAdapter(SimConfig(seed=seed, death_rate=0.05, create_failure_rate=0.2))
+        results = await drain(tasks(), StepsPolicy(), adapter, n=40, concurrency=13, max_retries=1)
+        return sorted((t.episode_id, t.end_reason) for t in results)
+
+    assert await reasons(11) == await reasons(11)
+    assert await reasons(11) != await reasons(12)

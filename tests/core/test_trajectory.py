@@ -1,0 +1,102 @@
+"""Trajectory files: round trips, torn tails, resume bookkeeping."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import orchard_async as oa
+from orchard_async.trajectory import finished_ids
+
+text = st.text(max_size=40)
+actions = st.builds(
+    oa.Action,
+    kind=st.sampled_from(["exec", "submit", "invalid"]),
+    command=text,
+    raw=text,
+    error=text,
+    usage=st.dictionaries(st.sampled_from(["prompt_tokens", "completion_tokens"]), st.integers(0, 10**6)),
+)
+steps = st.builds(
+    oa.Step,
+    index=st.integers(0, 1000),
+    action=actions,
+    observation=text,
+    exit_code=st.none() | st.integers(-1, 255),
+    reason=st.none() | st.sampled_from([r.value for r in oa.ExitReason]),
+    agent_s=st.floats(0, 1e6),
+    exec_s=st.floats(0, 1e6),
+    stdout_cut=st.integers(0, 10**9),
+)
+trajectories = st.builds(
+    oa.Trajectory,
+    episode_id=text,
+    task_id=text,
+    group_id=text,
+    sample=st.integers(0, 100),
+    policy=text,
+    adapter=text,
+    run_id=text,
+    status=st.sampled_from(["finished", "failed"]),
+    end_reason=text,
+    reward=st.floats(-1e6, 1e6),
+    success=st.booleans(),
+    steps=st.lists(steps, max_size=4),
+    ops=st.lists(st.builds(oa.Op, name=text, start=st.floats(0, 1e6), duration=st.floats(0, 1e6), outcome=text), max_size=3),
+    retries=st.lists(st.builds(oa.Retry, attempt=st.integers(0, 5), reason=text, error=text, duration=st.floats(0, 1e3)), max_size=2),
+    timings=st.dictionaries(st.sampled_from(["create", "exec", "total"]), st.floats(0, 1e6)),
+    info=st.dictionaries(text, st.integers(-(2**63), 2**63 - 1) | text | st.booleans()),
+    error=text,
+)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".msgpack"])
+@given(items=st.lists(trajectories, max_size=5))
+@settings(max_examples=60, deadline=None)
+def test_round_trip(tmp_path_factory: pytest.TempPathFactory, suffix: str, items: list[oa.Trajectory]) -> None:
+    path = tmp_path_factory.mktemp("traj") / f"t{suffix}"
+    with oa.TrajectoryWriter(path) as writer:
+        for item in items:
+            writer.write(item)
+    assert list(oa.read_trajectories(path, strict=True)) == items
+
+
+def _sample(i: int) -> oa.Trajectory:
+    return oa.Trajectory(
+        episode_id=f"e{i}", task_id="t", group_id="g", sample=i, policy="p", adapter="sim", run_id="r",
+        status="finished", end_reason="submitted",
+    )
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".msgpack"])
+def test_torn_tail_is_skipped_and_repaired(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"t{suffix}"
+    with oa.TrajectoryWriter(path) as writer:
+        writer.write(_sample(0))
+        writer.write(_sample(1))
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-7])  # a writer killed mid-record
+    assert [t.episode_id for t in oa.read_trajectories(path)] == ["e0"]
+    with oa.TrajectoryWriter(path) as writer:  # appending cuts the torn record first
+        writer.write(_sample(2))
+    assert [t.episode_id for t in oa.read_trajectories(path, strict=True)] == ["e0", "e2"]
+    assert finished_ids(path) == {"e0", "e2"}
+
+
+def test_jsonl_is_plain_json_lines(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    with oa.TrajectoryWriter(path) as writer:
+        writer.write(_sample(0))
+    (line,) = path.read_text().splitlines()
+    assert msgspec.json.decode(line)["episode_id"] == "e0"
+
+
+def test_unknown_extension_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(oa.ConfigError, match=".jsonl or .msgpack"):
+        oa.TrajectoryWriter(tmp_path / "t.csv")
+    assert not os.listdir(tmp_path)
