@@ -137,8 +137,14 @@ async def rollout(
     async with anyio.create_task_group() as group:
         group.start_soon(workers)
         async with receive:
-            async for trajectory in receive:
-                yield trajectory
+            try:
+                async for trajectory in receive:
+                    yield trajectory
+            except GeneratorExit:
+                # The consumer stopped early (aclose, break, Ctrl-C): cancel the episodes
+                # (their sandboxes are destroyed in shielded finally blocks) and end quietly,
+                # instead of letting the task group wrap GeneratorExit in an exception group.
+                group.cancel_scope.cancel()
 
 
 class RunSummary(msgspec.Struct, kw_only=True):
@@ -163,13 +169,16 @@ async def collect(
     if out.exists() and out.stat().st_size and not resume:
         raise ConfigError(f"{out} already has trajectories; pass resume=True (--resume) to continue it, or pick a new file")
     done = finished_ids(out) if resume else set()
-    with TrajectoryWriter(out) as writer:
-        stream = rollout(tasks, policy, adapter, skip=done, **options)  # type: ignore[arg-type]
-        try:
-            async for trajectory in stream:
-                writer.write(trajectory)
-                if callable(on_trajectory):
-                    on_trajectory(trajectory)
-        finally:
-            await stream.aclose()
-        return RunSummary(written=writer.written, skipped=len(done), path=str(out))
+    writer: TrajectoryWriter | None = None  # opened on the first result, so bad input creates no file
+    stream = rollout(tasks, policy, adapter, skip=done, **options)  # type: ignore[arg-type]
+    try:
+        async for trajectory in stream:
+            writer = writer or TrajectoryWriter(out)
+            writer.write(trajectory)
+            if callable(on_trajectory):
+                on_trajectory(trajectory)
+    finally:
+        await stream.aclose()
+        if writer:
+            writer.close()
+    return RunSummary(written=writer.written if writer else 0, skipped=len(done), path=str(out))
