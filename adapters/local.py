@@ -120,6 +120,13 @@ class LocalAdapter:
         self._live: dict[str, tuple[ShellSandbox, anyio.abc.Process]] = {}
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
+        # Shielded: a create cut short by cancellation would leave a process and a dir that
+        # nobody holds. It takes tens of milliseconds; the caller's cancellation lands at
+        # its next checkpoint, where it already owns the sandbox and destroys it.
+        with anyio.CancelScope(shield=True):
+            return await self._create(spec)
+
+    async def _create(self, spec: SandboxSpec) -> Sandbox:
         sandbox_id = f"lo-{uuid.uuid4().hex[:16]}"
         base = self.root / sandbox_id
         work, ctl = base / "work", base / "ctl"
@@ -160,14 +167,15 @@ class LocalAdapter:
             interrupt=functools.partial(self._interrupt, process),
             output_cap=self.output_cap,
         )
-        limits = self._limits(spec)
-        if limits:
-            await process.stdin.send(limits.encode())
         try:
+            limits = self._limits(spec)
+            if limits:
+                await process.stdin.send(limits.encode())
             await client.start(str(ctl))
-        except SandboxLost as exc:
+        except (SandboxLost, OSError, anyio.BrokenResourceError) as exc:
+            await client.aclose()
             await self._stop(process, base)
-            raise CreateFailed(f"{exc}; see {ctl / 'shell.log'}") from exc
+            raise CreateFailed(f"the sandbox shell did not start ({exc}); see {ctl / 'shell.log'}") from exc
 
         async def teardown() -> None:
             self._live.pop(sandbox_id, None)

@@ -112,8 +112,9 @@ class SimSandbox:
             return ExecResult(exit_code=137, reason=ExitReason.TIMEOUT, duration=time.perf_counter() - started)
         if self._instant_exec:
             await asyncio.sleep(0)  # the hot path of the scale benchmark: no draw, no extra frame
-        else:
-            await self._wait(config.exec_latency)
+            code, out = self._interpret(cmd)
+            return ExecResult(exit_code=code, reason=ExitReason.OK if code == 0 else ExitReason.NONZERO, stdout=out)
+        await self._wait(config.exec_latency)
         code, out = self._interpret(cmd)
         reason = ExitReason.OK if code == 0 else ExitReason.NONZERO
         return ExecResult(exit_code=code, reason=reason, stdout=out, duration=time.perf_counter() - started)
@@ -173,9 +174,8 @@ class SimSandbox:
         if self.closed:
             return
         self.closed = True
-        with anyio.CancelScope(shield=True):
-            await self._wait(self._config.destroy_latency)
-        self._adapter.live.pop(self.id, None)
+        self._adapter.live.pop(self.id, None)  # first: a cancelled close must not leak the record
+        await self._wait(self._config.destroy_latency)
         self._adapter.destroyed += 1
 
     async def __aenter__(self) -> SimSandbox:

@@ -21,7 +21,7 @@ from .pool import Pool
 from .protocols import Sandbox
 from .task import Observation, Policy, Reward, Task
 from .trajectory import Op, Step, Trajectory
-from .types import ExecResult
+from .types import ExecResult, ExitReason
 
 TTL_MARGIN = 120.0  # the sandbox lives this much past the episode deadline
 OBSERVATION_LIMIT = 16_000  # characters of output kept in a step's observation
@@ -39,6 +39,8 @@ class Episode:
 
 def render(result: ExecResult, limit: int = OBSERVATION_LIMIT) -> str:
     """What the agent reads back: output, then the exit status when it is not plain success."""
+    if result.reason is ExitReason.OK and not result.stderr and len(result.stdout) <= limit:
+        return result.stdout.decode("utf-8", "replace")  # the common case, kept cheap
     text = result.text + result.error_text
     if len(text) > limit:
         half = limit // 2
@@ -164,7 +166,7 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
                         action=action,
                         observation=render(result),
                         exit_code=result.exit_code,
-                        reason=result.reason.value,
+                        reason=result.reason,  # a StrEnum: stored and encoded as its value
                         agent_s=agent_s,
                         exec_s=result.duration,
                         stdout_cut=result.stdout_cut,
