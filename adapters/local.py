@@ -92,7 +92,9 @@ def isolation_report() -> dict[str, str]:
     return {
         "process group": "yes: own session; a timeout kills the command's whole process group",
         "namespaces": ns_why if ns_ok else f"no ({ns_why}): processes share the host's PID and network namespaces",
-        "network": "off unless the spec asks (empty network namespace)" if ns_ok else "NOT isolated: no network namespace",
+        "network": "off unless the spec asks (empty network namespace)"
+        if ns_ok
+        else "NOT isolated: no network namespace",
         "memory": "RLIMIT_AS (address space) from spec.memory",
         "pids": "not enforced: RLIMIT_NPROC does not apply to root" if root else "RLIMIT_NPROC from spec.pids",
         "cpu": "not limited (use docker or kubernetes for cpu quotas)",
@@ -133,7 +135,12 @@ class LocalAdapter:
         work.mkdir(parents=True)
         ctl.mkdir()
         expires_at = time.time() + spec.ttl
-        labels = {**spec.labels, "orchard.owner": self.owner, "orchard.run": self.run_id, "orchard.expires": str(int(expires_at))}
+        labels = {
+            **spec.labels,
+            "orchard.owner": self.owner,
+            "orchard.run": self.run_id,
+            "orchard.expires": str(int(expires_at)),
+        }
         lease = {
             "id": sandbox_id,
             "labels": labels,

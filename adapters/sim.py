@@ -44,7 +44,12 @@ class Latency(msgspec.Struct, frozen=True):
             values = [float(v) for v in args.split(",")] if args else [0.0]
         except ValueError:
             raise ConfigError(f"latency {text!r}: parameters must be numbers") from None
-        if kind not in ("const", "uniform", "exp", "lognormal") or len(values) > 2 or min(values) < 0 and kind != "lognormal":
+        if (
+            kind not in ("const", "uniform", "exp", "lognormal")
+            or len(values) > 2
+            or min(values) < 0
+            and kind != "lognormal"
+        ):
             raise ConfigError(f"latency {text!r}: use const:S, uniform:A,B, exp:MEAN or lognormal:MU,SIGMA")
         return cls(kind, values[0], values[1] if len(values) > 1 else 0.0)
 

@@ -252,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]: every sandbox was destroyed; finished episodes are on disk (use --resume)")
+        console.print(
+            "[yellow]interrupted[/]: every sandbox was destroyed; finished episodes are on disk (use --resume)"
+        )
         return 130
     except (OrchardError, FileNotFoundError) as exc:
         console.print(f"[red]error:[/] {exc}")

@@ -112,7 +112,11 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
     spec = msgspec.structs.replace(
         task.spec,
         ttl=task.deadline + TTL_MARGIN,
-        labels={**task.spec.labels, "orchard.episode": _label_safe(episode.episode_id), "orchard.attempt": str(attempt)},
+        labels={
+            **task.spec.labels,
+            "orchard.episode": _label_safe(episode.episode_id),
+            "orchard.attempt": str(attempt),
+        },
     )
     status, end_reason, error, instruction = "finished", "max_steps", "", ""
     reward = Reward(value=0.0, success=False)
@@ -152,7 +156,9 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
                     end_reason = "submitted"
                     break
                 if action.kind == "invalid":
-                    steps.append(Step(index=index, action=action, observation=f"error: {action.error}", agent_s=agent_s))
+                    steps.append(
+                        Step(index=index, action=action, observation=f"error: {action.error}", agent_s=agent_s)
+                    )
                     continue
                 timeout = max(0.001, min(task.exec_timeout, agent_deadline - time.monotonic()))
                 # Straight to the sandbox: the step itself records this command's timing.

@@ -12,9 +12,7 @@ from .types import ExecResult, FileInfo, SandboxSpec
 class Session(Protocol):
     """A stateful shell: working directory and variables carry over between commands."""
 
-    async def exec(
-        self, cmd: str, *, timeout: float | None = None, stdin: bytes | None = None
-    ) -> ExecResult: ...
+    async def exec(self, cmd: str, *, timeout: float | None = None, stdin: bytes | None = None) -> ExecResult: ...
 
 
 @runtime_checkable

@@ -167,7 +167,9 @@ async def collect(
     are skipped; without it, an existing file is an error rather than silently mixed."""
     out = Path(out)
     if out.exists() and out.stat().st_size and not resume:
-        raise ConfigError(f"{out} already has trajectories; pass resume=True (--resume) to continue it, or pick a new file")
+        raise ConfigError(
+            f"{out} already has trajectories; pass resume=True (--resume) to continue it, or pick a new file"
+        )
     done = finished_ids(out) if resume else set()
     writer: TrajectoryWriter | None = None  # opened on the first result, so bad input creates no file
     stream = rollout(tasks, policy, adapter, skip=done, **options)  # type: ignore[arg-type]

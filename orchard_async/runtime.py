@@ -61,7 +61,5 @@ def get_adapter(name: str, **options: Any) -> Adapter:
     except ModuleNotFoundError as exc:
         if exc.name == module_name:
             raise AdapterUnavailable(f"the {name} adapter is not part of this build yet") from None
-        raise AdapterUnavailable(
-            f"the {name} adapter needs {exc.name}; pip install 'orchard-async[{name}]'"
-        ) from None
+        raise AdapterUnavailable(f"the {name} adapter needs {exc.name}; pip install 'orchard-async[{name}]'") from None
     return getattr(module, class_name)(**options)

@@ -29,7 +29,9 @@ class ShellSession:
         self._client = client
         self._id = session_id
 
-    async def exec(self, cmd: str, *, timeout: float | None = DEFAULT_EXEC_TIMEOUT, stdin: bytes | None = None) -> ExecResult:
+    async def exec(
+        self, cmd: str, *, timeout: float | None = DEFAULT_EXEC_TIMEOUT, stdin: bytes | None = None
+    ) -> ExecResult:
         return await self._client.run(cmd, timeout=timeout, stdin=stdin, session=self._id)
 
 
@@ -121,7 +123,14 @@ class ShellSandbox:
             mode = int(mode_hex, 16)
             name = name.removeprefix("./")
             entries.append(
-                FileInfo(name, posixpath.join(full, name), int(size), statmod.S_ISDIR(mode), statmod.S_IMODE(mode), float(mtime))
+                FileInfo(
+                    name,
+                    posixpath.join(full, name),
+                    int(size),
+                    statmod.S_ISDIR(mode),
+                    statmod.S_IMODE(mode),
+                    float(mtime),
+                )
             )
         return sorted(entries, key=lambda entry: entry.name)
 

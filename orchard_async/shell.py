@@ -212,7 +212,13 @@ class ShellClient:
             except TimeoutError:
                 self.lost = "the sandbox shell stopped answering"
                 return self._lost_result(started)
-            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            except (
+                anyio.EndOfStream,
+                anyio.IncompleteRead,
+                anyio.BrokenResourceError,
+                anyio.ClosedResourceError,
+                OSError,
+            ):
                 self.lost = "the sandbox shell is gone"
                 return self._lost_result(started)
             return ExecResult(

@@ -74,7 +74,9 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"workdir must be an absolute path, got {self.workdir!r}")
         for key, val in self.labels.items():
             if not _LABEL_KEY.match(key) or len(val) > 63:
-                raise ConfigError(f"label {key}={val!r} is not a valid label (key: letters, digits, -_./; value: 63 chars)")
+                raise ConfigError(
+                    f"label {key}={val!r} is not a valid label (key: letters, digits, -_./; value: 63 chars)"
+                )
 
     @property
     def memory_bytes(self) -> int | None:

@@ -48,7 +48,10 @@ async def _file_equals(sandbox: Sandbox, path: str, expected: str) -> bool:
 
 def _sum_task(seed: int) -> ShellTask:
     rng = random.Random(seed)
-    files = {f"data/part{i}.txt": "\n".join(str(rng.randint(1, 999)) for _ in range(rng.randint(3, 8))) + "\n" for i in range(3)}
+    files = {
+        f"data/part{i}.txt": "\n".join(str(rng.randint(1, 999)) for _ in range(rng.randint(3, 8))) + "\n"
+        for i in range(3)
+    }
     total = sum(int(x) for text in files.values() for x in text.split())
     return ShellTask(
         id=f"sum-{seed}",

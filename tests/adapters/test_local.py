@@ -55,7 +55,7 @@ async def test_network_off_blocks_connections_and_on_allows_them(root: Path) -> 
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     port = listener.getsockname()[1]
-    probe = f"{sys.executable} -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), timeout=2); print(\"connected\")'"
+    probe = f'{sys.executable} -c \'import socket; socket.create_connection(("127.0.0.1", {port}), timeout=2); print("connected")\''
     adapter = LocalAdapter(root=root)
     try:
         off = await adapter.create(oa.SandboxSpec(ttl=60))

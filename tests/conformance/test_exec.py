@@ -42,8 +42,8 @@ async def test_stdin_is_eof_unless_given(sandbox: oa.Sandbox) -> None:
 async def test_cwd_and_env(sandbox: oa.Sandbox) -> None:
     await sandbox.exec("mkdir -p sub/dir")
     assert (await sandbox.exec("pwd", cwd="sub/dir")).text.strip().endswith("/sub/dir")
-    result = await sandbox.exec('printf %s "$GREETING"', env={"GREETING": "it's a \"test\" $HOME"})
-    assert result.text == "it's a \"test\" $HOME"
+    result = await sandbox.exec('printf %s "$GREETING"', env={"GREETING": 'it\'s a "test" $HOME'})
+    assert result.text == 'it\'s a "test" $HOME'
 
 
 async def test_quoting_survives_any_text(sandbox: oa.Sandbox) -> None:

@@ -16,7 +16,12 @@ from orchard_async.adapters.local import _sandbox_processes
 
 def cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "orchard_async.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-m", "orchard_async.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
 
 
@@ -48,11 +53,48 @@ def test_demo_writes_32_readable_trajectories_and_leaves_nothing(tmp_path: Path,
 
 def test_run_random_policy_resume_and_groups(tmp_path: Path, local_env: dict) -> None:
     out = tmp_path / "r.msgpack"
-    first = cli("run", "--policy", "random", "--episodes", "12", "--group-size", "3", "--out", str(out), cwd=tmp_path, env=local_env)
+    first = cli(
+        "run",
+        "--policy",
+        "random",
+        "--episodes",
+        "12",
+        "--group-size",
+        "3",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+        env=local_env,
+    )
     assert first.returncode == 0, first.stderr
-    again = cli("run", "--policy", "random", "--episodes", "12", "--group-size", "3", "--out", str(out), cwd=tmp_path, env=local_env)
+    again = cli(
+        "run",
+        "--policy",
+        "random",
+        "--episodes",
+        "12",
+        "--group-size",
+        "3",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+        env=local_env,
+    )
     assert again.returncode == 2 and "--resume" in again.stderr
-    more = cli("run", "--policy", "random", "--episodes", "18", "--group-size", "3", "--out", str(out), "--resume", cwd=tmp_path, env=local_env)
+    more = cli(
+        "run",
+        "--policy",
+        "random",
+        "--episodes",
+        "18",
+        "--group-size",
+        "3",
+        "--out",
+        str(out),
+        "--resume",
+        cwd=tmp_path,
+        env=local_env,
+    )
     assert more.returncode == 0, more.stderr
     trajectories = list(oa.read_trajectories(out))
     assert len(trajectories) == 18 and len({t.episode_id for t in trajectories}) == 18
@@ -78,7 +120,9 @@ def load_toy():
         (["demo", "--adapter", "sim", "--adapter-options", "{bad json"], "not valid JSON"),
     ],
 )
-def test_bad_input_is_a_clear_error_that_changes_nothing(tmp_path: Path, local_env: dict, args: list[str], message: str) -> None:
+def test_bad_input_is_a_clear_error_that_changes_nothing(
+    tmp_path: Path, local_env: dict, args: list[str], message: str
+) -> None:
     done = cli(*args, cwd=tmp_path, env=local_env)
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
@@ -103,7 +147,20 @@ def test_reap_prints_what_it_removed(tmp_path: Path, local_env: dict) -> None:
 
 
 def test_bench_exec_json_schema(tmp_path: Path, local_env: dict) -> None:
-    done = cli("bench", "exec", "--adapter", "local", "--concurrency", "1,4", "--ops", "40", "--json", "b.json", cwd=tmp_path, env=local_env)
+    done = cli(
+        "bench",
+        "exec",
+        "--adapter",
+        "local",
+        "--concurrency",
+        "1,4",
+        "--ops",
+        "40",
+        "--json",
+        "b.json",
+        cwd=tmp_path,
+        env=local_env,
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads((tmp_path / "b.json").read_text())
     assert result["scenario"] == "exec" and result["adapter"] == "local" and result["machine"]["cores"]
@@ -118,8 +175,21 @@ def test_ctrl_c_destroys_every_sandbox_and_resume_finishes(tmp_path: Path, local
     import time
 
     out = tmp_path / "big.jsonl"
-    args = [sys.executable, "-m", "orchard_async.cli", "run", "--episodes", "150", "--concurrency", "8", "--out", str(out)]
-    process = subprocess.Popen(args, cwd=tmp_path, env=local_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = [
+        sys.executable,
+        "-m",
+        "orchard_async.cli",
+        "run",
+        "--episodes",
+        "150",
+        "--concurrency",
+        "8",
+        "--out",
+        str(out),
+    ]
+    process = subprocess.Popen(
+        args, cwd=tmp_path, env=local_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 120
     while not (out.exists() and out.read_bytes().count(b"\n") >= 10):
         assert time.monotonic() < deadline and process.poll() is None, "the run never got going"
@@ -133,7 +203,9 @@ def test_ctrl_c_destroys_every_sandbox_and_resume_finishes(tmp_path: Path, local
     partial = {t.episode_id for t in oa.read_trajectories(out, strict=True)}
     assert 10 <= len(partial) < 150
 
-    resumed = cli("run", "--episodes", "150", "--concurrency", "8", "--out", str(out), "--resume", cwd=tmp_path, env=local_env)
+    resumed = cli(
+        "run", "--episodes", "150", "--concurrency", "8", "--out", str(out), "--resume", cwd=tmp_path, env=local_env
+    )
     assert resumed.returncode == 0, resumed.stderr
     final = [t.episode_id for t in oa.read_trajectories(out, strict=True)]
     assert len(final) == 150 and len(set(final)) == 150 and partial <= set(final)

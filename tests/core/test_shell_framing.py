@@ -79,7 +79,9 @@ async def test_output_that_looks_like_frames_is_just_data(out: bytes, code: int)
 
 
 async def test_a_desynchronised_server_counts_as_lost() -> None:
-    client = ShellClient(ScriptedServer([lambda nonce: b"@@ORCH deadbeef 0 0 0 0\n@@END deadbeef\n"]), workdir="/w", interrupt=_never)
+    client = ShellClient(
+        ScriptedServer([lambda nonce: b"@@ORCH deadbeef 0 0 0 0\n@@END deadbeef\n"]), workdir="/w", interrupt=_never
+    )
     await client.start("/ctl")
     result = await client.run("true")
     assert result.reason is oa.ExitReason.SANDBOX_LOST

@@ -47,8 +47,12 @@ trajectories = st.builds(
     reward=st.floats(-1e6, 1e6),
     success=st.booleans(),
     steps=st.lists(steps, max_size=4),
-    ops=st.lists(st.builds(oa.Op, name=text, start=st.floats(0, 1e6), duration=st.floats(0, 1e6), outcome=text), max_size=3),
-    retries=st.lists(st.builds(oa.Retry, attempt=st.integers(0, 5), reason=text, error=text, duration=st.floats(0, 1e3)), max_size=2),
+    ops=st.lists(
+        st.builds(oa.Op, name=text, start=st.floats(0, 1e6), duration=st.floats(0, 1e6), outcome=text), max_size=3
+    ),
+    retries=st.lists(
+        st.builds(oa.Retry, attempt=st.integers(0, 5), reason=text, error=text, duration=st.floats(0, 1e3)), max_size=2
+    ),
     timings=st.dictionaries(st.sampled_from(["create", "exec", "total"]), st.floats(0, 1e6)),
     info=st.dictionaries(text, st.integers(-(2**63), 2**63 - 1) | text | st.booleans()),
     error=text,
@@ -68,8 +72,15 @@ def test_round_trip(tmp_path_factory: pytest.TempPathFactory, suffix: str, items
 
 def _sample(i: int) -> oa.Trajectory:
     return oa.Trajectory(
-        episode_id=f"e{i}", task_id="t", group_id="g", sample=i, policy="p", adapter="sim", run_id="r",
-        status="finished", end_reason="submitted",
+        episode_id=f"e{i}",
+        task_id="t",
+        group_id="g",
+        sample=i,
+        policy="p",
+        adapter="sim",
+        run_id="r",
+        status="finished",
+        end_reason="submitted",
     )
 
 
