@@ -122,11 +122,7 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
     reward = Reward(value=0.0, success=False)
 
     start = time.monotonic()
-    try:
-        raw = await pool.acquire(spec)
-    except BaseException as exc:
-        ops.append(Op("create", 0.0, time.monotonic() - start, type(exc).__name__))
-        raise
+    raw = await pool.acquire(spec)  # a failure here is an InfraError: the engine records the retry
     timings["create"] = time.monotonic() - start
     ops.append(Op("create", start - t0, timings["create"]))
     sandbox = RecordingSandbox(raw, ops, t0)
@@ -186,6 +182,9 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
             try:
                 with anyio.fail_after(task.score_timeout):
                     reward = await task.evaluate(sandbox)
+            except TimeoutError:
+                status, end_reason = "failed", "task_error"
+                error = f"scoring took longer than the task's score_timeout ({task.score_timeout:.0f}s)"
             finally:
                 timings["score"] = time.monotonic() - mark
     except InfraError:

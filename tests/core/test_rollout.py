@@ -196,3 +196,18 @@ async def test_sim_is_deterministic_per_seed() -> None:
 
     assert await reasons(11) == await reasons(11)
     assert await reasons(11) != await reasons(12)
+
+
+async def test_a_verifier_over_its_time_fails_the_episode_clearly() -> None:
+    @dataclass
+    class SlowVerifier(CountTask):
+        score_timeout: float = 0.1
+
+        async def evaluate(self, sandbox: oa.Sandbox) -> oa.Reward:
+            await anyio.sleep(5)
+            return oa.Reward(value=1.0, success=True)
+
+    adapter = SimAdapter()
+    (result,) = await drain([SlowVerifier("v", steps=1)], StepsPolicy(), adapter, n=1)
+    assert (result.status, result.end_reason, result.success) == ("failed", "task_error", False)
+    assert "score_timeout" in result.error and not adapter.live
