@@ -25,9 +25,10 @@ since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}'; }
 log() { echo "docker-up: $*"; }
 die() { echo "docker-up: ERROR: $*" >&2; exit 1; }
 answers() { timeout 5 docker info >/dev/null 2>&1; }
-# alive PID: the process exists, is not a zombie, and is a dockerd
+# alive PID: the process exists, is not a zombie, and is a dockerd (or the setsid that is
+# about to exec it: right after the start, under load, the exec may not have happened yet)
 alive() { local s; s=$(awk '{print $3}' /proc/"$1"/stat 2>/dev/null) || return 1
-  [ -n "$s" ] && [ "$s" != Z ] && [ "$(cat /proc/"$1"/comm 2>/dev/null)" = dockerd ]; }
+  [ -n "$s" ] && [ "$s" != Z ] && case "$(cat /proc/"$1"/comm 2>/dev/null)" in dockerd|setsid) ;; *) false ;; esac; }
 
 [ "$(id -u)" = 0 ] || die "must run as root"
 
@@ -49,6 +50,9 @@ command -v dockerd >/dev/null || die "dockerd not found after installing docker.
 command -v docker >/dev/null || die "docker CLI not found after installing docker.io"
 
 # ---- 2. daemon ---------------------------------------------------------------------------------
+# Two concurrent runs must not race over the pidfile.
+exec 9>"${PIDFILE}.lock"
+flock -w "$WAIT" 9 || die "another docker-up.sh holds ${PIDFILE}.lock"
 if answers; then
   log "a Docker daemon already answers; nothing to start"
   exit 0
@@ -71,7 +75,7 @@ if [ -z "$ours" ]; then
   mkdir -p "$DATA_ROOT"
   # setsid: own session/process group, detached from this shell; stdin from /dev/null.
   # shellcheck disable=SC2086
-  setsid dockerd --data-root="$DATA_ROOT" $EXTRA_ARGS >"$LOG" 2>&1 </dev/null &
+  setsid dockerd --data-root="$DATA_ROOT" $EXTRA_ARGS >"$LOG" 2>&1 </dev/null 9>&- &
   ours=$!
   echo "$ours" >"$PIDFILE"
   log "started dockerd pid $ours (log $LOG)"

@@ -1,0 +1,485 @@
+"""Docker-specific behaviour, against a real daemon: images and pull policy, what the
+container is made of, limits, tmpfs and read-only roots, leaks after a SIGKILLed
+controller, and a daemon that stalls or goes away mid-rollout.
+
+The shared semantics (exec, files, sessions) are the conformance suite's. Without a daemon
+these tests skip with the reason; in CI (CI=true) that is a failure. Every test counts
+containers by its own run label, so other users of the daemon do not disturb it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import anyio
+import pytest
+
+import orchard_async as oa
+from orchard_async import ExitReason
+from tests.conftest import backend_missing
+
+try:
+    from orchard_async.adapters.docker import PIDS_OVERHEAD, DockerAdapter
+except ImportError as exc:  # aiodocker is an optional dependency
+    if os.environ.get("CI", "").lower() == "true":
+        raise
+    pytest.skip(f"docker: {exc}; pip install 'orchard-async[docker]'", allow_module_level=True)
+from orchard_async.recipes.toy import OraclePolicy, builtin_tasks
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = os.environ.get("ORCHARD_DOCKER_TEST_IMAGE", "orchard/busybox:test")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def docker_daemon() -> None:
+    """Skip the module (fail it in CI) unless a daemon answers and has the test image."""
+    try:
+        status = asyncio.run(DockerAdapter(image=IMAGE).doctor())
+    except oa.OrchardError as exc:
+        backend_missing(f"docker: {exc}")
+    if "MISSING" in status:
+        backend_missing(f"docker: {status}")
+
+
+@pytest.fixture
+async def make_adapter() -> AsyncIterator[Callable[..., DockerAdapter]]:
+    """Adapters with a fresh run id each; at the end each must have removed all it made."""
+    made: list[DockerAdapter] = []
+
+    def make(**options: object) -> DockerAdapter:
+        adapter = DockerAdapter(image=IMAGE, run_id=f"t{uuid.uuid4().hex[:10]}", **options)  # type: ignore[arg-type]
+        made.append(adapter)
+        return adapter
+
+    yield make
+    for adapter in made:
+        await adapter.close()
+        assert await adapter.list_owned() == []
+        assert await containers(adapter.run_id) == []
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+async def docker_cli(*args: str) -> str:
+    result = await anyio.run_process(["docker", *args], check=False)
+    return result.stdout.decode()
+
+
+async def containers(run_id: str) -> list[str]:
+    """Names of every container (running or not) with this run label."""
+    out = await docker_cli("ps", "-a", "--filter", f"label=orchard.run={run_id}", "--format", "{{.Names}}")
+    return sorted(out.split())
+
+
+async def inspect(name: str) -> dict:
+    return json.loads(await docker_cli("inspect", name))[0]
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within: float, what: str) -> None:
+    """Wait for a condition, polling, for at most ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not await check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {within:.0f}s: {what}")
+        await anyio.sleep(0.2)
+
+
+# -- images and pull policy --------------------------------------------------------------------
+
+
+async def test_missing_image_with_pull_never_names_the_image_and_the_fix(make_adapter) -> None:
+    adapter = make_adapter()
+    with pytest.raises(oa.ConfigError, match=r"orchard/no-such-image:1.*pull='never'.*scripts/docker-images.sh"):
+        await adapter.create(oa.SandboxSpec(image="orchard/no-such-image:1", pull="never", ttl=60))
+
+
+async def test_an_image_that_cannot_be_pulled_is_a_config_error(make_adapter) -> None:
+    adapter = make_adapter()
+    # A registry that refuses connections at once: no network needed, no waiting.
+    with pytest.raises(
+        oa.ConfigError, match=r"localhost:1/orchard/nope:1.*could not be pulled.*scripts/docker-images.sh"
+    ):
+        await adapter.create(oa.SandboxSpec(image="localhost:1/orchard/nope:1", ttl=60))
+
+
+async def test_pull_always_pulls_even_a_local_image(make_adapter) -> None:
+    adapter = make_adapter()
+    # The test image exists only locally, so a pull (from Docker Hub) must fail: proof it was tried.
+    with pytest.raises(oa.ConfigError, match="could not be pulled"):
+        await adapter.create(oa.SandboxSpec(image=IMAGE, pull="always", ttl=60))
+
+
+async def test_a_spec_the_daemon_refuses_is_a_config_error(make_adapter) -> None:
+    with pytest.raises(oa.ConfigError, match="Minimum memory"):
+        await make_adapter().create(oa.SandboxSpec(memory="1Mi", ttl=60))
+
+
+# -- what a container is made of -----------------------------------------------------------------
+
+
+async def test_labels_limits_init_timer_and_no_network(make_adapter) -> None:
+    adapter = make_adapter()
+    spec = oa.SandboxSpec(cpu=0.5, memory="64Mi", pids=20, ttl=90, labels={"team": "orchard"}, env={"FOO": "bar"})
+    box = await adapter.create(spec)
+    info = await inspect(box.id)
+    labels, host = info["Config"]["Labels"], info["HostConfig"]
+    assert labels["team"] == "orchard"
+    assert labels["orchard.run"] == adapter.run_id and labels["orchard.owner"] == adapter.owner
+    assert abs(int(labels["orchard.expires"]) - (time.time() + 90)) < 30
+    assert labels["orchard.controller"].startswith(f"{socket.gethostname()}:{os.getpid()}:")
+    assert host["NetworkMode"] == "none"
+    assert host["NanoCpus"] == 500_000_000
+    assert host["Memory"] == host["MemorySwap"] == 64 * 1024**2
+    assert host["PidsLimit"] == 20 + PIDS_OVERHEAD
+    assert host["Init"] is True and host["AutoRemove"] is True
+    assert info["Config"]["Entrypoint"][:2] == ["sh", "-c"]  # the timer: attach grace, rest of the TTL
+    assert info["Config"]["Cmd"] == ["60", "30", "/tmp/.orchard/shell.pid"]
+    result = await box.exec('tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d " "; echo "$FOO"; pwd')
+    assert result.text.split() == ["lo", "bar", "/workspace"]
+    assert box.id in await adapter.list_owned()
+    await adapter.destroy(box)
+    assert await containers(adapter.run_id) == []
+
+
+async def test_network_on_when_asked(make_adapter) -> None:
+    adapter = make_adapter()
+    box = await adapter.create(oa.SandboxSpec(network="on", ttl=60))
+    assert (await inspect(box.id))["HostConfig"]["NetworkMode"] == "bridge"
+    interfaces = await box.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
+    assert "eth0" in interfaces.text.split()
+    await adapter.destroy(box)
+
+
+async def test_a_workdir_the_image_cannot_have_is_a_config_error(make_adapter) -> None:
+    with pytest.raises(oa.ConfigError, match="could not create /proc/orchard"):
+        await make_adapter().create(oa.SandboxSpec(workdir="/proc/orchard", ttl=60))
+
+
+async def test_workdir_from_the_spec_is_created(make_adapter) -> None:
+    adapter = make_adapter()
+    box = await adapter.create(oa.SandboxSpec(workdir="/srv/deep/work", ttl=60))
+    assert (await box.exec("pwd")).text == "/srv/deep/work\n"
+    await box.write_file("f.txt", "x")
+    assert await box.read_file("/srv/deep/work/f.txt") == b"x"
+    await adapter.destroy(box)
+
+
+# -- limits ------------------------------------------------------------------------------------------
+
+
+async def test_memory_kill_is_reported_as_oom(make_adapter) -> None:
+    adapter = make_adapter()
+    box = await adapter.create(oa.SandboxSpec(memory="32Mi", ttl=60))
+    hog = await box.exec("dd if=/dev/zero of=/dev/null bs=64M count=1", timeout=30)
+    assert (hog.exit_code, hog.reason) == (137, ExitReason.OOM)
+    # A SIGKILL that is not the OOM killer's stays what it was.
+    killed = await box.exec("sh -c 'kill -KILL $$'")
+    assert killed.exit_code == 137 and killed.reason is not ExitReason.OOM
+    assert (await box.exec("echo alive")).text == "alive\n"
+    await adapter.destroy(box)
+
+
+async def test_pids_limit_holds(make_adapter) -> None:
+    adapter = make_adapter()
+    box = await adapter.create(oa.SandboxSpec(pids=10, ttl=60))
+    # Fork short sleeps until refused; how many started is left in a file.
+    flood = await box.exec("n=0; while [ $n -lt 50 ]; do sleep 3 & n=$((n+1)); echo $n > started; done", timeout=30)
+    assert not flood.ok and "fork" in flood.error_text
+
+    async def answers() -> bool:  # once the sleeps end: the adapter's own processes survived
+        return (await box.exec("cat started")).ok
+
+    await eventually(answers, 15, "the sandbox runs commands again")
+    started = int((await box.read_file("started")).decode())
+    assert 10 - 1 <= started < 50
+    await adapter.destroy(box)
+
+
+async def test_a_timeout_is_delivered_even_when_the_pids_limit_is_full(make_adapter) -> None:
+    """The interrupt needs no new process in the container (a signal relayed by the timer)."""
+    adapter = make_adapter()
+    box = await adapter.create(oa.SandboxSpec(pids=10, ttl=60))
+    # Fill every pid with short sleeps, then spin on builtins only: nothing can fork now.
+    hog = await box.exec("(while :; do sleep 3 & done) 2>/dev/null; while :; do :; done", timeout=2)
+    assert hog.reason is ExitReason.TIMEOUT and hog.duration < 10
+
+    async def answers() -> bool:
+        return (await box.exec("cat /dev/null")).ok
+
+    await eventually(answers, 15, "the sandbox runs commands again")
+    await adapter.destroy(box)
+
+
+# -- file systems ------------------------------------------------------------------------------------
+
+
+async def test_file_ops_on_a_tmpfs_path(make_adapter) -> None:
+    adapter = make_adapter(tmpfs={"/scratch": "size=16m"})
+    box = await adapter.create(oa.SandboxSpec(ttl=60))
+    blob = bytes(range(256)) * 64
+    await box.write_file("/scratch/data/blob.bin", blob)
+    await box.write_file("/scratch/run.sh", "#!/bin/sh\necho ran from tmpfs\n", mode=0o755)
+    assert await box.read_file("/scratch/data/blob.bin") == blob
+    assert {entry.name for entry in await box.list_dir("/scratch")} == {"data", "run.sh"}
+    assert (await box.exec("/scratch/run.sh")).text == "ran from tmpfs\n"  # mounted exec, unlike Docker's default
+    assert "tmpfs" in (await box.exec("grep ' /scratch ' /proc/mounts")).text
+    await adapter.destroy(box)
+
+
+async def test_file_ops_with_a_read_only_root(make_adapter) -> None:
+    adapter = make_adapter(read_only=True)
+    box = await adapter.create(oa.SandboxSpec(ttl=60))
+    await box.write_file("src/mod.txt", "one\ntwo\n")
+    assert await box.read_file("src/mod.txt") == b"one\ntwo\n"
+    assert [entry.name for entry in await box.list_dir("src")] == ["mod.txt"]
+    patch = "--- a/src/mod.txt\n+++ b/src/mod.txt\n@@ -1,2 +1,2 @@\n one\n-two\n+TWO\n"
+    assert (await box.apply_patch(patch)).ok
+    assert await box.read_file("src/mod.txt") == b"one\nTWO\n"
+    with pytest.raises(OSError, match="Read-only file system"):
+        await box.write_file("/etc/orchard-test", "x")
+    assert (await box.exec("touch /orchard-test")).reason is ExitReason.NONZERO
+    await adapter.destroy(box)
+
+
+# -- connection --------------------------------------------------------------------------------------
+
+
+async def test_docker_host_is_honoured(make_adapter, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
+    adapter = make_adapter()
+    with pytest.raises(oa.BackendUnavailable, match="no-daemon.sock.*DOCKER_HOST"):
+        await adapter.create(oa.SandboxSpec(ttl=60))
+    with pytest.raises(oa.AdapterUnavailable, match="no-daemon.sock"):
+        await adapter.doctor()
+
+
+async def test_a_stalled_daemon_is_a_bounded_backend_error(make_adapter, tmp_path: Path) -> None:
+    """A daemon that accepts connections and never answers (as a hung dockerd does)."""
+    path = tmp_path / "stalled.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(64)
+    try:
+        adapter = make_adapter(url=f"unix://{path}", api_timeout=1.0)
+        started = time.monotonic()
+        with pytest.raises(oa.BackendUnavailable, match="did not answer"):
+            await adapter.create(oa.SandboxSpec(ttl=60))
+        assert time.monotonic() - started < 10
+    finally:
+        listener.close()
+
+
+async def test_more_live_sandboxes_than_an_http_connection_pool(make_adapter) -> None:
+    """Each live sandbox holds one connection (its exec stream): aiohttp's default pool of
+    100 would make the 101st create wait forever."""
+    adapter = make_adapter(max_creating=8)
+    boxes: list[oa.Sandbox] = []
+
+    async def create() -> None:
+        boxes.append(await adapter.create(oa.SandboxSpec(ttl=300)))
+
+    with anyio.fail_after(240):
+        async with anyio.create_task_group() as group:
+            for _ in range(105):
+                group.start_soon(create)
+        results = [await box.exec("echo ok") for box in boxes]
+    assert all(result.text == "ok\n" for result in results)
+    await adapter.close()
+
+
+# -- leaks: a controller killed with SIGKILL ---------------------------------------------------------
+
+CONTROLLER = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    import anyio
+    import orchard_async as oa
+    from orchard_async.adapters.docker import DockerAdapter
+    from orchard_async.recipes.toy import OraclePolicy, builtin_tasks
+
+    mode, out, ttl, options = sys.argv[1], sys.argv[2], float(sys.argv[3]), json.loads(sys.argv[4])
+
+    class SlowOracle(OraclePolicy):
+        async def act(self, observation):
+            await anyio.sleep(2)
+            return await super().act(observation)
+
+    class DiesBeforeAttaching(DockerAdapter):
+        async def _open_shell(self, container, spec):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    async def main():
+        if mode == "rollout":
+            await oa.collect(builtin_tasks(), SlowOracle(), DockerAdapter(**options), out, n=8, concurrency=4)
+        elif mode == "hold":
+            adapter = DockerAdapter(**options)
+            for _ in range(3):
+                await adapter.create(oa.SandboxSpec(ttl=ttl))
+            await anyio.sleep(3600)
+        else:
+            await DiesBeforeAttaching(**options).create(oa.SandboxSpec(ttl=ttl))
+
+    anyio.run(main)
+    """
+)
+
+
+def start_controller(tmp_path: Path, mode: str, ttl: float, options: dict) -> subprocess.Popen:
+    script = tmp_path / "controller.py"
+    script.write_text(CONTROLLER)
+    argv = [sys.executable, str(script), mode, str(tmp_path / "t.jsonl"), str(ttl), json.dumps(options)]
+    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=(tmp_path / "stderr").open("wb"))
+
+
+async def start_and_kill_controller(tmp_path: Path, mode: str, *, ttl: float = 60, **options: object) -> str:
+    """Run a controller in a subprocess until it has 3+ containers, SIGKILL it; its run id."""
+    run_id = f"t{uuid.uuid4().hex[:10]}"
+    process = start_controller(tmp_path, mode, ttl, {"image": IMAGE, "run_id": run_id, **options})
+    try:
+
+        async def has_containers() -> bool:
+            assert process.poll() is None, f"the controller died: {(tmp_path / 'stderr').read_text()}"
+            return len(await containers(run_id)) >= 3
+
+        await eventually(has_containers, 60, "the controller started 3 containers")
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    return run_id
+
+
+def none_left(run_id: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return await containers(run_id) == []
+
+    return check
+
+
+async def test_sigkilled_rollout_leaves_nothing_behind(tmp_path: Path) -> None:
+    # A short attach grace: a container caught between start and attach goes quickly too.
+    run_id = await start_and_kill_controller(tmp_path, "rollout", attach_grace=10)
+    # The exec streams close, the shells' wrappers end their containers: no TTL, no reap.
+    await eventually(none_left(run_id), 30, "containers of the killed controller are gone")
+
+
+async def test_a_controller_killed_mid_create_leaks_nothing_past_the_attach_grace(tmp_path: Path) -> None:
+    run_id = f"t{uuid.uuid4().hex[:10]}"
+    grace = 5
+    process = start_controller(
+        tmp_path, "die-mid-create", 600, {"image": IMAGE, "run_id": run_id, "attach_grace": grace}
+    )
+    await eventually(lambda: anyio.to_thread.run_sync(lambda: process.poll() is not None), 60, "the controller died")
+    assert process.returncode == -signal.SIGKILL
+    died_at = time.monotonic()
+    assert len(await containers(run_id)) == 1  # started, never attached: no shell to end it
+    await eventually(none_left(run_id), grace + 20, "the unattached container ended itself")
+    assert time.monotonic() - died_at > 1
+
+
+async def test_reap_removes_a_dead_controllers_containers_at_once(tmp_path: Path) -> None:
+    run_id = await start_and_kill_controller(tmp_path, "rollout", exit_with_shell=False)
+    left = await containers(run_id)
+    assert len(left) >= 3  # kept alive (until their TTL) by exit_with_shell=False
+    reaper = DockerAdapter(image=IMAGE)
+    try:
+        removed = await reaper.reap()
+    finally:
+        await reaper.close()
+    assert set(left) <= set(removed)
+    assert await containers(run_id) == []
+
+
+async def test_nothing_outlives_its_ttl(tmp_path: Path) -> None:
+    ttl = 6.0
+    run_id = await start_and_kill_controller(tmp_path, "hold", ttl=ttl, exit_with_shell=False)
+    killed_at = time.monotonic()
+    assert len(await containers(run_id)) == 3
+    await eventually(none_left(run_id), ttl + 20, "containers removed at their TTL")
+    assert time.monotonic() - killed_at > 1  # they lived on after the kill: the timer ended them
+
+
+async def test_reap_leaves_live_controllers_alone(make_adapter) -> None:
+    adapter = make_adapter()
+    box = await adapter.create(oa.SandboxSpec(ttl=120))
+    reaper = DockerAdapter(image=IMAGE)
+    try:
+        assert box.id not in await reaper.reap()
+    finally:
+        await reaper.close()
+    assert (await box.exec("echo alive")).text == "alive\n"
+    await adapter.destroy(box)
+
+
+# -- the daemon goes away mid-rollout ---------------------------------------------------------------
+
+
+async def run_script(name: str, attempts: int = 3) -> None:
+    """Run scripts/NAME; retry, since another user of the daemon (a second test run, CI)
+    may be starting it at the same moment and win the race."""
+    for _ in range(attempts):
+        done = await anyio.run_process([str(REPO / "scripts" / name)], check=False)
+        if done.returncode == 0:
+            return
+    pytest.fail(f"scripts/{name} failed {attempts} times: {done.stdout.decode()}{done.stderr.decode()}")
+
+
+def dockerd_started_by_script() -> bool:
+    return Path(os.environ.get("ORCHARD_DOCKERD_PID", "/tmp/orchard-dockerd.pid")).exists()
+
+
+class SlowOracle(OraclePolicy):
+    async def act(self, observation):  # type: ignore[no-untyped-def]
+        await anyio.sleep(0.5)
+        return await super().act(observation)
+
+
+async def test_daemon_restart_mid_rollout_accounts_for_every_episode(tmp_path: Path) -> None:
+    """Runs last in this module: it stops and restarts dockerd (scripts/docker-down.sh and
+    docker-up.sh), so it only runs where docker-up.sh started the daemon."""
+    if not dockerd_started_by_script():
+        backend_missing("dockerd was not started by scripts/docker-up.sh, so this test cannot stop it")
+    adapter = DockerAdapter(image=IMAGE, run_id=f"t{uuid.uuid4().hex[:10]}")
+    trajectories: list[oa.Trajectory] = []
+    n = 24
+
+    async def outage() -> None:
+        async def some_running() -> bool:
+            return len(await containers(adapter.run_id)) >= 4
+
+        await eventually(some_running, 60, "the rollout has sandboxes running")
+        await run_script("docker-down.sh")
+        await run_script("docker-up.sh")
+
+    try:
+        with anyio.fail_after(600):  # no hang
+            async with anyio.create_task_group() as group:
+                group.start_soon(outage)
+                pool = oa.Pool(adapter, max_backoff=2.0)  # retry soon after the daemon is back
+                stream = oa.rollout(builtin_tasks(), SlowOracle(), pool, n=n, concurrency=8, max_retries=3)
+                async for trajectory in stream:
+                    trajectories.append(trajectory)
+    finally:
+        await adapter.close()
+    assert sorted(t.episode_id for t in trajectories) == sorted({t.episode_id for t in trajectories})
+    assert len(trajectories) == n  # none lost
+    for trajectory in trajectories:
+        assert trajectory.status in ("finished", "failed")
+        if trajectory.status == "failed":
+            assert trajectory.end_reason and trajectory.error
+    assert any(t.retries or t.status == "failed" for t in trajectories), "the outage touched no episode"
+    assert any(t.success for t in trajectories)
+    assert await adapter.list_owned() == []
+
+    await eventually(none_left(adapter.run_id), 30, "no container of the rollout is left")
