@@ -1,4 +1,4 @@
-"""The `orchard-async` command: demo, run, inspect, reap, doctor, bench."""
+"""The `orchard-async` command: demo, run, export, inspect, reap, doctor, bench."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from .summary import Summary, summarize, to_json
 from .trajectory import Trajectory, read_trajectories
 
 console = Console(stderr=True)
-RECIPES = {"toy": "orchard_async.recipes.toy"}
+RECIPES = {"swe": "orchard_async.recipes.swe", "toy": "orchard_async.recipes.toy"}
 
 
 def load_recipe(name: str) -> Any:
@@ -84,6 +84,9 @@ async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool) ->
             with anyio.CancelScope(shield=True):
                 leaked = len(await adapter.list_owned())
                 await adapter.close()
+                aclose = getattr(policy, "aclose", None)  # model policies hold an HTTP client
+                if aclose is not None:
+                    await aclose()
     summary = summarize(finished, wall_s=time.perf_counter() - started, leaked=leaked)
     print_summary(summary, title=f"{args.recipe} · {policy.name} · {args.adapter}")
     if result.skipped:
@@ -134,6 +137,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 # -- other commands ------------------------------------------------------------------------
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from orchard_async.recipes.swe.export import run_export
+
+    summary = run_export(args)
+    console.print(
+        f"{args.format}: {summary.records} records ({summary.episodes} episodes, {summary.skipped} skipped), "
+        f"resolved {summary.resolved_rate:.1%}, reward mean {summary.mean_reward:.3f} -> {summary.path}"
+    )
+    return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -209,21 +223,30 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--episodes", type=int, default=episodes)
         p.add_argument("--concurrency", type=int, default=concurrency)
 
-    demo = sub.add_parser("demo", help="the main job: a rollout of the built-in tasks with the oracle policy")
+    demo = sub.add_parser("demo", help="the main job: the bundled SWE tasks solved by the oracle policy")
     rollout_options(demo, episodes=32, concurrency=8)
+    demo.add_argument("--recipe", default="swe", choices=sorted(RECIPES), help="recipe to demo (default swe)")
     demo.add_argument("--out", default="out/demo", help="directory for trajectories.jsonl (default out/demo)")
-    demo.set_defaults(func=cmd_demo, recipe="toy", tasks="builtin", policy="oracle")
+    demo.set_defaults(func=cmd_demo, tasks="builtin", policy="oracle")
 
     run_p = sub.add_parser("run", help="collect rollouts into a trajectory file")
     run_p.add_argument("recipe", nargs="?", default="toy", help=f"one of {', '.join(RECIPES)} (default toy)")
-    run_p.add_argument("--tasks", default="builtin", help="task source for the recipe (default builtin)")
-    run_p.add_argument("--policy", default="oracle")
+    run_p.add_argument(
+        "--tasks", default="builtin", help="task source for the recipe (default builtin; swe: builtin[:IDS] or a .jsonl/.json file)"
+    )
+    run_p.add_argument("--policy", default="oracle", help="toy: oracle|random; swe: oracle|empty|openai (default oracle)")
     rollout_options(run_p, episodes=32, concurrency=8)
     run_p.add_argument("--group-size", type=int, default=1, help="samples per task (GRPO groups)")
     run_p.add_argument("--max-retries", type=int, default=2, help="retries of infrastructure failures per episode")
     run_p.add_argument("--out", required=True, help="trajectory file (.jsonl or .msgpack)")
     run_p.add_argument("--resume", action="store_true", help="skip episodes already in --out")
     run_p.set_defaults(func=cmd_run)
+
+    export = sub.add_parser("export", help="trajectories -> SFT chats or GRPO groups (JSONL)")
+    from orchard_async.recipes.swe.export import add_arguments as add_export_arguments
+
+    add_export_arguments(export)
+    export.set_defaults(func=cmd_export)
 
     inspect = sub.add_parser("inspect", help="summarise a trajectory file")
     inspect.add_argument("file")

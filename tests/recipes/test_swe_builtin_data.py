@@ -8,22 +8,23 @@ For every instance in ``recipes/swe/builtin/instances.jsonl``:
 3. at base + ``test_patch`` + gold ``patch`` all of them pass;
 4. ``patch`` touches no test file and ``test_patch`` touches only test files.
 
-Only subprocess, git and ``python -m pytest`` are used (in temporary
-directories); ``make_repo`` is imported by file path.
+Checks 1 and 4 (and the schema) use only subprocess and git, with ``make_repo``
+imported by file path. Checks 2 and 3 run the suites through the SWE recipe on
+the local adapter (the ``builtin_validation`` session fixture in conftest.py:
+the ``empty`` policy gives base + test_patch, the ``oracle`` policy base + gold
++ test_patch), so each suite runs once per session for this file and
+``test_swe_recipe.py`` together. For a check that shares no code with the
+recipe, ``python -m orchard_async.recipes.swe.builtin.generator --check``
+rebuilds every instance with plain subprocesses and compares byte for byte.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
 import importlib.util
 import json
-import os
 import pathlib
 import re
-import shlex
 import subprocess
-import sys
 
 import pytest
 
@@ -121,26 +122,6 @@ def run_git(args: list[str], cwd: pathlib.Path, stdin: str | None = None) -> sub
     )
 
 
-def run_tests(repo: pathlib.Path, test_command: str) -> tuple[dict[str, str], str]:
-    argv = shlex.split(test_command)
-    if argv and argv[0] in ("python", "python3"):
-        argv[0] = sys.executable
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GIT_"))}
-    env.update(
-        {
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONHASHSEED": "0",
-            # Keep third-party plugins installed in this environment from
-            # changing the suites' behaviour or output.
-            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-            "COLUMNS": "200",
-        }
-    )
-    env.pop("PYTHONPATH", None)
-    result = subprocess.run(argv, cwd=str(repo), env=env, capture_output=True, text=True, timeout=300)
-    return parse_test_outcomes(result.stdout), result.stdout + result.stderr
-
-
 def _tail(text: str, limit: int = 4000) -> str:
     return text if len(text) <= limit else "...\n" + text[-limit:]
 
@@ -163,7 +144,10 @@ def test_parse_test_outcomes():
             "========================= 1 failed, 3 passed in 0.01s ==========================",
         ]
     )
-    assert parse_test_outcomes(output) == {
+    # the recipe's scorer reads outcomes by the same rule
+    from orchard_async.recipes.swe.scoring import parse_test_outcomes as recipe_parse
+
+    assert parse_test_outcomes(output) == recipe_parse(output) == {
         "tests/test_a.py::test_x": "PASSED",
         "tests/test_a.py::test_p[a-b]": "PASSED",
         "tests/test_a.py::test_y": "FAILED",
@@ -223,79 +207,29 @@ def test_materialize_is_deterministic(repo_name, tmp_path):
             assert inst["base_commit"] == first, inst["instance_id"]
 
 
-@dataclasses.dataclass
-class InstanceRun:
-    """Outcome of validating one instance in a scratch checkout."""
-
-    base_commit: str
-    test_patch_error: str | None = None
-    patch_error: str | None = None
-    before: dict[str, str] = dataclasses.field(default_factory=dict)
-    log_before: str = ""
-    after: dict[str, str] = dataclasses.field(default_factory=dict)
-    log_after: str = ""
-
-
-def validate_instance(inst: dict, workdir: pathlib.Path) -> InstanceRun:
-    """Materialize, apply test_patch, run tests, apply gold patch, run tests."""
-    repo = workdir / inst["repo"]
-    run = InstanceRun(base_commit=make_repo.materialize(inst["repo"], repo))
-    applied = run_git(["apply", "--whitespace=nowarn", "-"], repo, stdin=inst["test_patch"])
-    if applied.returncode != 0:
-        run.test_patch_error = applied.stderr
-        return run
-    run.before, run.log_before = run_tests(repo, inst["test_command"])
-    applied = run_git(["apply", "--whitespace=nowarn", "-"], repo, stdin=inst["patch"])
-    if applied.returncode != 0:
-        run.patch_error = applied.stderr
-        return run
-    run.after, run.log_after = run_tests(repo, inst["test_command"])
-    return run
-
-
-@pytest.fixture(scope="module")
-def instance_runs(request, tmp_path_factory):
-    """Validate the selected instances concurrently; map id -> Future[InstanceRun].
-
-    Each instance runs pytest exactly twice (before and after the gold patch);
-    instances are independent, so they are spread over the available cores.
-    """
-    selected = sorted(
-        {
-            item.callspec.params["instance_id"]
-            for item in request.session.items
-            if getattr(item, "originalname", None) == "test_instance_validates" and hasattr(item, "callspec")
-        }
-    )
-    root = tmp_path_factory.mktemp("swe-instances")
-    workers = max(2, min(len(selected), os.cpu_count() or 2))
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {iid: pool.submit(validate_instance, BY_ID[iid], root / iid) for iid in selected}
-        yield futures
-        for future in futures.values():
-            future.cancel()
-
-
 @pytest.mark.parametrize("instance_id", INSTANCE_IDS)
-def test_instance_validates(instance_id, instance_runs):
+def test_instance_validates(instance_id, builtin_validation):
     inst = BY_ID[instance_id]
-    run = instance_runs[instance_id].result(timeout=600)
     f2p, p2p = inst["FAIL_TO_PASS"], inst["PASS_TO_PASS"]
+    before = builtin_validation["empty"].by_task()[instance_id]
+    after = builtin_validation["oracle"].by_task()[instance_id]
 
-    # (1) reproducible base commit
-    assert run.base_commit == inst["base_commit"]
+    # (1) reproducible base commit: the recipe checks it out from the materialized tree
+    assert before.status == "finished" and after.status == "finished", (before.error, after.error)
 
     # (2) base + test_patch: FAIL_TO_PASS fail, PASS_TO_PASS pass
-    assert run.test_patch_error is None, f"test_patch does not apply:\n{run.test_patch_error}"
-    passed_too_early = [t for t in f2p if run.before.get(t) == "PASSED"]
-    assert not passed_too_early, f"FAIL_TO_PASS passing before the fix: {passed_too_early}\n{_tail(run.log_before)}"
+    log_before = before.info.get("test_output_tail", "")
+    assert "error" not in before.info, f"test_patch does not apply:\n{before.info.get('detail')}"
+    passed_too_early = [t for t in f2p if before.info["tests"][t] == "PASSED"]
+    assert not passed_too_early, f"FAIL_TO_PASS passing before the fix: {passed_too_early}\n{_tail(log_before)}"
     # the FAIL_TO_PASS tests must actually run and fail, not just be missing
-    missing = [t for t in f2p if t not in run.before]
-    assert not missing, f"FAIL_TO_PASS tests not collected: {missing}\n{_tail(run.log_before)}"
-    broken = [t for t in p2p if run.before.get(t) != "PASSED"]
-    assert not broken, f"PASS_TO_PASS not passing before the fix: {broken}\n{_tail(run.log_before)}"
+    missing = [t for t in f2p if before.info["tests"][t] == "MISSING"]
+    assert not missing, f"FAIL_TO_PASS tests not collected: {missing}\n{_tail(log_before)}"
+    broken = [t for t in p2p if before.info["tests"][t] != "PASSED"]
+    assert not broken, f"PASS_TO_PASS not passing before the fix: {broken}\n{_tail(log_before)}"
 
     # (3) base + test_patch + gold patch: everything passes
-    assert run.patch_error is None, f"gold patch does not apply:\n{run.patch_error}"
-    not_passing = [t for t in f2p + p2p if run.after.get(t) != "PASSED"]
-    assert not not_passing, f"not passing with the gold patch: {not_passing}\n{_tail(run.log_after)}"
+    apply_step = after.steps[0]
+    assert apply_step.exit_code == 0, f"gold patch does not apply:\n{apply_step.observation}"
+    not_passing = [t for t in f2p + p2p if after.info["tests"][t] != "PASSED"]
+    assert not not_passing, f"not passing with the gold patch: {not_passing}\n{_tail(after.info.get('test_output_tail', ''))}"

@@ -1,0 +1,61 @@
+"""The SWE recipe: coding-agent episodes on SWE-bench-style instances, rewarded by tests.
+
+    orchard-async run swe --tasks builtin --policy oracle --episodes 48 --group-size 4 --out out/swe.jsonl
+
+* tasks: ``load_tasks("builtin")`` (17 bundled offline instances), ``"builtin:minicalc__1,textkit"``
+  (a subset by id or repo), or a ``.jsonl``/``.json`` file of SWE-bench-style instances;
+* policies: ``oracle`` (applies the gold patch with shell commands), ``empty`` (submits
+  nothing), ``openai`` (a chat model over an OpenAI-compatible endpoint, configured from
+  the environment: see ``openai_policy``);
+* data out: ``export_sft`` and ``export_grpo`` (``python -m orchard_async.recipes.swe.export``).
+
+Built only on the public core API, like every recipe. See README.md in this folder.
+"""
+
+from __future__ import annotations
+
+from orchard_async import ConfigError, Policy
+
+from .agent import SYSTEM_PROMPT, build_messages, parse_reply, truncate_middle
+from .export import export_grpo, export_sft
+from .instances import Instance, load_instances
+from .openai_policy import ChatClient, ModelConfig, ModelError, OpenAIPolicy
+from .policies import EmptyPolicy, OraclePolicy
+from .scoring import parse_test_outcomes
+from .task import SWETask, load_tasks
+
+POLICIES = ("oracle", "empty", "openai")
+
+
+def make_policy(name: str) -> Policy:
+    """The recipe's policies by name (``--policy``); ``openai`` reads its settings from the environment."""
+    if name == "oracle":
+        return OraclePolicy()
+    if name == "empty":
+        return EmptyPolicy()
+    if name == "openai":
+        return OpenAIPolicy.from_env()
+    raise ConfigError(f"unknown policy {name!r} for the swe recipe; choose one of: {', '.join(POLICIES)}")
+
+
+__all__ = [
+    "POLICIES",
+    "SYSTEM_PROMPT",
+    "ChatClient",
+    "EmptyPolicy",
+    "Instance",
+    "ModelConfig",
+    "ModelError",
+    "OpenAIPolicy",
+    "OraclePolicy",
+    "SWETask",
+    "build_messages",
+    "export_grpo",
+    "export_sft",
+    "load_instances",
+    "load_tasks",
+    "make_policy",
+    "parse_reply",
+    "parse_test_outcomes",
+    "truncate_middle",
+]

@@ -1,0 +1,289 @@
+"""A policy backed by an OpenAI-compatible chat-completions endpoint (vLLM, SGLang, OpenAI...).
+
+Configured from the environment (``OpenAIPolicy.from_env``):
+
+    OPENAI_BASE_URL            endpoint root, e.g. http://127.0.0.1:8000/v1 (default https://api.openai.com/v1)
+    OPENAI_API_KEY             bearer token (optional for local servers)
+    ORCHARD_MODEL              model name (required; OPENAI_MODEL is accepted too)
+    ORCHARD_MODEL_CONCURRENCY  requests in flight at once, over all episodes (default 16)
+    ORCHARD_MODEL_RETRIES      retries of 429/5xx/connection errors (default 6)
+    ORCHARD_MODEL_TIMEOUT      seconds per request (default 600; never past the episode's deadline)
+    ORCHARD_TEMPERATURE        sampling temperature (default: the server's)
+    ORCHARD_MAX_TOKENS         completion tokens per reply (default: the server's)
+    ORCHARD_TOKEN_BUDGET       total tokens per episode before it is submitted (default 1000000; 0 = none)
+    ORCHARD_EXTRA_BODY         JSON object merged into every request body (e.g. {"top_p": 0.95})
+
+Retries back off exponentially with jitter and honour ``Retry-After``. Token usage of
+every reply is recorded in the step's ``Action.usage``. A response without a readable
+message, or a reply without exactly one bash block, becomes an ``invalid`` action: the
+episode records the format error and goes on. Errors that retrying cannot fix (a 4xx
+other than 429, or retries exhausted) raise ``ModelError``, which ends the episode as
+``policy_error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import anyio
+
+from orchard_async import Action, ConfigError, Observation, OrchardError
+
+from .agent import OBSERVATION_CHARS, SYSTEM_PROMPT, build_messages, parse_reply, tokens_spent
+
+RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+
+class ModelError(OrchardError):
+    """The model endpoint failed in a way retrying did not fix."""
+
+
+@dataclass
+class Completion:
+    content: str | None  # None: the response could not be read
+    usage: dict[str, int] = field(default_factory=dict)
+    error: str = ""
+    finish_reason: str = ""
+
+
+@dataclass
+class ModelConfig:
+    model: str
+    base_url: str = DEFAULT_BASE_URL
+    api_key: str | None = None
+    max_concurrency: int = 16
+    max_retries: int = 6
+    request_timeout: float = 600.0
+    temperature: float | None = None
+    max_tokens: int | None = None
+    token_budget: int = 1_000_000
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    backoff: float = 0.5  # seconds before the first retry; doubles each time
+    max_backoff: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ConfigError("no model name: set ORCHARD_MODEL (the name the server knows the model by)")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"OPENAI_BASE_URL must be an http(s) URL, got {self.base_url!r}")
+        if self.max_concurrency < 1 or self.max_retries < 0:
+            raise ConfigError("model concurrency must be at least 1 and retries at least 0")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ModelConfig:
+        env = os.environ if environ is None else environ
+
+        def number(name: str, kind: type, default: Any) -> Any:
+            raw = env.get(name, "").strip()
+            if not raw:
+                return default
+            try:
+                return kind(raw)
+            except ValueError:
+                raise ConfigError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+
+        extra_raw = env.get("ORCHARD_EXTRA_BODY", "").strip()
+        try:
+            extra = json.loads(extra_raw) if extra_raw else {}
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"ORCHARD_EXTRA_BODY is not valid JSON: {exc}") from None
+        if not isinstance(extra, dict):
+            raise ConfigError("ORCHARD_EXTRA_BODY must be a JSON object")
+        values: dict[str, Any] = {
+            "model": env.get("ORCHARD_MODEL") or env.get("OPENAI_MODEL") or "",
+            "base_url": (env.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/"),
+            "api_key": env.get("OPENAI_API_KEY") or None,
+            "max_concurrency": number("ORCHARD_MODEL_CONCURRENCY", int, 16),
+            "max_retries": number("ORCHARD_MODEL_RETRIES", int, 6),
+            "request_timeout": number("ORCHARD_MODEL_TIMEOUT", float, 600.0),
+            "temperature": number("ORCHARD_TEMPERATURE", float, None),
+            "max_tokens": number("ORCHARD_MAX_TOKENS", int, None),
+            "token_budget": number("ORCHARD_TOKEN_BUDGET", int, 1_000_000),
+            "extra_body": extra,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (a number or an HTTP date)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def _message_text(content: Any) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts
+        parts = [part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"]
+        return "".join(parts) if parts else None
+    return None
+
+
+def parse_completion(body: bytes) -> Completion:
+    """A chat-completions response body -> its text and usage (``content=None`` if unreadable)."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return Completion(None, error=f"response is not JSON ({exc}): {body[:300]!r}")
+    if not isinstance(data, dict):
+        return Completion(None, error=f"response is not a JSON object: {body[:300]!r}")
+    usage = {}
+    raw_usage = data.get("usage")
+    if isinstance(raw_usage, dict):
+        usage = {k: int(v) for k, v in raw_usage.items() if k.endswith("_tokens") and isinstance(v, int | float)}
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return Completion(None, usage, error=f"response has no choices: {body[:300]!r}")
+    message = choices[0].get("message")
+    text = _message_text(message.get("content")) if isinstance(message, dict) else None
+    if text is None:
+        return Completion(None, usage, error=f"choices[0].message has no text content: {body[:300]!r}")
+    return Completion(text, usage, finish_reason=str(choices[0].get("finish_reason") or ""))
+
+
+class ChatClient:
+    """Chat completions over HTTP with bounded concurrency and retries (httpx)."""
+
+    def __init__(self, config: ModelConfig):
+        self.config = config
+        self.url = f"{config.base_url.rstrip('/')}/chat/completions"
+        self._client: Any = None
+        self._limit: anyio.Semaphore | None = None
+        self._loop: object = None
+        self.requests = 0  # HTTP requests sent, retries included
+        self.retries = 0
+
+    def _bind(self) -> tuple[Any, anyio.Semaphore]:
+        """The HTTP client and the concurrency limit of the running event loop."""
+        try:
+            import httpx
+        except ImportError:
+            raise ConfigError("the openai policy needs httpx: pip install httpx") from None
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            headers = {"Content-Type": "application/json"}
+            if self.config.api_key:
+                headers["Authorization"] = f"Bearer {self.config.api_key}"
+            limits = httpx.Limits(max_connections=self.config.max_concurrency, max_keepalive_connections=self.config.max_concurrency)
+            self._client = httpx.AsyncClient(headers=headers, limits=limits, trust_env=False)
+            self._limit = anyio.Semaphore(self.config.max_concurrency)
+            self._loop = loop
+        assert self._limit is not None
+        return self._client, self._limit
+
+    def body(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.config.model, "messages": messages}
+        if self.config.temperature is not None:
+            body["temperature"] = self.config.temperature
+        if self.config.max_tokens is not None:
+            body["max_tokens"] = self.config.max_tokens
+        body.update(self.config.extra_body)
+        return body
+
+    async def complete(self, messages: list[dict[str, Any]], *, time_left: float | None = None) -> Completion:
+        import httpx
+
+        client, limit = self._bind()
+        payload = json.dumps(self.body(messages)).encode()
+        deadline = time.monotonic() + (time_left if time_left and time_left > 0 else self.config.request_timeout)
+        last = ""
+        for attempt in range(self.config.max_retries + 1):
+            wait: float | None = None
+            timeout = max(1.0, min(self.config.request_timeout, deadline - time.monotonic()))
+            async with limit:
+                self.requests += 1
+                try:
+                    response = await client.post(self.url, content=payload, timeout=timeout)
+                except httpx.TransportError as exc:  # connection refused/reset, timeouts
+                    last = f"{type(exc).__name__}: {exc}"
+                else:
+                    if response.status_code < 400:
+                        completion = parse_completion(response.content)
+                        if attempt:
+                            completion.usage["retries"] = attempt
+                        return completion
+                    last = f"HTTP {response.status_code}: {response.text[:500]}"
+                    if response.status_code not in RETRY_STATUSES:
+                        raise ModelError(f"{self.url} answered {last}")
+                    wait = _retry_after(response.headers.get("retry-after"))
+            if attempt == self.config.max_retries:
+                break
+            if wait is None:
+                wait = min(self.config.max_backoff, self.config.backoff * 2**attempt) * random.uniform(0.5, 1.0)
+            if time.monotonic() + wait >= deadline:
+                raise ModelError(f"{self.url}: no time left to retry after {attempt + 1} attempts; last error: {last}")
+            self.retries += 1
+            await anyio.sleep(wait)
+        raise ModelError(f"{self.url}: gave up after {self.config.max_retries + 1} attempts; last error: {last}")
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+class OpenAIPolicy:
+    """The bash-only agent with a chat model choosing each command."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        system_prompt: str = SYSTEM_PROMPT,
+        observation_chars: int = OBSERVATION_CHARS,
+    ):
+        self.config = config
+        self.client = ChatClient(config)
+        self.system_prompt = system_prompt
+        self.observation_chars = observation_chars
+        self.name = f"openai:{config.model}"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> OpenAIPolicy:
+        return cls(ModelConfig.from_env(environ, **overrides))
+
+    async def act(self, observation: Observation) -> Action:
+        spent = tokens_spent(observation.history)
+        if self.config.token_budget and spent >= self.config.token_budget:
+            return Action(kind="submit", command="submit", error=f"token budget spent ({spent} of {self.config.token_budget} tokens)")
+        messages = build_messages(
+            observation.instruction,
+            observation.history,
+            system_prompt=self.system_prompt,
+            observation_chars=self.observation_chars,
+        )
+        completion = await self.client.complete(messages, time_left=observation.remaining or None)
+        if completion.content is None:
+            return Action(kind="invalid", error=f"malformed response: {completion.error}", usage=completion.usage)
+        action = parse_reply(completion.content)
+        action.usage = completion.usage
+        if completion.finish_reason == "length" and action.kind == "invalid":
+            action.error += " (the reply was cut off at the token limit)"
+        return action
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def __aenter__(self) -> OpenAIPolicy:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

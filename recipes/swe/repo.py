@@ -1,0 +1,176 @@
+"""Getting a repository at ``base_commit`` into a sandbox.
+
+Two ways, chosen per sandbox at setup:
+
+* **Prepared image** (SWE-bench convention): the sandbox's working directory already is a
+  git checkout (``/testbed`` in the instance's image). It is used as it is, after checking
+  that HEAD is the base commit.
+* **Prepared by the recipe** (the local adapter, or an image without the repository): on
+  the host, the source (a bundled tree, a git checkout or a git bundle) is turned once
+  into a git bundle holding only ``base_commit`` and its ancestors, so the agent cannot
+  find the fix in later history. Each sandbox receives it through ``exec`` stdin and
+  fetches it into a fresh repository in its working directory: only ``sh`` and ``git``
+  are needed inside, which holds on every adapter.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+
+from orchard_async import ConfigError, ExecResult, Sandbox, SandboxLost
+
+from .builtin import REPOS_DIR, make_repo
+
+BASE_REF = "refs/heads/orchard-base"
+BUNDLE_PATH = ".git/orchard-base.bundle"
+EXCLUDES = ("__pycache__/", "*.pyc", ".pytest_cache/", ".orchard/")  # never part of the agent's patch
+
+
+@dataclass(eq=False)
+class RepoSource:
+    """Where a repository comes from on the host. ``kind``: builtin, git or bundle."""
+
+    kind: str
+    location: str  # builtin repo name, or an absolute path
+    _bundles: dict[str, bytes] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def describe(self) -> str:
+        return f"bundled repo {self.location}" if self.kind == "builtin" else f"{self.kind} {self.location}"
+
+    async def bundle(self, commit: str) -> bytes:
+        """A git bundle whose one ref, ``orchard-base``, is ``commit`` (built once, in a thread)."""
+        cached = self._bundles.get(commit)
+        if cached is not None:
+            return cached
+        return await anyio.to_thread.run_sync(self._build, commit)
+
+    def _build(self, commit: str) -> bytes:
+        with self._lock:
+            if commit in self._bundles:
+                return self._bundles[commit]
+            with tempfile.TemporaryDirectory(prefix="orchard-swe-src-") as tmp:
+                work = Path(tmp)
+                if self.kind == "builtin":
+                    repo = work / "repo"
+                    got = make_repo.materialize(self.location, repo)
+                    if got != commit:
+                        raise ConfigError(
+                            f"bundled repo {self.location} materializes to commit {got}, but the instance wants "
+                            f"{commit}: regenerate instances.jsonl (see recipes/swe/builtin/README.md)"
+                        )
+                else:
+                    repo = work / "repo.git"
+                    shared = ["--shared"] if self.kind == "git" else []
+                    _git(["clone", "-q", "--bare", "--no-tags", *shared, self.location, str(repo)], work)
+                    if _git(["cat-file", "-e", f"{commit}^{{commit}}"], repo, check=False).returncode != 0:
+                        raise ConfigError(f"commit {commit} is not in {self.describe()}")
+                _git(["update-ref", BASE_REF, commit], repo)
+                _git(["bundle", "create", "-q", str(work / "base.bundle"), BASE_REF], repo)
+                data = (work / "base.bundle").read_bytes()
+            self._bundles[commit] = data
+            return data
+
+
+def _git(args: list[str], cwd: Path, *, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        ["git", "-c", "core.hooksPath=/dev/null", *args], cwd=cwd, env=make_repo.git_env(), capture_output=True, text=True
+    )
+    if check and done.returncode != 0:
+        raise ConfigError(f"git {' '.join(args[:2])} failed: {done.stderr.strip() or done.stdout.strip()}")
+    return done
+
+
+def builtin_repos() -> list[str]:
+    return make_repo.repo_names()
+
+
+def find_source(repo: str, repo_path: str | None, search_dir: Path | None) -> RepoSource | None:
+    """The host source of ``repo``: the instance's ``repo_path``; else ``repos/<name>`` (a git
+    checkout) or ``repos/<name>.bundle`` next to the instances file, ``/`` in the name written
+    as ``__``; else a bundled repo of that name. None when there is none."""
+    candidates = [Path(repo_path)] if repo_path else []
+    if search_dir is not None:
+        name = repo.replace("/", "__")
+        candidates += [search_dir / "repos" / name, search_dir / "repos" / f"{name}.bundle"]
+    for path in candidates:
+        if path.is_file():
+            return RepoSource("bundle", str(path.resolve()))
+        if (path / ".git").exists() or ((path / "HEAD").is_file() and (path / "objects").is_dir()):
+            return RepoSource("git", str(path.resolve()))
+    if repo_path:
+        raise ConfigError(f"repo_path {repo_path} is neither a git repository nor a git bundle")
+    if (REPOS_DIR / repo).is_dir() and repo in builtin_repos():
+        return RepoSource("builtin", repo)
+    return None
+
+
+# -- inside the sandbox ------------------------------------------------------------------------
+
+
+def check_result(result: ExecResult, what: str) -> str:
+    """The command's stdout; SandboxLost for infrastructure failures, RuntimeError otherwise."""
+    if result.reason.is_infra:
+        raise SandboxLost(f"{what}: {result.error_text or result.reason.value}")
+    if not result.ok:
+        detail = (result.error_text or result.text).strip()[-2000:]
+        raise RuntimeError(f"{what} failed ({result.reason.value}, exit {result.exit_code}): {detail}")
+    return result.text
+
+
+async def existing_checkout(sandbox: Sandbox, time_limit: float) -> str | None:
+    """HEAD of the git repository rooted at the sandbox's working directory, if there is one."""
+    script = 'top=$(git rev-parse --show-toplevel 2>/dev/null) && [ "$top" = "$(pwd -P)" ] && git rev-parse HEAD'
+    result = await sandbox.exec(script, timeout=time_limit)
+    if result.reason.is_infra:
+        raise SandboxLost(f"probing for a checkout: {result.error_text or result.reason.value}")
+    head = result.text.strip()
+    return head if result.ok and head else None
+
+
+def _git_setup_lines() -> list[str]:
+    excludes = " ".join(f"'{pattern}'" for pattern in EXCLUDES)
+    return [
+        f"printf '%s\\n' {excludes} >> .git/info/exclude",
+        "git config user.name agent && git config user.email agent@orchard.invalid",
+        "git config core.pager cat && git config advice.detachedHead false",
+    ]
+
+
+async def checkout(sandbox: Sandbox, bundle: bytes, commit: str, time_limit: float) -> None:
+    """Fetch the bundle into a new repository in the working directory; check out ``commit``."""
+    script = "\n".join(
+        [
+            "set -e",
+            "git init -q .",
+            f"cat > {BUNDLE_PATH}",
+            f"git fetch -q --no-tags {BUNDLE_PATH} {BASE_REF}",
+            f"rm -f {BUNDLE_PATH} .git/FETCH_HEAD",
+            f"git checkout -q -B main {commit}",
+            *_git_setup_lines(),
+            "git rev-parse HEAD",
+        ]
+    )
+    head = check_result(await sandbox.exec(script, stdin=bundle, timeout=time_limit), "checking out the repository").strip()
+    if head.splitlines()[-1:] != [commit]:
+        raise RuntimeError(f"the checkout is at {head!r}, expected {commit}")
+
+
+async def adopt_checkout(sandbox: Sandbox, head: str, commit: str, time_limit: float) -> None:
+    """Use the image's own checkout: it must be at ``commit`` (a prefix is enough)."""
+    if not head.startswith(commit) and not commit.startswith(head):
+        raise RuntimeError(f"the image's repository is at {head}, but the instance's base_commit is {commit}")
+    check_result(await sandbox.exec("\n".join(["set -e", *_git_setup_lines()]), timeout=time_limit), "configuring git")
+
+
+def environ_for_git() -> dict[str, str]:
+    """Variables that keep git and pagers non-interactive inside the sandbox."""
+    return {"GIT_PAGER": "cat", "PAGER": "cat", "GIT_TERMINAL_PROMPT": "0", "GIT_EDITOR": "true", "EDITOR": "true"}
+
+

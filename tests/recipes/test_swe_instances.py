@@ -1,0 +1,209 @@
+"""The task format: loading JSON/JSONL instances, errors that name file, line and field, and
+preparing a sandbox from a local git checkout or bundle (no later history leaks in)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import anyio
+import pytest
+
+import orchard_async as oa
+from orchard_async.recipes import swe
+from orchard_async.recipes.swe.builtin import INSTANCES_PATH
+from tests.recipes.swe_support import ScriptPolicy, run_rollout
+
+BUILTIN = [json.loads(line) for line in INSTANCES_PATH.read_text().splitlines() if line.strip()]
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return path
+
+
+def test_builtin_loads_and_selects():
+    tasks = swe.load_tasks("builtin")
+    assert len(tasks) == 17 and len({t.instance.repo for t in tasks}) == 3
+    assert all(isinstance(t, oa.Task) for t in tasks)
+    assert {t.source.kind for t in tasks} == {"builtin"}
+    assert [t.id for t in swe.load_tasks("builtin:textkit__2,datespan")] == ["textkit__2"] + [f"datespan__{i}" for i in range(1, 6)]
+    assert [t.id for t in swe.load_tasks("builtin", ids=["minicalc__3"])] == ["minicalc__3"]
+    with pytest.raises(oa.ConfigError, match="no instance or repo named 'nope'"):
+        swe.load_tasks("builtin:nope")
+    task = swe.load_tasks("builtin:minicalc__1", max_steps=7, exec_timeout=9)[0]
+    assert (task.max_steps, task.exec_timeout, task.score_timeout < task.deadline) == (7, 9, True)
+
+
+def test_policies_by_name(monkeypatch):
+    assert swe.make_policy("oracle").name == "oracle" and swe.make_policy("empty").name == "empty"
+    monkeypatch.setenv("ORCHARD_MODEL", "m")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:1/v1")
+    assert swe.make_policy("openai").name == "openai:m"
+    with pytest.raises(oa.ConfigError, match="choose one of: oracle, empty, openai"):
+        swe.make_policy("gpt")
+
+
+def test_jsonl_and_json_files_with_swe_bench_conventions(tmp_path):
+    row = dict(BUILTIN[0], FAIL_TO_PASS=json.dumps(BUILTIN[0]["FAIL_TO_PASS"]), version="1.0", hints_text="")
+    tasks = swe.load_tasks(str(write_jsonl(tmp_path / "a.jsonl", ["", row])))
+    (task,) = tasks
+    assert task.instance.FAIL_TO_PASS == tuple(BUILTIN[0]["FAIL_TO_PASS"])
+    assert task.instance.extra == {"created_at": "2026-12-02", "version": "1.0", "hints_text": ""}
+    assert task.source.kind == "builtin"  # the repo name matches a bundled repository
+    for payload in ([BUILTIN[0], BUILTIN[1]], {"instances": [BUILTIN[0], BUILTIN[1]]}):
+        (tmp_path / "b.json").write_text(json.dumps(payload, indent=2))
+        assert [t.id for t in swe.load_tasks(str(tmp_path / "b.json"))] == ["minicalc__1", "minicalc__2"]
+    assert task.test_command == BUILTIN[0]["test_command"]
+    bare = swe.Instance(**{**task.instance.__dict__, "test_command": ""})
+    assert bare.default_test_command() == "python -m pytest -rA -p no:cacheprovider tests/test_evaluator.py tests/test_parser.py"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda r: r.pop("patch"), "missing required field 'patch'"),
+        (lambda r: r.update(FAIL_TO_PASS=[]), "field 'FAIL_TO_PASS' must name at least one test"),
+        (lambda r: r.update(FAIL_TO_PASS="not json"), "field 'FAIL_TO_PASS' is a string but not a JSON list"),
+        (lambda r: r.update(PASS_TO_PASS=[1, 2]), "field 'PASS_TO_PASS' must be a list of test ids"),
+        (lambda r: r.update(PASS_TO_PASS=r["FAIL_TO_PASS"][:1]), "fields 'FAIL_TO_PASS' and 'PASS_TO_PASS' both list"),
+        (lambda r: r.update(base_commit="main"), "field 'base_commit' must be a lowercase hex commit id"),
+        (lambda r: r.update(problem_statement=" "), "field 'problem_statement' must not be empty"),
+        (lambda r: r.update(test_patch="just text"), "field 'test_patch' is not a unified diff"),
+        (lambda r: r.update(setup_commands=[1]), "field 'setup_commands' must be a string or a list"),
+        (lambda r: r.update(repo_path="does/not/exist"), "field 'repo_path': .* does not exist"),
+        (lambda r: r.update(repo="someone/else"), "no repository source for repo 'someone/else'"),
+    ],
+    ids=lambda value: value.split("'")[1] if isinstance(value, str) and "'" in value else None,
+)
+def test_malformed_instance_names_line_and_field(tmp_path, mutate, message):
+    bad = dict(BUILTIN[2])
+    mutate(bad)
+    path = write_jsonl(tmp_path / "tasks.jsonl", [BUILTIN[0], "", bad])
+    with pytest.raises(oa.ConfigError, match=rf"tasks\.jsonl:3: instance 'minicalc__3': {message}"):
+        swe.load_tasks(str(path))
+
+
+def test_malformed_files(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [BUILTIN[0], '{"instance_id": "x",'])
+    with pytest.raises(oa.ConfigError, match=r"t\.jsonl:2: invalid JSON"):
+        swe.load_tasks(str(path))
+    path = write_jsonl(tmp_path / "d.jsonl", [BUILTIN[0], BUILTIN[0]])
+    with pytest.raises(oa.ConfigError, match=r"d\.jsonl:2: instance 'minicalc__1': duplicate instance_id \(first on line 1\)"):
+        swe.load_tasks(str(path))
+    path = write_jsonl(tmp_path / "l.jsonl", ["[1, 2]"])
+    with pytest.raises(oa.ConfigError, match=r"l\.jsonl:1: an instance must be a JSON object, got list"):
+        swe.load_tasks(str(path))
+    (tmp_path / "a.json").write_text("[\n" + json.dumps(BUILTIN[0]) + ",\n" + json.dumps({"instance_id": "z"}) + "\n]")
+    with pytest.raises(oa.ConfigError, match=r"a\.json:3: instance 'z': missing required fields 'repo', 'base_commit'"):
+        swe.load_tasks(str(tmp_path / "a.json"))
+    (tmp_path / "s.json").write_text('[\n{"a": 1},\n{oops}\n]')
+    with pytest.raises(oa.ConfigError, match=r"s\.json:3: invalid JSON"):
+        swe.load_tasks(str(tmp_path / "s.json"))
+    with pytest.raises(oa.ConfigError, match="no such task file"):
+        swe.load_tasks(str(tmp_path / "missing.jsonl"))
+    (tmp_path / "e.jsonl").write_text("\n\n")
+    with pytest.raises(oa.ConfigError, match="no instances"):
+        swe.load_tasks(str(tmp_path / "e.jsonl"))
+
+
+def _git(cwd: Path, *args: str, stdin: str | None = None) -> str:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(["git", *args], cwd=cwd, env=env, input=stdin, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def test_checkout_from_local_git_repo_and_bundle_hides_later_history(tmp_path):
+    """A user's repository (a git checkout, or a bundle of it) with the fix committed *after*
+    the base: the sandbox gets the base commit and its ancestors only."""
+    repo = tmp_path / "calc"
+    (repo / "tests").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "base with a bug")
+    base = _git(repo, "rev-parse", "HEAD")
+    (repo / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    _git(repo, "commit", "-qam", "the fix (future history)")
+    _git(repo, "bundle", "create", "-q", str(tmp_path / "calc.bundle"), "--all")
+    test_patch = (
+        "diff --git a/tests/test_calc.py b/tests/test_calc.py\nnew file mode 100644\n--- /dev/null\n+++ b/tests/test_calc.py\n"
+        "@@ -0,0 +1,5 @@\n+from calc import add\n+\n+\n+def test_add():\n+    assert add(2, 2) == 4\n"
+    )
+    gold = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n"
+    common = dict(repo="me/calc", base_commit=base, problem_statement="add() subtracts", patch=gold, test_patch=test_patch,
+                  FAIL_TO_PASS=["tests/test_calc.py::test_add"], PASS_TO_PASS=[])
+    rows = [
+        dict(common, instance_id="from-dir", repo_path="calc"),
+        dict(common, instance_id="from-bundle", repo_path="calc.bundle"),
+        dict(common, instance_id="from-image", image="example/calc:latest", repo_path="calc"),  # local ignores images
+    ]
+    tasks = swe.load_tasks(str(write_jsonl(tmp_path / "mine.jsonl", rows)))
+    assert [t.source.kind for t in tasks] == ["git", "bundle", "git"]
+    assert tasks[0].test_command == "python -m pytest -rA -p no:cacheprovider tests/test_calc.py"
+    look = ScriptPolicy(["git log --all --format=%H%n%s && git status --short && cat calc.py"])
+    run = anyio.run(run_rollout, tasks, look, tmp_path / "sbx")
+    assert run.leaked == [] and run.left_on_disk == []
+    for trajectory in run.trajectories:
+        assert trajectory.status == "finished", trajectory.error
+        expected = f"{base}\nbase with a bug\ndef add(a, b):\n    return a - b\n"
+        assert trajectory.steps[0].observation == expected, trajectory.task_id
+        assert not trajectory.success and trajectory.info["tests"] == {"tests/test_calc.py::test_add": "FAILED"}
+    fixed = anyio.run(run_rollout, tasks[:1], swe.make_policy("oracle"), tmp_path / "sbx2")
+    assert fixed.trajectories[0].success, fixed.trajectories[0].info
+
+
+def test_image_instance_without_a_source_fails_clearly_on_local(tmp_path):
+    row = dict(BUILTIN[0], repo="astropy/astropy", image="swebench/sweb.eval.x86_64.astropy:latest")
+    (task,) = swe.load_tasks(str(write_jsonl(tmp_path / "img.jsonl", [row])))
+    assert task.source is None and task.spec.image == row["image"] and task.spec.workdir == "/testbed"
+    run = anyio.run(run_rollout, [task], swe.make_policy("empty"), tmp_path / "sbx")
+    (trajectory,) = run.trajectories
+    assert trajectory.status == "failed" and trajectory.end_reason == "task_error"
+    assert "no repository at its working directory" in trajectory.error and "repo_path" in trajectory.error
+    assert run.left_on_disk == []
+
+
+def test_commit_missing_from_source(tmp_path):
+    repo = tmp_path / "r"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "f").write_text("x\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "one")
+    row = dict(BUILTIN[0], repo="r", repo_path="r", base_commit="0" * 40)
+    (task,) = swe.load_tasks(str(write_jsonl(tmp_path / "m.jsonl", [row])))
+    run = anyio.run(run_rollout, [task], swe.make_policy("empty"), tmp_path / "sbx")
+    assert run.trajectories[0].end_reason == "task_error"
+    assert f"commit {'0' * 40} is not in git {repo}" in run.trajectories[0].error
+
+
+def test_generator_definitions_match_the_committed_instances():
+    """The generator (``python -m orchard_async.recipes.swe.builtin.generator --check`` rebuilds
+    the file byte for byte; too slow for every run) and instances.jsonl agree on what is cheap
+    to compare: ids, order, statements, expected FAIL_TO_PASS; and its edits reproduce the patches."""
+    from orchard_async.recipes.swe.builtin.generator import gen
+
+    definitions = gen.load_task_definitions()
+    assert len(definitions) == len(BUILTIN)
+    counters: dict[str, int] = {}
+    for task, inst in zip(definitions, BUILTIN, strict=True):
+        counters[task["repo"]] = counters.get(task["repo"], 0) + 1
+        assert inst["instance_id"] == f"{task['repo']}__{counters[task['repo']]}"
+        assert inst["problem_statement"] == task["problem_statement"]
+        assert inst["FAIL_TO_PASS"] == sorted(task["expect_f2p"])
+        assert inst["test_command"] == gen.TEST_COMMAND and inst["created_at"] == gen.CREATED_AT
+
+
+def test_generator_edits_reproduce_the_patches(tmp_path):
+    from orchard_async.recipes.swe.builtin.generator import gen
+
+    task, inst = gen.load_task_definitions()[6], BUILTIN[6]  # textkit__1
+    root = tmp_path / "repo"
+    assert gen.make_repo.materialize(task["repo"], root) == inst["base_commit"]
+    gen.apply_edits(root, task["tests"])
+    assert gen.diff_of(root) == inst["test_patch"]
+    gen.apply_edits(root, task["gold"])
+    assert gen.diff_of(root) == inst["patch"]
