@@ -38,7 +38,6 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import aiodocker
@@ -50,6 +49,7 @@ from aiodocker.containers import DockerContainer
 from aiodocker.stream import Stream
 
 from orchard_async.errors import AdapterUnavailable, BackendUnavailable, ConfigError, CreateFailed, SandboxLost
+from orchard_async.lease import controller_alive, controller_id
 from orchard_async.protocols import Sandbox
 from orchard_async.sandbox import ShellSandbox
 from orchard_async.shell import ShellClient, quote
@@ -115,32 +115,6 @@ OOM_PROBE = (
     'if [ -r "$f" ]; then while read -r k v; do if [ "$k" = oom_kill ]; then echo "$v"; fi; done <"$f"; fi; '
     "done"
 )
-
-
-# -- the controller's identity, for reap ----------------------------------------------------
-
-
-def _process_start_time(pid: int) -> str | None:
-    """Kernel start time of a process: with the pid it names a process, not a reused pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def controller_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{_process_start_time(os.getpid())}"
-
-
-def controller_alive(label: str) -> bool | None:
-    """Is the process named by an ``orchard.controller`` label alive? None: cannot tell
-    (another host), so only the expiry decides."""
-    host, _, rest = label.partition(":")
-    pid, _, start = rest.partition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return None
-    return _process_start_time(int(pid)) == start
 
 
 # -- the hot path: an exec attach stream as an anyio byte stream -----------------------------

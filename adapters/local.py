@@ -33,6 +33,7 @@ import anyio
 from anyio.streams.stapled import StapledByteStream
 
 from orchard_async.errors import CreateFailed, SandboxLost
+from orchard_async.lease import CONTROLLER_LABEL, controller_alive, controller_id
 from orchard_async.protocols import Sandbox
 from orchard_async.sandbox import ShellSandbox
 from orchard_async.shell import ShellClient
@@ -59,15 +60,6 @@ rm -rf -- "$2"
 
 def default_root() -> Path:
     return Path(os.environ.get("ORCHARD_LOCAL_ROOT") or Path(tempfile.gettempdir()) / "orchard-async")
-
-
-def _process_start_time(pid: int) -> str | None:
-    """Kernel start time of a process, to tell a live controller from a reused PID."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
 
 
 @functools.cache
@@ -119,6 +111,7 @@ class LocalAdapter:
         self.owner = owner or f"{os.environ.get('USER', 'user')}@{os.uname().nodename}"
         self.namespaces = namespace_support()[0] if namespaces is None else namespaces
         self.output_cap = output_cap
+        self.controller = controller_id()
         self._live: dict[str, tuple[ShellSandbox, anyio.abc.Process]] = {}
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
@@ -140,14 +133,9 @@ class LocalAdapter:
             "orchard.owner": self.owner,
             "orchard.run": self.run_id,
             "orchard.expires": str(int(expires_at)),
+            CONTROLLER_LABEL: self.controller,
         }
-        lease = {
-            "id": sandbox_id,
-            "labels": labels,
-            "controller_pid": os.getpid(),
-            "controller_start": _process_start_time(os.getpid()),
-            "expires_at": expires_at,
-        }
+        lease = {"id": sandbox_id, "labels": labels, "expires_at": expires_at}
         (base / "lease.json").write_text(json.dumps(lease))
         argv = ["sh", "-c", SUPERVISOR, "supervisor", str(int(spec.ttl) + 1), str(base)]
         if self.namespaces:
@@ -281,8 +269,7 @@ def _kill_sandbox_processes(dirs: set[str]) -> None:
 def _lease_is_dead(lease: dict, now: float, older_than: float) -> bool:
     if lease.get("expires_at", 0) + older_than < now:
         return True
-    pid = lease.get("controller_pid")
-    return _process_start_time(pid) != lease.get("controller_start") if pid else True
+    return controller_alive(lease.get("labels", {}).get(CONTROLLER_LABEL, "")) is not True
 
 
 def reap_local(root: Path, older_than: float = 0.0, keep: set[str] | None = None) -> list[str]:

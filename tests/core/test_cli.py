@@ -140,7 +140,7 @@ def test_reap_prints_what_it_removed(tmp_path: Path, local_env: dict) -> None:
     root = Path(local_env["ORCHARD_LOCAL_ROOT"])
     stale = root / "lo-stale"
     (stale / "work").mkdir(parents=True)
-    (stale / "lease.json").write_text(json.dumps({"id": "lo-stale", "controller_pid": 0, "expires_at": 0}))
+    (stale / "lease.json").write_text(json.dumps({"id": "lo-stale", "labels": {}, "expires_at": 0}))
     done = cli("reap", cwd=tmp_path, env=local_env)
     assert done.returncode == 0 and "removed lo-stale" in done.stdout
     assert not stale.exists()
