@@ -125,8 +125,7 @@ class LocalAdapter:
         sandbox_id = f"lo-{uuid.uuid4().hex[:16]}"
         base = self.root / sandbox_id
         work, ctl = base / "work", base / "ctl"
-        work.mkdir(parents=True)
-        ctl.mkdir()
+        base.mkdir(parents=True)
         expires_at = time.time() + spec.ttl
         labels = {
             **spec.labels,
@@ -136,7 +135,12 @@ class LocalAdapter:
             CONTROLLER_LABEL: self.controller,
         }
         lease = {"id": sandbox_id, "labels": labels, "expires_at": expires_at}
+        # The lease goes in before anything else: a controller killed from here on leaves a
+        # dir that reap recognises as its (dead) own at once, instead of a lease-less dir it
+        # must leave alone for 60 s (bench chaos --rounds 12 hit that window).
         (base / "lease.json").write_text(json.dumps(lease))
+        work.mkdir()
+        ctl.mkdir()
         argv = ["sh", "-c", SUPERVISOR, "supervisor", str(int(spec.ttl) + 1), str(base)]
         if self.namespaces:
             net = ["--net"] if spec.network == "none" else []

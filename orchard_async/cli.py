@@ -232,9 +232,13 @@ def build_parser() -> argparse.ArgumentParser:
     run_p = sub.add_parser("run", help="collect rollouts into a trajectory file")
     run_p.add_argument("recipe", nargs="?", default="toy", help=f"one of {', '.join(RECIPES)} (default toy)")
     run_p.add_argument(
-        "--tasks", default="builtin", help="task source for the recipe (default builtin; swe: builtin[:IDS] or a .jsonl/.json file)"
+        "--tasks",
+        default="builtin",
+        help="task source for the recipe (default builtin; swe: builtin[:IDS] or a .jsonl/.json file)",
     )
-    run_p.add_argument("--policy", default="oracle", help="toy: oracle|random; swe: oracle|empty|openai (default oracle)")
+    run_p.add_argument(
+        "--policy", default="oracle", help="toy: oracle|random; swe: oracle|empty|openai (default oracle)"
+    )
     rollout_options(run_p, episodes=32, concurrency=8)
     run_p.add_argument("--group-size", type=int, default=1, help="samples per task (GRPO groups)")
     run_p.add_argument("--max-retries", type=int, default=2, help="retries of infrastructure failures per episode")

@@ -9,6 +9,7 @@ ends the episode as failed, never retried.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,9 @@ class Episode:
     task: Task
     group_id: str
     sample: int
+
+
+_INFRA = (ExitReason.SANDBOX_LOST, ExitReason.INFRA_ERROR)
 
 
 def render(result: ExecResult, limit: int = OBSERVATION_LIMIT) -> str:
@@ -128,8 +132,9 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
     sandbox = RecordingSandbox(raw, ops, t0)
     try:
         agent_deadline = t0 + task.deadline - task.score_timeout
-        # One cancel scope for the whole agent phase (a timer per step costs more than a step).
-        with anyio.move_on_after(agent_deadline - time.monotonic()) as agent_phase:
+        # One cancel scope for the whole agent phase (a timer per step costs more than a step);
+        # a bare CancelScope: move_on_after/fail_after add a generator context manager each.
+        with anyio.CancelScope(deadline=anyio.current_time() + agent_deadline - time.monotonic()) as agent_phase:
             mark = time.monotonic()
             try:
                 instruction = await task.setup(sandbox)
@@ -160,7 +165,7 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
                 # Straight to the sandbox: the step itself records this command's timing.
                 result = await raw.exec(action.command, timeout=timeout)
                 timings["exec"] += result.duration
-                if result.reason.is_infra:
+                if result.reason in _INFRA:  # a tuple test; ExitReason.is_infra is a property call
                     raise SandboxLost(f"step {index}: {result.error_text or result.reason.value}")
                 steps.append(
                     Step(
@@ -180,8 +185,10 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
         if status == "finished":
             mark = time.monotonic()
             try:
-                with anyio.fail_after(task.score_timeout):
+                with anyio.CancelScope(deadline=anyio.current_time() + task.score_timeout) as scoring:
                     reward = await task.evaluate(sandbox)
+                if scoring.cancelled_caught:
+                    raise TimeoutError
             except TimeoutError:
                 status, end_reason = "failed", "task_error"
                 error = f"scoring took longer than the task's score_timeout ({task.score_timeout:.0f}s)"
@@ -219,6 +226,9 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
     )
 
 
+_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
 def _label_safe(value: str) -> str:
-    cleaned = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in value)
+    cleaned = _LABEL_UNSAFE.sub("-", value)
     return cleaned[-63:].strip("-_.") or "episode"

@@ -33,7 +33,9 @@ class Pool:
     ):
         self.adapter = adapter
         self._live = anyio.Semaphore(max_live) if max_live else None  # not a limiter: any task may release
-        self._creating = anyio.CapacityLimiter(max_creating)
+        # A semaphore, not a CapacityLimiter: no checkpoint on an uncontended acquire and no
+        # per-borrower bookkeeping (the task that acquires is the one that releases).
+        self._creating = anyio.Semaphore(max_creating, fast_acquire=True)
         self.create_timeout = create_timeout
         self.max_backoff = max_backoff
         self._failures = 0  # consecutive backend failures
@@ -50,8 +52,11 @@ class Pool:
                 if pause > 0:
                     await anyio.sleep(pause)
                 try:
-                    with anyio.fail_after(self.create_timeout):
+                    # A bare CancelScope: fail_after adds a generator context manager per create.
+                    with anyio.CancelScope(deadline=anyio.current_time() + self.create_timeout) as limit:
                         sandbox = await self.adapter.create(spec)
+                    if limit.cancelled_caught:
+                        raise TimeoutError
                 except TimeoutError:
                     self._backend_failed()
                     raise CreateFailed(f"create did not finish within {self.create_timeout:.0f}s") from None

@@ -195,12 +195,18 @@ class ShellClient:
                 quote(base64.b64encode(stdin).decode() if stdin else ""),
             ]
         )
+        try:
+            data = frame.encode() + b"\n"
+        except UnicodeEncodeError:
+            raise ConfigError(
+                "commands, paths and environment values must be valid text (no lone surrogates)"
+            ) from None
         async with self._lock:
             started = time.perf_counter()
             if self.lost:
                 return self._lost_result(started)
             try:
-                await self._stream.send(frame.encode() + b"\n")
+                await self._stream.send(data)
                 with anyio.move_on_after(timeout) as deadline:
                     header = await self._read_header(nonce)
                 if deadline.cancelled_caught:

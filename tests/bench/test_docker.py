@@ -1,0 +1,58 @@
+"""The same smoke tests on docker, when a daemon answers (run by default where docker is up,
+and in CI, which starts it; ORCHARD_TEST_BACKENDS=local skips them). Small: a few containers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import pytest
+
+import orchard_async as oa
+from tests.conftest import backend_missing
+
+IMAGE = os.environ.get("ORCHARD_DOCKER_TEST_IMAGE", "orchard/busybox:test")
+OPTIONS = json.dumps({"image": IMAGE})
+
+
+@pytest.fixture(autouse=True)
+def docker_available() -> None:
+    selected = os.environ.get("ORCHARD_TEST_BACKENDS")
+    if selected is not None and "docker" not in selected.split(","):
+        pytest.skip("docker not in ORCHARD_TEST_BACKENDS")
+
+    async def check() -> None:
+        adapter = oa.get_adapter("docker", image=IMAGE)
+        try:
+            await adapter.doctor()  # type: ignore[attr-defined]
+        finally:
+            await adapter.close()
+
+    try:
+        asyncio.run(check())
+    except (oa.AdapterUnavailable, oa.OrchardError) as exc:
+        backend_missing(f"docker: {exc}")
+
+
+def test_exec_docker_with_floors(bench) -> None:
+    data = bench(
+        "exec", "--adapter", "docker", "--adapter-options", OPTIONS, "--concurrency", "1,2", "--ops", "6", plot=False
+    )
+    assert data["leaked"] == 0
+    subjects = {row["subject"] for row in data["rows"]}
+    assert "docker" in subjects
+    # Both floors run where the CLI and aiodocker exist; otherwise a note says why not.
+    for floor in ("floor:docker-exec", "floor:aiodocker-exec"):
+        assert floor in subjects or any(note.startswith(f"{floor} skipped") for note in data["notes"])
+    for row in data["rows"]:
+        assert row["ops"] >= row["concurrency"] and row["p50_ms"] > 0
+        assert row.get("errors", 0) == 0
+
+
+def test_burst_docker(bench) -> None:
+    data = bench("burst", "--adapter", "docker", "--adapter-options", OPTIONS, "-n", "3", "-k", "2", plot=False)
+    assert data["lost"] == 0 and data["leaked"] == 0
+    by_op = {row["operation"]: row for row in data["rows"]}
+    assert by_op["create"]["ops"] == 3 and by_op["exec"]["ops"] == 6 and by_op["destroy"]["ops"] == 3
+    assert by_op["total"]["success_rate"] == 1.0
