@@ -17,6 +17,7 @@ import anyio
 from orchard_async import SandboxSpec
 
 from .common import close_and_count, open_adapter
+from .floors import DEFAULT_DOCKER_IMAGE, _docker
 from .report import Row, latency_row
 from .scenario import Outcome
 
@@ -135,6 +136,13 @@ async def run_burst(
             extra={"sandboxes_per_s": round(sandboxes / wall, 2), "commands_ok": ok_commands},
         )
     )
+    if adapter_name == "docker" and commands == 0:
+        parallel = max_creating or getattr(adapter, "max_creating", sandboxes)
+        outcome.rows.extend(await docker_run_floor(sandboxes, parallel, image or DEFAULT_DOCKER_IMAGE, op_timeout))
+        outcome.notes.append(
+            f"floor:docker-run: `docker run -d IMAGE sleep` then `docker rm -f` through the CLI, {parallel} at a time"
+            " (the adapter's own create parallelism)"
+        )
     outcome.lost = sandboxes - len(fates)
     outcome.leaked = leftovers["leaked"]
     outcome.details.update(
@@ -150,3 +158,58 @@ async def run_burst(
         }
     )
     return outcome
+
+
+async def docker_run_floor(count: int, parallel: int, image: str, op_timeout: float) -> list[Row]:
+    """The CLI baseline for creating containers: ``docker run -d`` and ``docker rm -f``,
+    ``parallel`` at a time, every one timed; each container is removed whatever happens."""
+    times: dict[str, list[float]] = defaultdict(list)
+    failures: Counter[str] = Counter()
+    gate = anyio.Semaphore(parallel)
+
+    async def one() -> None:
+        start = time.perf_counter()  # from the request, like the adapter's rows: queueing included
+        async with gate:
+            try:
+                with anyio.fail_after(op_timeout):
+                    out = await _docker(
+                        "run", "-d", "--network", "none", "--label", "orchard.bench=floor", image, "sleep", "600"
+                    )
+            except Exception as exc:
+                failures[type(exc).__name__] += 1
+                return
+            times["create"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            with anyio.CancelScope(shield=True):
+                await _docker("rm", "-f", out.decode().strip())
+            times["destroy"].append(time.perf_counter() - start)
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as group:
+        for _ in range(count):
+            group.start_soon(one)
+    wall = time.perf_counter() - started
+    rows = []
+    for name in ("create", "destroy"):
+        row = latency_row(
+            "floor:docker-run",
+            count,
+            times[name],
+            wall,
+            operation=name,
+            errors=failures[name] if name == "create" else 0,
+        )
+        row.ops_per_s, row.wall_s = None, None
+        rows.append(row)
+    rows.append(
+        Row(
+            subject="floor:docker-run",
+            operation="total",
+            concurrency=count,
+            ops=count,
+            success_rate=round(len(times["create"]) / count, 4),
+            wall_s=round(wall, 3),
+            extra={"sandboxes_per_s": round(len(times["destroy"]) / wall, 2)},
+        )
+    )
+    return rows

@@ -21,8 +21,15 @@ from orchard_async.runtime import run
 
 from .report import Result, load_average, machine_info, print_result, read_json, to_markdown, write_json
 
-SCENARIOS = ["exec", "burst", "episodes", "scale", "chaos"]
-DEFAULT_ADAPTER = {"exec": "local", "burst": "local", "episodes": "local", "scale": "sim", "chaos": "sim"}
+SCENARIOS = ["exec", "burst", "create", "episodes", "scale", "chaos"]
+DEFAULT_ADAPTER = {
+    "exec": "local",
+    "burst": "local",
+    "create": "local",
+    "episodes": "local",
+    "scale": "sim",
+    "chaos": "sim",
+}
 
 
 def _int_list(text: str) -> list[int]:
@@ -77,6 +84,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--command", dest="bench_command", default="true")
     p.add_argument("--op-timeout", type=float, default=300.0, help="bound on any one operation (s)")
     p.add_argument("--max-creating", type=_positive, help="cap concurrent creates (default: all at once)")
+
+    p = sub.add_parser(
+        "create", parents=[common], help="burst with no commands: create/delete rates (docker: vs `docker run -d`)"
+    )
+    p.add_argument(
+        "--sandboxes", "--n", "-n", type=_positive, default=200, help="sandboxes created at once (default 200)"
+    )
+    p.add_argument("--op-timeout", type=float, default=300.0, help="bound on any one operation (s)")
+    p.add_argument(
+        "--max-creating", type=_positive, help="cap concurrent creates (default: the adapter's own admission)"
+    )
+    p.set_defaults(commands=0, bench_command="true")
 
     p = sub.add_parser("episodes", parents=[common], help="rollout throughput of a recipe at a concurrency sweep")
     p.add_argument("--concurrency", type=_int_list, default=[1, 8, 32], help="levels (default 1,8,32)")
@@ -140,7 +159,7 @@ async def _dispatch(args: argparse.Namespace, adapter: str, options: dict):  # n
             session=args.session,
             floors=args.floors,
         )
-    if scenario == "burst":
+    if scenario in ("burst", "create"):
         from .burst import run_burst
 
         return await run_burst(
