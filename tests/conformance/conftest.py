@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 import orchard_async as oa
-from tests.conftest import backend_missing
+from tests.conftest import backend_missing, cluster_configured
 
 BACKENDS = {
     "local": {},
@@ -29,6 +29,8 @@ async def make_adapter(request: pytest.FixtureRequest) -> AsyncIterator[Callable
     """A factory of adapters for one backend; every adapter made is closed at the end and
     must have destroyed everything it created."""
     name = request.param
+    if name == "kubernetes" and not cluster_configured():
+        pytest.skip("no Kubernetes cluster configured (KUBECONFIG, ~/.kube/config or ORCHARD_K8S_TEST_CONTEXT)")
     made: list[oa.Adapter] = []
 
     def make(**options: object) -> oa.Adapter:
