@@ -3,23 +3,27 @@
 # for orchard-async's kubernetes tests, on this machine, with no registry and no internet.
 #
 #   bash scripts/ci-kubernetes.sh prepare        packages, binaries, images (idempotent)
-#   bash scripts/ci-kubernetes.sh run -- CMD...  prepare, then run CMD inside private network,
-#                                                mount and PID namespaces with the cluster up;
+#   bash scripts/ci-kubernetes.sh run -- CMD...  prepare, then run CMD inside private network
+#                                                and mount namespaces with the cluster up;
 #                                                exits with CMD's exit code
 #   bash scripts/ci-kubernetes.sh                run -- python -m pytest on the kubernetes tests
 #
 # Inside `run`, CMD sees KUBECONFIG (context "local", admin), ORCHARD_K8S_WORK (the cluster's
-# state dir) and ORCHARD_K8S_SCRIPTS (this folder: tests restart the API server with
-# `k8s-cluster-up.sh apiserver-stop|apiserver-start`). The namespaces have no route to the
-# outside (a veth pair whose both ends stay inside): install Python packages before `run`.
+# state dir), ORCHARD_K8S_SCRIPTS (this folder: tests restart the API server with
+# `k8s-cluster-up.sh apiserver-stop|apiserver-start`) and ORCHARD_K8S_IMAGE (the adapter's
+# default image: orchard/python:test when Docker had it to give, else local/busybox:1).
+# The namespaces have no route to the outside (a veth pair whose both ends stay inside):
+# install Python packages before `run`.
 # The docker daemon's unix socket works from inside, so a whole test suite can run there.
 #
 # Nothing outlives `run`: the cluster is stopped by the PIDs it recorded
-# (k8s-cluster-down.sh), and whatever it missed dies with the namespaces: every process
-# with the PID namespace, the mounts (tmpfs over /run/netns, /var/lib/cni, /var/log/pods,
-# /run/containerd, so nothing lands in the host's copies) with the mount namespace, the
-# bridge, veths and iptables rules with the network namespace. The kubelet's empty pod
-# cgroups are removed by k8s-cluster-down.sh.
+# (k8s-cluster-down.sh, which also kills what is left of the pods), then any process still
+# in the private network namespace is killed by PID. The mounts die with the mount
+# namespace (tmpfs over /run/netns, /var/lib/cni, /var/log/pods, /var/log/containers,
+# /run/containerd, so nothing lands in the host's copies), the bridge, veths and iptables
+# rules with the network namespace; k8s-cluster-down.sh removes the kubelet's empty pod
+# cgroups. Not a PID namespace: tests must see the host's processes (a Docker daemon they
+# restart by its PID).
 #
 # Steps and times on the 2-core reference machine: packages ~30 s (first time), binaries
 # ~12-40 min (first time; cached in /var/cache/k8s-from-debian), images <1 s, cluster up
@@ -30,6 +34,7 @@ export K8S_CACHE=${K8S_CACHE:-/var/cache/k8s-from-debian}
 export K8S_BIN=${K8S_BIN:-$K8S_CACHE/bin}
 export WORK=${ORCHARD_K8S_WORK:-/tmp/orchard-k8s}
 IMAGES_DIR=${ORCHARD_K8S_IMAGES:-/var/tmp/orchard-k8s-images}
+PY_IMAGE=${ORCHARD_K8S_PYTHON_IMAGE:-orchard/python:test}
 export DEBIAN_FRONTEND=noninteractive
 log() { echo "ci-kubernetes: $*"; }
 die() { echo "ci-kubernetes: ERROR: $*" >&2; exit 1; }
@@ -55,9 +60,49 @@ prepare() {
   log "binaries ready in $(since "$t") s ($K8S_BIN)"
   python3 "$here/k8s-images.py" "$IMAGES_DIR" --pause "$K8S_BIN/pause" --busybox /bin/busybox >/dev/null
   log "images: $IMAGES_DIR/pause.tar (local/pause:3.2), $IMAGES_DIR/busybox.tar (local/busybox:1)"
+  python_image
 }
 
-# Runs as PID 1 of the new namespaces.
+# The SWE recipe (what `orchard-async demo` runs) needs python3 and git in the sandbox: when
+# a Docker daemon has $PY_IMAGE (scripts/docker-images.sh builds it), save it for the cluster
+# (re-saved only when the image changed). Without it the cluster has busybox only.
+python_image() {
+  local id
+  rm -f "$IMAGES_DIR/python.ref"
+  if ! command -v docker >/dev/null || ! id=$(timeout 20 docker image inspect -f '{{.Id}}' "$PY_IMAGE" 2>/dev/null); then
+    log "no Docker image $PY_IMAGE to reuse: the cluster gets busybox only (the swe demo needs python3 + git)"
+    return 0
+  fi
+  if [ "$(cat "$IMAGES_DIR/python.id" 2>/dev/null)" != "$id" ] || [ ! -s "$IMAGES_DIR/python.tar" ]; then
+    local t; t=$(now)
+    timeout 600 docker save "$PY_IMAGE" -o "$IMAGES_DIR/python.tar.tmp" || { rm -f "$IMAGES_DIR/python.tar.tmp"; die "docker save $PY_IMAGE failed"; }
+    mv "$IMAGES_DIR/python.tar.tmp" "$IMAGES_DIR/python.tar"
+    echo "$id" > "$IMAGES_DIR/python.id"
+    log "saved $PY_IMAGE for the cluster in $(since "$t") s"
+  fi
+  echo "$PY_IMAGE" > "$IMAGES_DIR/python.ref"
+  log "image: $IMAGES_DIR/python.tar ($PY_IMAGE, the default sandbox image inside \`run\`)"
+}
+
+# Processes still running in this network namespace once the cluster is down (a component
+# that ignored SIGTERM, a command's stray child), killed by PID. Everything in this network
+# namespace was started by this run; pod processes live in their own network namespaces and
+# are handled by k8s-cluster-down.sh.
+kill_leftovers() {
+  local me p ns
+  me=$(readlink /proc/$$/ns/net)
+  for p in /proc/[0-9]*; do
+    p=${p#/proc/}
+    [ "$p" = "$$" ] || [ "$p" = "$PPID" ] && continue  # this shell, and unshare (also in here)
+    ns=$(readlink "/proc/$p/ns/net" 2>/dev/null) || continue
+    if [ "$ns" = "$me" ]; then
+      log "leftover process $p in the cluster's network namespace: $(tr '\0' ' ' 2>/dev/null < "/proc/$p/cmdline" | cut -c1-100); SIGKILL"
+      kill -KILL "$p" 2>/dev/null
+    fi
+  done
+}
+
+# Runs in the new network and mount namespaces (unshare's child).
 inner() {
   ip link set lo up
   # the kubelet refuses a loopback node IP: a veth pair (both ends here) carries the default
@@ -71,18 +116,40 @@ inner() {
     mkdir -p "$d" && mount -t tmpfs -o mode=0755 orchard-k8s "$d"
   done
   bash "$here/k8s-cluster-down.sh" >/dev/null 2>&1 || true  # state a killed run left behind
-  local t rc=0
+  local t rc=0 cmd=""
+  # a signal (unshare passes SIGTERM on when it is killed; Ctrl-C): stop the command, then
+  # the cluster, then whatever is left
+  trap '[ -n "$cmd" ] && kill -TERM "$cmd" 2>/dev/null; bash "$here/k8s-cluster-down.sh"; kill_leftovers; exit 143' TERM INT HUP
   t=$(now)
-  if ! MODE=real IMAGES="$IMAGES_DIR/pause.tar $IMAGES_DIR/busybox.tar" bash "$here/k8s-cluster-up.sh"; then
+  local images="$IMAGES_DIR/pause.tar $IMAGES_DIR/busybox.tar" default_image=""
+  if [ -s "$IMAGES_DIR/python.ref" ]; then
+    images="$images $IMAGES_DIR/python.tar"
+    default_image=$(cat "$IMAGES_DIR/python.ref")
+  fi
+  if ! MODE=real IMAGES="$images" bash "$here/k8s-cluster-up.sh"; then
     log "the cluster did not start; logs in $WORK"
     for f in apiserver kcm sched containerd node; do [ -f "$WORK/$f.log" ] && { echo "---- $f.log"; tail -15 "$WORK/$f.log"; }; done
     bash "$here/k8s-cluster-down.sh" || true
+    kill_leftovers
     return 3
   fi
   log "cluster up in $(since "$t") s; running: $*"
-  KUBECONFIG="$WORK/kubeconfig" ORCHARD_K8S_WORK="$WORK" ORCHARD_K8S_SCRIPTS="$here" "$@" || rc=$?
+  # in the background (with this stdin) so that a signal's trap runs at once, not after it;
+  # `trap -` undoes the SIGINT/SIGQUIT ignore bash gives background commands (tests send
+  # Ctrl-C to the programs they start)
+  exec 3<&0
+  (
+    trap - INT QUIT
+    export KUBECONFIG="$WORK/kubeconfig" ORCHARD_K8S_WORK="$WORK" ORCHARD_K8S_SCRIPTS="$here"
+    export ORCHARD_K8S_IMAGE="${ORCHARD_K8S_IMAGE:-${default_image:-local/busybox:1}}"
+    exec "$@"
+  ) <&3 &
+  cmd=$!
+  wait "$cmd" || rc=$?
+  cmd=""
   t=$(now)
   bash "$here/k8s-cluster-down.sh" || true
+  kill_leftovers
   log "cluster down in $(since "$t") s; command exit code $rc"
   return "$rc"
 }
@@ -94,8 +161,12 @@ run() {
   exec 8>"$WORK.lock"
   flock -w 600 8 || die "another ci-kubernetes.sh run holds $WORK.lock"
   local rc=0
-  # --kill-child: if this script dies, the namespaces' init (and so everything in them) dies too
-  unshare --net --mount --propagation private --pid --fork --kill-child --mount-proc \
+  # New network and mount namespaces, not a PID namespace: tests must see (and signal) the
+  # host's processes, e.g. a Docker daemon they restart. Ctrl-C, or SIGTERM to the process
+  # group, reaches the child, whose trap tears the cluster down; unshare itself ignores
+  # SIGINT/SIGTERM while it waits, and if it is SIGKILLed, --kill-child sends the child
+  # SIGTERM (checked: nothing is left running, mounted or in the cgroups afterwards).
+  unshare --net --mount --propagation private --fork --kill-child=SIGTERM \
     bash "$here/ci-kubernetes.sh" __inner "$@" || rc=$?
   return "$rc"
 }

@@ -43,6 +43,16 @@ if alive containerd.pid; then
   stop containerd.pid 100
 fi
 stop etcd.pid 100
+# what ctr could not stop: shims of this containerd (by its socket on their command line) and,
+# when the kubelet's cgroups are ours, any process still in them (a pod's)
+for p in /proc/[0-9]*; do
+  pid=${p#/proc/}
+  cmd=$(tr '\0' ' ' 2>/dev/null < "$p/cmdline") || continue
+  if [[ "$cmd" == *containerd-shim*"$WORK/containerd/containerd.sock"* ]] ||
+     { [ -f cgroups.ours ] && grep -q ':/kubepods' "$p/cgroup" 2>/dev/null; }; then
+    log "leftover $pid ($(echo "$cmd" | cut -c1-80)): SIGKILL"; kill -KILL "$pid" 2>/dev/null
+  fi
+done
 # kubelet and containerd leave mounts (volumes, overlay roots, netns bind mounts) behind
 grep -o " $WORK/[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
 ip link del k8slocal0 2>/dev/null

@@ -1,0 +1,498 @@
+"""The kubernetes adapter: pure parts everywhere; API-level behaviour against a real cluster.
+
+Cluster tests run when a cluster is configured (KUBECONFIG or ~/.kube/config;
+ORCHARD_K8S_TEST_CONTEXT picks a context) in namespace ORCHARD_K8S_TEST_NAMESPACE
+(default orchard-test) and skip otherwise; a configured cluster that does not answer is
+a failure in CI. Locally:
+
+    bash scripts/ci-kubernetes.sh run -- python -m pytest tests/adapters/test_kubernetes.py
+
+The API-server restart test and the RBAC test need the cluster that script starts
+(ORCHARD_K8S_WORK: its PKI and its control scripts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import orchard_async as oa
+
+pytest.importorskip("kubernetes_asyncio")
+
+from orchard_async.adapters import kubernetes as kube  # noqa: E402
+from orchard_async.adapters.kubernetes import KubernetesAdapter  # noqa: E402
+from tests.conftest import backend_missing, cluster_configured  # noqa: E402
+
+IMAGE = os.environ.get("ORCHARD_K8S_TEST_IMAGE", "local/busybox:1")
+NAMESPACE = os.environ.get("ORCHARD_K8S_TEST_NAMESPACE", "orchard-test")
+CONTEXT = os.environ.get("ORCHARD_K8S_TEST_CONTEXT")
+WORK = os.environ.get("ORCHARD_K8S_WORK")
+SCRIPTS = os.environ.get("ORCHARD_K8S_SCRIPTS")
+REPO = Path(__file__).resolve().parents[2]
+NETPOL = "networking.k8s.io/v1"
+
+
+# -- pure parts: no cluster needed ------------------------------------------------------------
+
+
+def test_label_values_are_valid() -> None:
+    pattern = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+    for text in ["root@host", "-x-", "a" * 100, "ünïcode user", "ok.value_1"]:
+        value = kube.label_value(text)
+        assert len(value) <= 63 and pattern.match(value), value
+    identity = {"host": "a-very-long-host-name." * 5, "pid": "123456", "start": "987654321"}
+    label = kube.controller_label(identity)
+    assert len(label) <= 63 and pattern.match(label) and label.endswith(".123456.987654321")
+
+
+def test_controller_liveness_from_the_annotation() -> None:
+    me = kube.controller_identity()
+    assert kube.controller_alive(json.dumps(me)) is True
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = {**me, "pid": done.stdout.strip()}
+    assert kube.controller_alive(json.dumps(dead)) is False
+    assert kube.controller_alive(json.dumps({**me, "host": "another-host"})) is None
+    assert kube.controller_alive(json.dumps({**me, "pidns": "pid:[1]"})) is None
+    assert kube.controller_alive(None) is None and kube.controller_alive("garbage") is None
+
+
+def _pod(phase: str = "Pending", state: dict | None = None, conditions: list | None = None, **status: Any) -> dict:
+    statuses = [{"name": "sandbox", "state": state}] if state is not None else []
+    return {"status": {"phase": phase, "containerStatuses": statuses, "conditions": conditions or [], **status}}
+
+
+def test_pod_verdicts() -> None:
+    assert kube.pod_verdict(_pod("Running", {"running": {}}))[0] == "ready"
+    assert kube.pod_verdict(_pod("Pending", {"waiting": {"reason": "ContainerCreating"}}))[0] == "pending"
+    verdict, why = kube.pod_verdict(
+        _pod("Pending", {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x"'}})
+    )
+    assert verdict == "failed" and "ImagePullBackOff" in why and "Back-off pulling" in why
+    unschedulable = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}]
+    assert kube.pod_verdict(_pod(conditions=unschedulable)) == ("pending", "Unschedulable: 0/1 nodes")
+    ended = kube.pod_verdict(_pod("Failed", {"terminated": {"exitCode": 137}}, reason="DeadlineExceeded"))
+    assert ended[0] == "failed" and "DeadlineExceeded" in ended[1]
+
+
+def test_exit_code_from_the_exec_status() -> None:
+    assert kube._exit_code('{"metadata":{},"status":"Success"}') == 0
+    failure = {
+        "status": "Failure",
+        "reason": "NonZeroExitCode",
+        "details": {"causes": [{"reason": "ExitCode", "message": "3"}]},
+    }
+    assert kube._exit_code(json.dumps(failure)) == 3
+    assert kube._exit_code("") is None
+
+
+def test_pod_manifest_from_the_spec() -> None:
+    adapter = KubernetesAdapter(
+        image="img:1",
+        namespace="ns1",
+        run_id="run1",
+        node_selector={"pool": "sandboxes"},
+        tolerations=[{"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"}],
+        runtime_class="gvisor",
+    )
+    spec = oa.SandboxSpec(cpu=0.5, memory="256Mi", ttl=600, env={"A": "1"}, labels={"team": "x"}, pull="never")
+    labels = adapter._labels(spec, 2000000000.0, "orchard-abc")
+    manifest = adapter._pod_manifest("orchard-abc", spec, "img:1", labels)
+    pod, container = manifest["spec"], manifest["spec"]["containers"][0]
+    assert manifest["metadata"]["labels"] == {
+        "team": "x",
+        "orchard.owner": kube.label_value(adapter.owner),
+        "orchard.run": "run1",
+        "orchard.expires": "2000000000",
+        "orchard.controller": adapter.controller,
+        "orchard.sandbox": "orchard-abc",
+    }
+    assert pod["activeDeadlineSeconds"] == 600 and pod["restartPolicy"] == "Never"
+    assert pod["automountServiceAccountToken"] is False and pod["shareProcessNamespace"] is True
+    assert pod["nodeSelector"] == {"pool": "sandboxes"} and pod["tolerations"][0]["key"] == "sandbox"
+    assert pod["runtimeClassName"] == "gvisor"
+    assert container["imagePullPolicy"] == "Never"
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False}
+    assert container["resources"] == {
+        "requests": {"cpu": "500m", "memory": str(256 * 1024**2)},
+        "limits": {"cpu": "500m", "memory": str(256 * 1024**2)},
+    }
+    assert container["env"] == [{"name": "A", "value": "1"}]
+    assert container["command"][:2] == ["sh", "-c"] and "sleep" in container["command"][2]
+    for pull, policy in (("missing", "IfNotPresent"), ("always", "Always")):
+        other = adapter._pod_manifest("p", oa.SandboxSpec(pull=pull), "i", {})
+        assert other["spec"]["containers"][0]["imagePullPolicy"] == policy
+
+
+def test_network_policies_select_the_right_pods() -> None:
+    deny = kube.deny_egress_policy()
+    assert deny["spec"]["policyTypes"] == ["Egress"] and deny["spec"]["egress"] == []
+    assert deny["spec"]["podSelector"] == {"matchExpressions": [{"key": "orchard.sandbox", "operator": "Exists"}]}
+    allow = kube.allow_egress_policy("orchard-abc", "uid-1")
+    assert allow["spec"]["podSelector"] == {"matchLabels": {"orchard.sandbox": "orchard-abc"}}
+    assert allow["spec"]["egress"] == [{}] and allow["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+async def test_missing_configuration_is_unavailable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "nope"))
+    with pytest.raises(oa.AdapterUnavailable, match="does not exist"):
+        await KubernetesAdapter().doctor()
+    monkeypatch.delenv("KUBECONFIG")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(oa.AdapterUnavailable, match="no Kubernetes configuration"):
+        await KubernetesAdapter().doctor()
+    (tmp_path / "cfg").write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "cfg"))
+    with pytest.raises(oa.AdapterUnavailable):
+        await KubernetesAdapter(context="missing").doctor()
+
+
+async def test_reap_deletes_nothing_when_a_list_fails() -> None:
+    adapter = KubernetesAdapter(namespace="ns1")
+    calls: list[tuple[str, str]] = []
+
+    async def fake_start() -> None:
+        pass
+
+    async def fake_request(method: str, path: str, **kwargs: Any) -> dict:
+        calls.append((method, path))
+        if method == "GET" and path.endswith("/networkpolicies"):
+            return {"items": [{"metadata": {"name": "orchard-x-egress", "labels": {"orchard.sandbox": "orchard-x"}}}]}
+        raise oa.BackendUnavailable("the API server went away")
+
+    adapter._start = fake_start  # type: ignore[method-assign]
+    adapter._request = fake_request  # type: ignore[method-assign]
+    with pytest.raises(oa.BackendUnavailable):
+        await adapter.reap()
+    assert all(method == "GET" for method, _ in calls)
+
+
+# -- against a cluster --------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def make_adapter() -> AsyncIterator[Callable[..., KubernetesAdapter]]:
+    if not cluster_configured():
+        pytest.skip("no Kubernetes cluster configured (KUBECONFIG, ~/.kube/config or ORCHARD_K8S_TEST_CONTEXT)")
+    made: list[KubernetesAdapter] = []
+
+    def make(**options: Any) -> KubernetesAdapter:
+        adapter = KubernetesAdapter(**{"image": IMAGE, "namespace": NAMESPACE, "context": CONTEXT, **options})
+        made.append(adapter)
+        return adapter
+
+    try:
+        await make().doctor()
+    except oa.OrchardError as exc:
+        backend_missing(f"kubernetes: {exc}")
+    yield make
+    for adapter in made:
+        await adapter.close()
+        assert await adapter.list_owned() == []
+
+
+async def _get(adapter: KubernetesAdapter, path: str, **query: str) -> dict:
+    return await adapter._request("GET", path, query=list(query.items()), what="test")
+
+
+async def _names(adapter: KubernetesAdapter, resource: str, selector: str, group: str = "") -> list[str]:
+    listing = await _get(adapter, adapter._path(resource, group=group), labelSelector=selector)
+    return [item["metadata"]["name"] for item in listing.get("items") or []]
+
+
+async def test_pod_and_policies_on_the_cluster(make_adapter: Callable[..., KubernetesAdapter]) -> None:
+    adapter = make_adapter()
+    quiet = await adapter.create(oa.SandboxSpec(ttl=300, labels={"suite": "k8s"}, cpu=0.1, memory="64Mi"))
+    online = await adapter.create(oa.SandboxSpec(ttl=300, network="on"))
+    try:
+        pod = await _get(adapter, adapter._path("pods", quiet.id))
+        labels = pod["metadata"]["labels"]
+        assert labels["suite"] == "k8s" and labels["orchard.run"] == adapter.run_id
+        assert labels["orchard.controller"] == adapter.controller and labels["orchard.sandbox"] == quiet.id
+        assert abs(int(labels["orchard.expires"]) - (time.time() + 300)) < 60
+        spec = pod["spec"]
+        assert spec["activeDeadlineSeconds"] == 300
+        assert spec["automountServiceAccountToken"] is False and spec["shareProcessNamespace"] is True
+        container = spec["containers"][0]
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert container["resources"]["limits"] == {"cpu": "100m", "memory": str(64 * 1024**2)}
+        assert not any(v.get("name", "").startswith("kube-api-access") for v in spec.get("volumes") or [])
+        # the pause container is PID 1 (shareProcessNamespace) and the sandbox sees it
+        assert (await quiet.exec("cat /proc/1/cmdline")).stdout.startswith(b"/pause")
+
+        deny = await _get(adapter, adapter._path("networkpolicies", kube.DENY_POLICY, group=NETPOL))
+        assert deny["spec"]["policyTypes"] == ["Egress"] and not deny["spec"].get("egress")
+        assert deny["spec"]["podSelector"] == {"matchExpressions": [{"key": "orchard.sandbox", "operator": "Exists"}]}
+        allow = await _get(adapter, adapter._path("networkpolicies", f"{online.id}-egress", group=NETPOL))
+        assert allow["spec"]["podSelector"] == {"matchLabels": {"orchard.sandbox": online.id}}
+        assert allow["spec"]["egress"] == [{}] and allow["spec"]["policyTypes"] == ["Egress"]
+        assert await _names(adapter, "networkpolicies", f"orchard.sandbox={quiet.id}", NETPOL) == []
+    finally:
+        await adapter.destroy(quiet)
+        await adapter.destroy(online)
+    assert await _names(adapter, "pods", f"orchard.sandbox in ({quiet.id},{online.id})") == []
+    assert await _names(adapter, "networkpolicies", f"orchard.sandbox={online.id}", NETPOL) == []
+
+
+@pytest.mark.parametrize("pull", ["never", "missing"])
+async def test_missing_image_fails_clearly_and_leaves_no_pod(
+    make_adapter: Callable[..., KubernetesAdapter], pull: str
+) -> None:
+    adapter = make_adapter(create_timeout=90)
+    image = "local/does-not-exist:0"
+    started = time.monotonic()
+    with pytest.raises(oa.CreateFailed) as caught:
+        await adapter.create(oa.SandboxSpec(ttl=120, image=image, pull=pull))
+    elapsed = time.monotonic() - started
+    message = str(caught.value)
+    assert image in message and (
+        "ErrImageNeverPull" in message or "ErrImagePull" in message or "ImagePullBackOff" in message
+    )
+    assert elapsed < 90
+    assert await adapter.list_owned() == []
+    assert await _names(adapter, "pods", f"orchard.run={adapter.run_id}") == []
+
+
+async def test_reap_removes_pods_of_dead_runs_only(make_adapter: Callable[..., KubernetesAdapter]) -> None:
+    live = make_adapter()
+    kept = await live.create(oa.SandboxSpec(ttl=300))
+    dead = make_adapter(run_id="dead-run")
+    await dead._ensure_namespace()
+    done = await anyio.run_process([sys.executable, "-c", "import os; print(os.getpid())"])
+    dead.identity = {**dead.identity, "pid": done.stdout.decode().strip()}  # a controller that has exited
+    dead.controller = kube.controller_label(dead.identity)
+    orphan = "orchard-deadrun0000000001"
+    expired = "orchard-expired000000001"
+    for name, expires in ((orphan, time.time() + 300), (expired, time.time() - 5)):
+        manifest = dead._pod_manifest(
+            name, oa.SandboxSpec(ttl=300), IMAGE, dead._labels(oa.SandboxSpec(), expires, name)
+        )
+        await dead._request("POST", dead._path("pods"), body=manifest, what="test pod")
+    try:
+        reaper = make_adapter()
+        removed = await reaper.reap()
+        assert orphan in removed and expired in removed and kept.id not in removed
+        assert await _names(reaper, "pods", "orchard.run=dead-run") == []
+        assert (await kept.exec("echo alive")).text == "alive\n"
+    finally:
+        await live.destroy(kept)
+
+
+async def test_persistent_session_beats_a_fresh_exec_websocket(make_adapter: Callable[..., KubernetesAdapter]) -> None:
+    adapter = make_adapter()
+    box = await adapter.create(oa.SandboxSpec(ttl=300))
+    try:
+        pod = kube.PodRef(adapter.namespace, box.id)
+        persistent, fresh = [], []
+        for _ in range(20):
+            t = time.perf_counter()
+            assert (await box.exec("true")).ok
+            persistent.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            code, _, _ = await adapter.transport.run(pod, ["true"], 30)
+            fresh.append(time.perf_counter() - t)
+            assert code == 0
+        code, out, err = await adapter.transport.run(pod, ["sh", "-c", "echo out; echo err >&2; exit 3"], 30)
+        assert (code, out, err) == (3, b"out\n", b"err\n")
+        assert statistics.median(persistent) < statistics.median(fresh)
+        # a shell websocket lives for its sandbox's TTL: no 5-minute total timeout on its session
+        assert adapter.transport._client.rest_client.pool_manager.timeout.total is None  # type: ignore[attr-defined]
+    finally:
+        await adapter.destroy(box)
+
+
+async def test_closed_websocket_ends_the_pod(make_adapter: Callable[..., KubernetesAdapter]) -> None:
+    """What a SIGKILLed controller leaves: its websockets close, and its pods end themselves."""
+    adapter = make_adapter()
+    box = await adapter.create(oa.SandboxSpec(ttl=300))
+    try:
+        await box._client._stream.aclose()  # type: ignore[attr-defined]
+        informer = adapter.informer
+        assert informer is not None
+        with anyio.fail_after(60):
+            while kube.pod_verdict(informer.pods.get(box.id, {}))[0] != "failed":
+                await informer.changed(box.id).wait()
+    finally:
+        await adapter.destroy(box)
+
+
+CONTROLLER = """
+import sys, anyio, orchard_async as oa
+from orchard_async.adapters.kubernetes import KubernetesAdapter
+async def main():
+    adapter = KubernetesAdapter(image=sys.argv[1], namespace=sys.argv[2], context=sys.argv[3] or None, run_id=sys.argv[4])
+    box = await adapter.create(oa.SandboxSpec(ttl=300))
+    print(box.id, flush=True)
+    await anyio.sleep(600)
+anyio.run(main)
+"""
+
+
+async def test_sigkilled_controller_leaves_nothing_for_long(make_adapter: Callable[..., KubernetesAdapter]) -> None:
+    """A controller killed with SIGKILL: its websocket closes, its pod ends itself within
+    seconds (not at its TTL), and reap removes what is left."""
+    observer = make_adapter()
+    run_id = "killed-" + os.urandom(4).hex()
+    argv = [sys.executable, "-c", CONTROLLER, IMAGE, NAMESPACE, CONTEXT or "", run_id]
+    async with await anyio.open_process(argv) as process:
+        assert process.stdout is not None
+        with anyio.fail_after(120):
+            name = (await process.stdout.receive()).decode().strip()
+        process.kill()
+    assert name.startswith("orchard-")
+    await observer._ensure_namespace()
+    informer = kube.PodInformer(observer, f"orchard.run={run_id}")
+    informer.start()
+    try:
+        with anyio.fail_after(60):
+            while kube.pod_verdict(informer.pods.get(name, {}))[0] != "failed":
+                await informer.changed(name).wait()
+    finally:
+        await informer.stop()
+    assert name in await observer.reap()
+    assert await _names(observer, "pods", f"orchard.run={run_id}") == []
+
+
+# -- needs the cluster of scripts/ci-kubernetes.sh ------------------------------------------------
+
+
+def _needs_ci_cluster() -> tuple[str, str]:
+    if not (WORK and SCRIPTS and Path(WORK, "pki", "ca.key").exists()):
+        pytest.skip("needs the cluster started by scripts/ci-kubernetes.sh (ORCHARD_K8S_WORK, its PKI and scripts)")
+    return WORK, SCRIPTS
+
+
+async def _script(*argv: str) -> None:
+    done = await anyio.run_process(list(argv), check=False, env={**os.environ, "WORK": WORK or ""})
+    assert done.returncode == 0, (done.stdout + done.stderr).decode(errors="replace")
+
+
+async def test_watch_recovers_from_an_api_server_restart(make_adapter: Callable[..., KubernetesAdapter]) -> None:
+    work, scripts = _needs_ci_cluster()
+    from orchard_async.recipes.toy import builtin_tasks, make_policy
+    from orchard_async.rollout import rollout
+
+    adapter = make_adapter(create_timeout=120)
+    episodes = 16
+    trajectories = []
+    some_done, restarted = anyio.Event(), anyio.Event()
+
+    async def cut_the_control_plane() -> None:
+        await some_done.wait()  # the cut lands with episodes in flight, after a few ended
+        await _script("bash", f"{scripts}/k8s-cluster-up.sh", "apiserver-stop")
+        await anyio.sleep(3)
+        await _script("bash", f"{scripts}/k8s-cluster-up.sh", "apiserver-start")
+        restarted.set()
+
+    with anyio.fail_after(600):
+        async with anyio.create_task_group() as group:
+            group.start_soon(cut_the_control_plane)
+            async for trajectory in rollout(
+                builtin_tasks(), make_policy("oracle"), adapter, n=episodes, concurrency=4, max_retries=3
+            ):
+                trajectories.append(trajectory)
+                if len(trajectories) >= 3:
+                    some_done.set()
+    assert restarted.is_set()
+    assert len(trajectories) == episodes and len({t.episode_id for t in trajectories}) == episodes
+    for t in trajectories:
+        assert t.status == "finished" or (t.status == "failed" and t.end_reason and t.error), t
+    assert sum(t.status == "finished" for t in trajectories) >= episodes - 2
+    informer = adapter.informer
+    assert informer is not None and informer.errors + informer.gone_410 >= 1 and informer.connected
+    if adapter._retrier is not None:  # deletions the outage refused, retried in the background
+        with anyio.fail_after(90):
+            await adapter._retrier
+    assert await adapter.list_owned() == []
+    assert await _names(adapter, "pods", f"orchard.run={adapter.run_id}") == []
+
+
+def _yaml_documents(path: Path, namespace: str, user: str) -> list[dict]:
+    import yaml
+
+    docs = []
+    for doc in yaml.safe_load_all(path.read_text()):
+        if not doc:
+            continue
+        if doc["kind"] == "Namespace":
+            doc["metadata"]["name"] = namespace
+        else:
+            doc["metadata"]["namespace"] = namespace
+        if doc["kind"] == "RoleBinding":
+            doc["subjects"] = [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]
+        docs.append(doc)
+    return docs
+
+
+async def test_rbac_role_is_enough(make_adapter: Callable[..., KubernetesAdapter], tmp_path: Path) -> None:
+    """The Role in deploy/kubernetes/rbac.yaml lets a user with nothing else run sandboxes."""
+    work, _ = _needs_ci_cluster()
+    namespace, user = "orchard-rbac", "orchard-rbac-tester"
+    admin = make_adapter(namespace=namespace)
+    await admin._start()
+    paths = {"Namespace": "/api/v1/namespaces", "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts"}
+    paths |= {
+        "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+        "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+    }
+    deploy = REPO / "deploy" / "kubernetes"
+    for file in ("namespace.yaml", "rbac.yaml"):
+        for doc in _yaml_documents(deploy / file, namespace, user):
+            try:
+                await admin._request("POST", paths[doc["kind"]].format(ns=namespace), body=doc, what="apply")
+            except kube.ApiError as exc:
+                assert exc.status == 409, exc
+    # a client certificate for the user, signed by the cluster's CA
+    pki = Path(work, "pki")
+    key, csr, crt = tmp_path / "u.key", tmp_path / "u.csr", tmp_path / "u.crt"
+    await anyio.run_process(
+        ["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", f"/CN={user}"]
+    )
+    await anyio.run_process(
+        ["openssl", "x509", "-req", "-in", csr, "-CA", pki / "ca.crt", "-CAkey", pki / "ca.key"]
+        + ["-CAcreateserial", "-days", "1", "-out", crt]
+    )
+    server = admin.server
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "c", "cluster": {"server": server, "certificate-authority": str(pki / "ca.crt")}}
+                ],
+                "users": [{"name": "u", "user": {"client-certificate": str(crt), "client-key": str(key)}}],
+                "contexts": [{"name": "restricted", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "restricted",
+            }
+        )
+    )
+    restricted = make_adapter(namespace=namespace, kubeconfig=str(kubeconfig), context="restricted")
+    boxes = [
+        await restricted.create(oa.SandboxSpec(ttl=120)),
+        await restricted.create(oa.SandboxSpec(ttl=120, network="on")),
+    ]
+    try:
+        for box in boxes:
+            assert (await box.exec("echo $((6 * 7))")).text == "42\n"
+            timed_out = await box.exec("sleep 30", timeout=1)  # the interrupt is a second exec
+            assert timed_out.reason is oa.ExitReason.TIMEOUT
+    finally:
+        for box in boxes:
+            await restricted.destroy(box)
+    assert await restricted.reap() == []
+    with pytest.raises(oa.CreateFailed, match="ErrImageNeverPull"):  # events: list is allowed
+        await restricted.create(oa.SandboxSpec(ttl=60, image="local/nope:0", pull="never"))
