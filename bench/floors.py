@@ -174,6 +174,50 @@ async def _aiodocker_exec(ctx: Context, loops: int) -> AsyncIterator[list[Op]]:
             await client.close()
 
 
+# -- kubernetes ----------------------------------------------------------------------------
+
+
+def _kubernetes_available(ctx: Context) -> str | None:
+    if importlib.util.find_spec("kubernetes_asyncio") is None:
+        return "kubernetes-asyncio is not installed (pip install 'orchard-async[kubernetes]')"
+    return None
+
+
+@asynccontextmanager
+async def _kubernetes_exec(ctx: Context, loops: int) -> AsyncIterator[list[Op]]:
+    """A fresh exec websocket per command (connect, run, read the status channel, close),
+    on pods made by the adapter: what a client without a persistent session pays."""
+    from orchard_async import SandboxSpec, get_adapter
+    from orchard_async.adapters.kubernetes import PodRef
+
+    adapter = get_adapter("kubernetes", **ctx.adapter_options)
+    boxes: list[Any] = []
+    try:
+
+        async def one() -> None:
+            boxes.append(await adapter.create(SandboxSpec(ttl=900, image=ctx.image)))
+
+        async with anyio.create_task_group() as group:
+            for _ in range(loops):
+                group.start_soon(one)
+        argv = _argv(ctx.command)
+
+        def make(box: Any) -> Op:
+            pod = PodRef(adapter.namespace, box.id)  # type: ignore[attr-defined]
+
+            async def op() -> None:
+                code, _, err = await adapter.transport.run(pod, argv, DOCKER_CALL_TIMEOUT)  # type: ignore[attr-defined]
+                if code != 0:
+                    raise RuntimeError(f"exec failed ({code}): {err[-200:]!r}")
+
+            return op
+
+        yield [make(box) for box in boxes]
+    finally:
+        with anyio.CancelScope(shield=True):
+            await adapter.close()
+
+
 # -- peers -------------------------------------------------------------------------------
 
 
@@ -225,6 +269,15 @@ FLOORS: dict[str, list[Baseline]] = {
             "a fresh Docker API exec per command via aiodocker (create, attach-start, inspect)",
             _aiodocker_exec,
             _aiodocker_available,
+            max_ops=200,
+        ),
+    ],
+    "kubernetes": [
+        Baseline(
+            "floor:fresh-exec-ws",
+            "a fresh exec websocket per command through the API server (kubernetes-asyncio WsApiClient)",
+            _kubernetes_exec,
+            _kubernetes_available,
             max_ops=200,
         ),
     ],

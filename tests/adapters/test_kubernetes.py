@@ -265,6 +265,18 @@ async def test_missing_image_fails_clearly_and_leaves_no_pod(
     assert await _names(adapter, "pods", f"orchard.run={adapter.run_id}") == []
 
 
+async def test_unschedulable_pod_fails_at_the_create_timeout_with_the_reason(
+    make_adapter: Callable[..., KubernetesAdapter],
+) -> None:
+    adapter = make_adapter(create_timeout=15, node_selector={"orchard.test/no-such-node": "true"})
+    started = time.monotonic()
+    with pytest.raises(oa.CreateFailed, match="Unschedulable") as caught:
+        await adapter.create(oa.SandboxSpec(ttl=60))
+    assert time.monotonic() - started < 40
+    assert "not ready within 15s" in str(caught.value) and "node" in str(caught.value)
+    assert await _names(adapter, "pods", f"orchard.run={adapter.run_id}") == []
+
+
 async def test_reap_removes_pods_of_dead_runs_only(make_adapter: Callable[..., KubernetesAdapter]) -> None:
     live = make_adapter()
     kept = await live.create(oa.SandboxSpec(ttl=300))

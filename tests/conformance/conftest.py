@@ -15,7 +15,11 @@ from tests.conftest import backend_missing, cluster_configured
 BACKENDS = {
     "local": {},
     "docker": {"image": os.environ.get("ORCHARD_DOCKER_TEST_IMAGE", "orchard/busybox:test")},
-    "kubernetes": {"image": os.environ.get("ORCHARD_K8S_TEST_IMAGE", "local/busybox:1")},
+    "kubernetes": {
+        "image": os.environ.get("ORCHARD_K8S_TEST_IMAGE", "local/busybox:1"),
+        "namespace": os.environ.get("ORCHARD_K8S_TEST_NAMESPACE", "orchard-test"),
+        "context": os.environ.get("ORCHARD_K8S_TEST_CONTEXT"),
+    },
 }
 
 

@@ -115,6 +115,11 @@ async def test_session_keeps_state_and_exec_does_not(sandbox: oa.Sandbox) -> Non
 
 async def test_network_is_off_by_default(make_adapter) -> None:
     adapter = make_adapter()
+    if adapter.name == "kubernetes":
+        pytest.skip(
+            "kubernetes: a pod always has an interface; network off is the namespace's deny-egress "
+            "NetworkPolicy, checked in tests/adapters/test_kubernetes.py (the CI cluster's CNI does not enforce it)"
+        )
     box = await adapter.create(oa.SandboxSpec(ttl=120))
     try:
         interfaces = await box.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
