@@ -44,7 +44,6 @@ import aiodocker
 import aiohttp
 import anyio
 import anyio.abc
-import msgspec
 from aiodocker.containers import DockerContainer
 from aiodocker.stream import Stream
 
@@ -52,8 +51,8 @@ from orchard_async.errors import AdapterUnavailable, BackendUnavailable, ConfigE
 from orchard_async.lease import controller_alive, controller_id
 from orchard_async.protocols import Sandbox
 from orchard_async.sandbox import ShellSandbox
-from orchard_async.shell import ShellClient, quote
-from orchard_async.types import DEFAULT_OUTPUT_CAP, ExecResult, ExitReason, SandboxSpec
+from orchard_async.shell import CgroupShellClient, quote
+from orchard_async.types import DEFAULT_OUTPUT_CAP, SandboxSpec
 
 T = TypeVar("T")
 
@@ -108,13 +107,6 @@ if [ -e "$_o_pid" ]; then _o_nap "$2"; fi
 # handler, and docker-init waits for signals with them blocked instead.
 SHELL_ENDS_CONTAINER = ["sh", "-c", "{ cat; kill -KILL -1; } | { sh -s; kill -KILL -1; }"]
 SHELL_ONLY = ["sh", "-s"]
-
-# Reads the memory cgroup's OOM-kill counter (cgroup v1, then v2); prints nothing elsewhere.
-OOM_PROBE = (
-    "for f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do "
-    'if [ -r "$f" ]; then while read -r k v; do if [ "$k" = oom_kill ]; then echo "$v"; fi; done <"$f"; fi; '
-    "done"
-)
 
 
 # -- the hot path: an exec attach stream as an anyio byte stream -----------------------------
@@ -172,35 +164,6 @@ class ExecStream(anyio.abc.ByteStream):
         with contextlib.suppress(Exception):
             await self._stream.close()
         self._receive.close()
-
-
-class DockerShellClient(ShellClient):
-    """The shell client, plus one refinement only a container can make: a command that
-    ended with 137 (SIGKILL) while the memory cgroup's OOM-kill counter went up was killed
-    for memory.
-
-    Exit code 137 rather than reason KILLED: the OOM killer picks the biggest process, often
-    a child of the command's shell, which then exits 137 itself. The counter is read only
-    after such an exit (never on the hot path) and compared with the last value seen; a
-    fresh container's cgroup starts at zero.
-    """
-
-    oom_kills_seen = 0
-
-    async def run(self, cmd: str, **options: Any) -> ExecResult:
-        result = await super().run(cmd, **options)
-        if result.exit_code == 128 + 9 and result.reason in (ExitReason.KILLED, ExitReason.NONZERO):
-            if await self._oom_counter_rose():
-                result = msgspec.structs.replace(result, reason=ExitReason.OOM)
-        return result
-
-    async def _oom_counter_rose(self) -> bool:
-        probe = await super().run(OOM_PROBE, timeout=10)
-        counts = [int(word) for word in probe.text.split() if word.isdigit()]
-        if not counts:
-            return False  # no memory cgroup to read: leave the reason as killed
-        rose, self.oom_kills_seen = counts[0] > self.oom_kills_seen, counts[0]
-        return rose
 
 
 # -- the adapter ----------------------------------------------------------------------------
@@ -452,7 +415,7 @@ class DockerAdapter:
             return ConfigError(f"the Docker daemon refused the sandbox spec: {exc.message}")
         return CreateFailed(f"the Docker daemon failed to create the container: {exc.message}")
 
-    async def _open_shell(self, container: DockerContainer, spec: SandboxSpec) -> DockerShellClient:
+    async def _open_shell(self, container: DockerContainer, spec: SandboxSpec) -> CgroupShellClient:
         """Start the one long-lived exec and the shell-session server on it."""
         command = SHELL_ENDS_CONTAINER if self.exit_with_shell else SHELL_ONLY
         try:
@@ -464,7 +427,7 @@ class DockerAdapter:
         except aiodocker.DockerError as exc:
             raise CreateFailed(f"could not start the sandbox shell: {exc.message}") from None
         stream = ExecStream(attach)
-        client = DockerShellClient(
+        client = CgroupShellClient(
             stream,
             workdir=self._workdir(spec),
             interrupt=lambda _client: self._interrupt(container),

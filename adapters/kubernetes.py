@@ -82,8 +82,8 @@ from orchard_async.errors import (
 from orchard_async.lease import CONTROLLER_LABEL, process_start_time
 from orchard_async.protocols import Sandbox
 from orchard_async.sandbox import ShellSandbox
-from orchard_async.shell import ShellClient, quote
-from orchard_async.types import DEFAULT_OUTPUT_CAP, ExecResult, ExitReason, SandboxSpec
+from orchard_async.shell import CgroupShellClient, ShellClient, quote
+from orchard_async.types import DEFAULT_OUTPUT_CAP, SandboxSpec
 
 DEFAULT_NAMESPACE = "orchard"
 DEFAULT_IMAGE = "local/busybox:1"
@@ -136,12 +136,6 @@ TIMER = 'sleep "$1"; if [ -e "$3" ]; then exec sleep "$2"; fi'
 SHELL_ENDS_POD = ["sh", "-c", "{ cat; kill -KILL -1; } | { sh -s; kill -KILL -1; }"]
 SHELL_ONLY = ["sh", "-s"]
 
-# Reads the memory cgroup's OOM-kill counter (cgroup v1, then v2); prints nothing elsewhere.
-OOM_PROBE = (
-    "for f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do "
-    'if [ -r "$f" ]; then while read -r k v; do if [ "$k" = oom_kill ]; then echo "$v"; fi; done <"$f"; fi; '
-    "done"
-)
 
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -617,29 +611,6 @@ def _copy_configuration(configuration: k8s.Configuration) -> k8s.Configuration:
 # -- the shell client ------------------------------------------------------------------------
 
 
-class PodShellClient(ShellClient):
-    """The shell client, plus the refinement only a container can make: a command that
-    ended with 137 (SIGKILL) while the memory cgroup's OOM-kill counter rose was killed for
-    memory. The counter is read only after such an exit, never on the hot path."""
-
-    oom_kills_seen = 0
-
-    async def run(self, cmd: str, **options: Any) -> ExecResult:
-        result = await super().run(cmd, **options)
-        if result.exit_code == 128 + 9 and result.reason in (ExitReason.KILLED, ExitReason.NONZERO):
-            if await self._oom_counter_rose():
-                result = msgspec.structs.replace(result, reason=ExitReason.OOM)
-        return result
-
-    async def _oom_counter_rose(self) -> bool:
-        probe = await super().run(OOM_PROBE, timeout=10)
-        counts = [int(word) for word in probe.text.split() if word.isdigit()]
-        if not counts:
-            return False
-        rose, self.oom_kills_seen = counts[0] > self.oom_kills_seen, counts[0]
-        return rose
-
-
 # -- the adapter ----------------------------------------------------------------------------
 
 
@@ -977,7 +948,7 @@ class KubernetesAdapter:
 
     async def _create(
         self, name: str, spec: SandboxSpec, image: str, labels: dict[str, str], allow: bool
-    ) -> PodShellClient:
+    ) -> CgroupShellClient:
         manifest = self._pod_manifest(name, spec, image, labels)
         try:
             pod = await self._request("POST", self._path("pods"), body=manifest, what="pod create")
@@ -1112,13 +1083,13 @@ class KubernetesAdapter:
             return ""
         return f"{items[-1].get('reason')}: {items[-1].get('message')}"
 
-    async def _open_shell(self, name: str, spec: SandboxSpec) -> PodShellClient:
+    async def _open_shell(self, name: str, spec: SandboxSpec) -> CgroupShellClient:
         """The one long-lived exec and the shell-session server on it."""
         seen = self.informer.pods.get(name, {}) if self.informer else {}
         pod = PodRef(self.namespace, name, (seen.get("status") or {}).get("podIP"))
         command = SHELL_ENDS_POD if self.exit_with_shell else SHELL_ONLY
         stream = await self.transport.open_shell(pod, command)
-        client = PodShellClient(
+        client = CgroupShellClient(
             stream,
             workdir=spec.workdir or DEFAULT_WORKDIR,
             interrupt=lambda shell: self._interrupt(pod, shell),

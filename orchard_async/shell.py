@@ -32,9 +32,11 @@ import base64
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import anyio.abc
+import msgspec
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from .errors import ConfigError, SandboxLost
@@ -279,3 +281,37 @@ class ShellClient:
         self.lost = self.lost or "the sandbox was closed"
         with anyio.CancelScope(shield=True):
             await self._stream.aclose()
+
+
+# Reads the memory cgroup's OOM-kill counter (cgroup v1, then v2); prints nothing elsewhere.
+OOM_PROBE = (
+    "for f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do "
+    'if [ -r "$f" ]; then while read -r k v; do if [ "$k" = oom_kill ]; then echo "$v"; fi; done <"$f"; fi; '
+    "done"
+)
+
+
+class CgroupShellClient(ShellClient):
+    """The shell client, plus the refinement only a container can make: a command that
+    ended with 137 (SIGKILL) while the memory cgroup's OOM-kill counter rose was killed for
+    memory. Exit code 137 rather than reason KILLED: the OOM killer picks the biggest
+    process, often a child of the command's shell, which then exits 137 itself. The counter
+    is read only after such an exit (never on the hot path) and compared with the last value
+    seen; a fresh container's cgroup starts at zero."""
+
+    oom_kills_seen = 0
+
+    async def run(self, cmd: str, **options: Any) -> ExecResult:
+        result = await super().run(cmd, **options)
+        if result.exit_code == SIGKILLED and result.reason in (ExitReason.KILLED, ExitReason.NONZERO):
+            if await self._oom_counter_rose():
+                result = msgspec.structs.replace(result, reason=ExitReason.OOM)
+        return result
+
+    async def _oom_counter_rose(self) -> bool:
+        probe = await super().run(OOM_PROBE, timeout=10)
+        counts = [int(word) for word in probe.text.split() if word.isdigit()]
+        if not counts:
+            return False  # no memory cgroup to read: leave the reason as killed
+        rose, self.oom_kills_seen = counts[0] > self.oom_kills_seen, counts[0]
+        return rose
