@@ -10,9 +10,11 @@ from .errors import (
     ConfigError,
     CreateFailed,
     InfraError,
+    ModelUnavailable,
     OrchardError,
     PathOutsideSandbox,
     SandboxLost,
+    VerifierError,
 )
 from .pool import Pool
 from .protocols import Adapter, Sandbox, Session
@@ -36,6 +38,7 @@ __all__ = [
     "ExitReason",
     "FileInfo",
     "InfraError",
+    "ModelUnavailable",
     "Observation",
     "Op",
     "OrchardError",
@@ -52,6 +55,7 @@ __all__ = [
     "Task",
     "Trajectory",
     "TrajectoryWriter",
+    "VerifierError",
     "collect",
     "get_adapter",
     "plan",

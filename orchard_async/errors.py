@@ -40,3 +40,13 @@ class SandboxLost(InfraError):
 
 class BackendUnavailable(InfraError):
     """The backend refused or timed out for a while (daemon down, API server throttling)."""
+
+
+class VerifierError(InfraError):
+    """The scorer could not judge the episode (test runner missing, test patch not applying,
+    grader crashed or timed out). Never a reward: the episode is retried, then flagged."""
+
+
+class ModelUnavailable(InfraError):
+    """The model server could not answer (down, auth refused, retries exhausted). Never the
+    policy's own failure and never training data."""

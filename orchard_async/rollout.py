@@ -23,7 +23,7 @@ import anyio
 import msgspec
 
 from .episode import Episode, run_attempt
-from .errors import ConfigError, CreateFailed, InfraError, SandboxLost
+from .errors import ConfigError, CreateFailed, InfraError, ModelUnavailable, SandboxLost, VerifierError
 from .pool import Pool
 from .protocols import Adapter
 from .task import Policy, Task
@@ -53,6 +53,10 @@ def plan(tasks: Sequence[Task], n: int, group_size: int = 1) -> list[Episode]:
 
 
 def _infra_reason(exc: InfraError) -> str:
+    if isinstance(exc, VerifierError):
+        return "verifier_error"
+    if isinstance(exc, ModelUnavailable):
+        return "model_unavailable"
     if isinstance(exc, SandboxLost):
         return "sandbox_lost"
     if isinstance(exc, CreateFailed):
