@@ -50,3 +50,8 @@ class VerifierError(InfraError):
 class ModelUnavailable(InfraError):
     """The model server could not answer (down, auth refused, retries exhausted). Never the
     policy's own failure and never training data."""
+
+
+class ContextExhausted(OrchardError):
+    """The policy cannot act any more (its model's context is full). Not a failure: the
+    episode ends as ``context_exhausted`` and is scored on what the agent left."""
