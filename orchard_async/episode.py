@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from .errors import InfraError, SandboxLost
+from .errors import ContextExhausted, InfraError, SandboxLost, VerifierError
 from .pool import Pool
 from .protocols import Sandbox
 from .task import Observation, Policy, Reward, Task
@@ -147,6 +147,10 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
                     action = await policy.act(observation)
                 except InfraError:
                     raise
+                except ContextExhausted:  # the agent cannot go on; what it left is still scored
+                    timings["agent"] += time.monotonic() - mark
+                    end_reason = "context_exhausted"
+                    break
                 except Exception as exc:  # the policy's own failure: recorded, never retried
                     status, end_reason, error = "failed", "policy_error", f"{type(exc).__name__}: {exc}"
                     break
@@ -185,13 +189,7 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
         if status == "finished":
             mark = time.monotonic()
             try:
-                with anyio.CancelScope(deadline=anyio.current_time() + task.score_timeout) as scoring:
-                    reward = await task.evaluate(sandbox)
-                if scoring.cancelled_caught:
-                    raise TimeoutError
-            except TimeoutError:
-                status, end_reason = "failed", "task_error"
-                error = f"scoring took longer than the task's score_timeout ({task.score_timeout:.0f}s)"
+                reward = await _evaluate(task, sandbox)
             finally:
                 timings["score"] = time.monotonic() - mark
     except InfraError:
@@ -224,6 +222,21 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
         error=error,
         started_at=started_at,
     )
+
+
+async def _evaluate(task: Task, sandbox: RecordingSandbox) -> Reward:
+    """The task's verdict, or VerifierError when there is none to give: a grader that
+    crashed or overran its time judged nothing, and that must never read as reward 0."""
+    try:
+        with anyio.CancelScope(deadline=anyio.current_time() + task.score_timeout) as scoring:
+            reward = await task.evaluate(sandbox)
+    except InfraError:
+        raise
+    except Exception as exc:
+        raise VerifierError(f"the verifier crashed: {type(exc).__name__}: {exc}") from exc
+    if scoring.cancelled_caught:
+        raise VerifierError(f"scoring took longer than the task's score_timeout ({task.score_timeout:.0f}s)")
+    return reward
 
 
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")

@@ -208,6 +208,7 @@ async def test_a_verifier_over_its_time_fails_the_episode_clearly() -> None:
             return oa.Reward(value=1.0, success=True)
 
     adapter = SimAdapter()
-    (result,) = await drain([SlowVerifier("v", steps=1)], StepsPolicy(), adapter, n=1)
-    assert (result.status, result.end_reason, result.success) == ("failed", "task_error", False)
-    assert "score_timeout" in result.error and not adapter.live
+    (result,) = await drain([SlowVerifier("v", steps=1)], StepsPolicy(), adapter, n=1, max_retries=1)
+    # A grader that ran out of time judged nothing: an infrastructure reason, retried, never a reward.
+    assert (result.status, result.end_reason, result.success) == ("failed", "verifier_error", False)
+    assert "score_timeout" in result.error and len(result.retries) == 2 and not adapter.live
