@@ -37,6 +37,9 @@ class Summary(msgspec.Struct, kw_only=True):
     episodes_per_s: float | None = None
     time_share: dict[str, float] = {}  # fraction of episode time in create/setup/agent/exec/score/destroy
     leaked: int | None = None
+    # Episodes nobody could judge (never a reward, never exported): counted apart so they stand out.
+    verifier_errors: int = 0
+    model_unavailable: int = 0
 
 
 def summarize(trajectories: Iterable[Trajectory], *, wall_s: float | None = None, leaked: int | None = None) -> Summary:
@@ -67,6 +70,8 @@ def summarize(trajectories: Iterable[Trajectory], *, wall_s: float | None = None
         episodes_per_s=len(items) / wall_s if wall_s else None,
         time_share={phase: round(total / spent, 4) for phase, total in phase_totals.items()},
         leaked=leaked,
+        verifier_errors=sum(t.end_reason == "verifier_error" for t in items),
+        model_unavailable=sum(t.end_reason == "model_unavailable" for t in items),
     )
 
 
