@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import re
 from typing import Literal
 
@@ -18,10 +19,17 @@ _UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1024, "mi": 1024**
 DEFAULT_OUTPUT_CAP = 1 << 20  # bytes kept per stream: half from the head, half from the tail
 
 
+def _is_number(value: object) -> bool:
+    """An int or a float, not a bool (``True`` is an int to Python, never a size or a count)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def parse_memory(value: str | int | None) -> int | None:
     """'512Mi' -> 536870912. None stays None."""
     if value is None:
         return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ConfigError(f"memory must be bytes (an integer) or a size like '512Mi', got {value!r}")
     if isinstance(value, int):
         if value <= 0:
             raise ConfigError(f"memory must be positive, got {value}")
@@ -36,16 +44,35 @@ def parse_memory(value: str | int | None) -> int | None:
 
 
 def check_env(env: dict[str, str] | None) -> None:
+    if env is not None and not isinstance(env, dict):
+        raise ConfigError(f"env must be a mapping of names to strings, got {type(env).__name__}")
     for key, val in (env or {}).items():
-        if not _ENV_KEY.match(key):
+        if not isinstance(key, str) or not _ENV_KEY.match(key):
             raise ConfigError(f"environment variable name {key!r} is not a valid shell identifier")
+        if not isinstance(val, str):
+            raise ConfigError(f"environment variable {key} must be a string, got {val!r}")
         if "\0" in val:
             raise ConfigError(f"environment variable {key} contains a NUL byte")
 
 
 def check_timeout(timeout: float | None, what: str = "timeout") -> None:
-    if timeout is not None and not timeout > 0:
+    if timeout is not None and not (_is_number(timeout) and timeout > 0):
         raise ConfigError(f"{what} must be a positive number of seconds, got {timeout!r}")
+
+
+def _check_labels(labels: object) -> None:
+    if not isinstance(labels, dict):
+        raise ConfigError(f"labels must be a mapping of strings to strings, got {type(labels).__name__}")
+    for key, val in labels.items():
+        if not isinstance(key, str) or not isinstance(val, str):
+            raise ConfigError(f"label {key!r}={val!r}: keys and values must be strings")
+        if not _LABEL_KEY.match(key) or len(val) > 63:
+            raise ConfigError(f"label {key}={val!r} is not a valid label (key: letters, digits, -_./; value: 63 chars)")
+
+
+def _check_choice(what: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices or not isinstance(value, str):
+        raise ConfigError(f"{what} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
 
 
 class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,20 +90,29 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     pull: Literal["missing", "never", "always"] = "missing"
 
     def __post_init__(self) -> None:
-        if self.cpu is not None and not self.cpu > 0:
-            raise ConfigError(f"cpu must be a positive number of cores, got {self.cpu!r}")
+        # Every field is checked here, types included: msgspec validates types only when it
+        # decodes, and a direct SandboxSpec(memory=True) or SandboxSpec(ttl=inf) must not
+        # reach a backend (inf would never expire and leak the sandbox; True would be 1 byte).
+        if self.image is not None and not (isinstance(self.image, str) and self.image.strip()):
+            raise ConfigError(f"image must be a non-empty string, got {self.image!r}")
+        if self.cpu is not None and not (_is_number(self.cpu) and math.isfinite(self.cpu) and self.cpu > 0):
+            raise ConfigError(f"cpu must be a positive, finite number of cores, got {self.cpu!r}")
         parse_memory(self.memory)
+        if self.pids is not None and not (isinstance(self.pids, int) and not isinstance(self.pids, bool)):
+            raise ConfigError(f"pids must be a whole number of processes, got {self.pids!r}")
         if self.pids is not None and self.pids < 1:
             raise ConfigError(f"pids must be at least 1, got {self.pids}")
-        check_timeout(self.ttl, "ttl")
+        _check_choice("network", self.network, ("none", "on"))
         check_env(self.env)
-        if self.workdir is not None and not self.workdir.startswith("/"):
+        if self.workdir is not None and not (isinstance(self.workdir, str) and self.workdir.startswith("/")):
             raise ConfigError(f"workdir must be an absolute path, got {self.workdir!r}")
-        for key, val in self.labels.items():
-            if not _LABEL_KEY.match(key) or len(val) > 63:
-                raise ConfigError(
-                    f"label {key}={val!r} is not a valid label (key: letters, digits, -_./; value: 63 chars)"
-                )
+        if self.workdir is not None and "\0" in self.workdir:
+            raise ConfigError("workdir contains a NUL byte")
+        check_timeout(self.ttl, "ttl")
+        if not math.isfinite(self.ttl):
+            raise ConfigError(f"ttl must be a finite number of seconds (a sandbox must expire), got {self.ttl!r}")
+        _check_labels(self.labels)
+        _check_choice("pull", self.pull, ("missing", "never", "always"))
 
     @property
     def memory_bytes(self) -> int | None:
