@@ -21,7 +21,7 @@ from .pool import Pool
 from .protocols import Adapter, Sandbox, Session
 from .rollout import collect, plan, rollout
 from .runtime import get_adapter, run
-from .task import Observation, Policy, Reward, Task
+from .task import GradedApart, Observation, Policy, Reward, Task
 from .trajectory import Action, Op, Retry, Step, Trajectory, TrajectoryWriter, read_trajectories
 from .types import ExecResult, ExitReason, FileInfo, SandboxSpec
 
@@ -39,6 +39,7 @@ __all__ = [
     "ExecResult",
     "ExitReason",
     "FileInfo",
+    "GradedApart",
     "InfraError",
     "ModelUnavailable",
     "Observation",

@@ -20,7 +20,7 @@ import msgspec
 from .errors import ContextExhausted, InfraError, SandboxLost, VerifierError
 from .pool import Pool
 from .protocols import Sandbox
-from .task import Observation, Policy, Reward, Task
+from .task import GradedApart, Observation, Policy, Reward, Task
 from .trajectory import Op, Step, Trajectory
 from .types import ExecResult, ExitReason
 
@@ -130,6 +130,17 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
     timings["create"] = time.monotonic() - start
     ops.append(Op("create", start - t0, timings["create"]))
     sandbox = RecordingSandbox(raw, ops, t0)
+    released = False
+
+    async def release_agent_sandbox() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            mark = time.monotonic()
+            await pool.release(raw)
+            timings["destroy"] += time.monotonic() - mark
+            ops.append(Op("destroy", mark - t0, time.monotonic() - mark))
+
     try:
         agent_deadline = t0 + task.deadline - task.score_timeout
         # One cancel scope for the whole agent phase (a timer per step costs more than a step);
@@ -189,18 +200,18 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
         if status == "finished":
             mark = time.monotonic()
             try:
-                reward = await _evaluate(task, sandbox)
+                if isinstance(task, GradedApart):
+                    reward = await _grade_apart(task, sandbox, pool, spec, ops, t0, release_agent_sandbox)
+                else:
+                    reward = await _evaluate(task, sandbox)
             finally:
-                timings["score"] = time.monotonic() - mark
+                timings["score"] = time.monotonic() - mark - timings["destroy"]
     except InfraError:
         raise
     except Exception as exc:  # setup or evaluate failed for a reason of the task's own
         status, end_reason, error = "failed", "task_error", f"{type(exc).__name__}: {exc}"
     finally:
-        mark = time.monotonic()
-        await pool.release(raw)
-        timings["destroy"] = time.monotonic() - mark
-        ops.append(Op("destroy", mark - t0, timings["destroy"]))
+        await release_agent_sandbox()
     timings["total"] = time.monotonic() - t0
     return Trajectory(
         episode_id=episode.episode_id,
@@ -236,6 +247,32 @@ async def _evaluate(task: Task, sandbox: RecordingSandbox) -> Reward:
         raise VerifierError(f"the verifier crashed: {type(exc).__name__}: {exc}") from exc
     if scoring.cancelled_caught:
         raise VerifierError(f"scoring took longer than the task's score_timeout ({task.score_timeout:.0f}s)")
+    return reward
+
+
+async def _grade_apart(
+    task: GradedApart, sandbox: RecordingSandbox, pool: Pool, spec: Any, ops: list[Op], t0: float, release: Any
+) -> Reward:
+    """Read the submission, destroy the agent's sandbox (and all it left running), then
+    grade in a fresh one. The fresh sandbox's create counts as scoring time."""
+    budget = anyio.current_time() + task.score_timeout  # type: ignore[attr-defined]
+    with anyio.CancelScope(deadline=budget) as scoring:
+        try:
+            submission = await task.submission(sandbox)
+            await release()
+            start = time.monotonic()
+            scorer = await pool.acquire(msgspec.structs.replace(spec, labels={**spec.labels, "orchard.role": "scorer"}))
+            ops.append(Op("create", start - t0, time.monotonic() - start, "scorer"))
+            try:
+                reward = await task.grade(submission, RecordingSandbox(scorer, ops, t0))
+            finally:
+                await pool.release(scorer)
+        except InfraError:
+            raise
+        except Exception as exc:
+            raise VerifierError(f"the verifier crashed: {type(exc).__name__}: {exc}") from exc
+    if scoring.cancelled_caught:
+        raise VerifierError(f"scoring took longer than the task's score_timeout ({task.score_timeout:.0f}s)")  # type: ignore[attr-defined]
     return reward
 
 

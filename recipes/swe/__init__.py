@@ -22,7 +22,9 @@ from .instances import Instance, load_instances
 from .openai_policy import ChatClient, ModelConfig, ModelError, OpenAIPolicy
 from .policies import EmptyPolicy, OraclePolicy
 from .scoring import parse_test_outcomes
-from .task import SWETask, load_tasks
+from .task import IMAGE, SWETask, load_tasks
+
+IMAGES = [IMAGE]  # what `orchard-async images build` builds for this recipe
 
 POLICIES = ("oracle", "empty", "openai")
 
@@ -39,6 +41,7 @@ def make_policy(name: str) -> Policy:
 
 
 __all__ = [
+    "IMAGES",
     "POLICIES",
     "SYSTEM_PROMPT",
     "ChatClient",

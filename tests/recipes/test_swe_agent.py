@@ -9,7 +9,7 @@ import orchard_async as oa
 from orchard_async.recipes import swe
 from orchard_async.recipes.swe.agent import render_observation, truncate_middle
 from orchard_async.recipes.swe.policies import gold_patch_command
-from orchard_async.recipes.swe.scoring import grade, parse_test_outcomes, restore_script
+from orchard_async.recipes.swe.scoring import grade, parse_test_outcomes, revert_script
 
 
 def test_parse_reply():
@@ -116,6 +116,7 @@ def test_grade():
     assert failing["tests_status"]["FAIL_TO_PASS"] == {"success": [], "failure": [f2p]}
 
 
-def test_restore_script_quotes_paths():
-    script = restore_script("abc1234", ["tests/it's.py"])
-    assert "git cat-file -e abc1234:'tests/it'\"'\"'s.py'" in script and script.endswith("git apply --whitespace=nowarn -")
+def test_revert_script_quotes_paths():
+    script = revert_script("abc1234", ["tests/it's.py"])
+    assert "git cat-file -e abc1234:'tests/it'\"'\"'s.py'" in script
+    assert "rm -rf -- 'tests/it'\"'\"'s.py'" in script
