@@ -1,4 +1,8 @@
-"""The `orchard-async` command: demo, run, export, inspect, reap, doctor, bench."""
+"""The `orchard-async` command: demo, run, export, inspect, reap, doctor, images, bench.
+
+Bad input is one line on stderr and exit status 2, never a traceback: every check that
+can fail runs before the first sandbox is created.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +12,63 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .errors import AdapterUnavailable, ConfigError, OrchardError
+from .paths import check_output_dir, check_output_file
 from .protocols import Adapter
-from .rollout import collect
+from .rollout import collect, plan
 from .runtime import ADAPTERS, get_adapter, loop_choice, run
 from .summary import Summary, summarize, to_json
-from .trajectory import Trajectory, read_trajectories
+from .trajectory import Trajectory, check_trajectory_file, check_trajectory_path, read_trajectories
 
 console = Console(stderr=True)
 RECIPES = {"swe": "orchard_async.recipes.swe", "toy": "orchard_async.recipes.toy"}
+
+# Adapter options that say where and how to reach the backend, not what an episode sees:
+# they may change between a run and its --resume. Every other option is part of the run.
+OPERATIONAL_OPTIONS = frozenset(
+    {
+        "url",
+        "run_id",
+        "owner",
+        "root",
+        "max_creating",
+        "max_api",
+        "api_timeout",
+        "api_retry_for",
+        "create_timeout",
+        "attach_grace",
+        "exit_with_shell",
+        "namespace",
+        "context",
+        "kubeconfig",
+        "in_cluster",
+        "node_selector",
+        "tolerations",
+        "priority_class",
+        "manage_network_policies",
+        "transport",
+        "heartbeat",
+    }
+)
+
+
+class UsageError(ConfigError):
+    """A command line argparse rejected."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a usage error raised as one line instead of a usage block and exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
 def load_recipe(name: str) -> Any:
@@ -32,61 +77,89 @@ def load_recipe(name: str) -> Any:
     return importlib.import_module(RECIPES[name])
 
 
-def make_adapter(name: str, options: str | None) -> Adapter:
+def parse_adapter_options(options: str | None) -> dict[str, Any]:
     try:
         parsed = json.loads(options) if options else {}
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--adapter-options is not valid JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise ConfigError(f"--adapter-options must be a JSON object like '{{\"image\": ...}}', got {options}")
+    return parsed
+
+
+def make_adapter(name: str, options: str | dict[str, Any] | None) -> Adapter:
+    parsed = options if isinstance(options, dict) else parse_adapter_options(options)
     return get_adapter(name, **parsed)
 
 
 # -- rollouts ------------------------------------------------------------------------------
 
 
-async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool) -> int:
+async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, replace: bool) -> int:
+    """Everything that can be wrong is checked, in this order, before the first sandbox:
+    adapter options, recipe, tasks, policy, the plan, the adapter, then (in ``collect``)
+    the output file and, on resume, that it is the same run."""
+    options = parse_adapter_options(args.adapter_options)
     recipe = load_recipe(args.recipe)
     tasks = recipe.load_tasks(args.tasks)
+    plan(tasks, args.episodes, args.group_size)
     policy = recipe.make_policy(args.policy)
-    adapter = make_adapter(args.adapter, args.adapter_options)
+    adapter: Adapter | None = None
     finished: list[Trajectory] = []
-    started = time.perf_counter()
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("ok {task.fields[ok]}  failed {task.fields[failed]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    ) as progress:
-        bar = progress.add_task(f"{args.recipe} on {args.adapter}", total=args.episodes, ok=0, failed=0)
+    leaked: int | None = None
+    try:
+        adapter = make_adapter(args.adapter, options)
+        header = {
+            "recipe": args.recipe,
+            "task_source": args.tasks,
+            "adapter_options": {k: v for k, v in sorted(options.items()) if k not in OPERATIONAL_OPTIONS},
+        }
+        if isinstance(getattr(adapter, "image", None), str):  # the image in force, default or not
+            header["image"] = adapter.image  # type: ignore[attr-defined]
+        started = time.perf_counter()
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("ok {task.fields[ok]}  failed {task.fields[failed]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as progress:
+            bar = progress.add_task(f"{args.recipe} on {args.adapter}", total=args.episodes, ok=0, failed=0)
 
-        def advance(trajectory: Trajectory) -> None:
-            finished.append(trajectory)
-            ok = sum(t.success for t in finished)
-            progress.update(bar, advance=1, ok=ok, failed=sum(t.status == "failed" for t in finished))
+            def advance(trajectory: Trajectory) -> None:
+                finished.append(trajectory)
+                ok = sum(t.success for t in finished)
+                progress.update(bar, advance=1, ok=ok, failed=sum(t.status == "failed" for t in finished))
 
-        try:
-            result = await collect(
-                tasks,
-                policy,
-                adapter,
-                out,
-                resume=resume,
-                on_trajectory=advance,
-                n=args.episodes,
-                group_size=args.group_size,
-                concurrency=args.concurrency,
-                max_retries=args.max_retries,
-            )
+            try:
+                result = await collect(
+                    tasks,
+                    policy,
+                    adapter,
+                    out,
+                    resume=resume,
+                    replace=replace,
+                    run_header=header,
+                    on_trajectory=advance,
+                    n=args.episodes,
+                    group_size=args.group_size,
+                    concurrency=args.concurrency,
+                    max_retries=args.max_retries,
+                )
+            except Exception:
+                progress.live.transient = True  # the error is the one line to see, not a bar above it
+                raise
             progress.update(bar, total=len(finished), completed=len(finished))
-        finally:
-            with anyio.CancelScope(shield=True):
+    finally:
+        with anyio.CancelScope(shield=True):
+            if adapter is not None:
                 leaked = len(await adapter.list_owned())
                 await adapter.close()
-                aclose = getattr(policy, "aclose", None)  # model policies hold an HTTP client
-                if aclose is not None:
-                    await aclose()
+            aclose = getattr(policy, "aclose", None)  # model policies hold an HTTP client
+            if aclose is not None:
+                await aclose()
     summary = summarize(finished, wall_s=time.perf_counter() - started, leaked=leaked)
     print_summary(summary, title=f"{args.recipe} · {policy.name} · {args.adapter}")
     if result.skipped:
@@ -109,6 +182,11 @@ def print_summary(summary: Summary, title: str) -> None:
     if summary.steps_per_s is not None:
         rows.append(("steps/s", f"{summary.steps_per_s:.1f}"))
         rows.append(("episodes/s", f"{summary.episodes_per_s:.2f}"))
+    # Episodes nobody could judge, or whose model was down: never rewards, so never hidden
+    # in the success rate. Red when there are any.
+    for label, field in (("verifier errors", "verifier_errors"), ("model unavailable", "model_unavailable")):
+        count = getattr(summary, field, 0)
+        rows.append((f"[red]{label}[/]", f"[red]{count}[/]") if count else (label, str(count)))
     rows += [
         ("exec p50 / p99", f"{summary.exec_p50_ms:.1f} ms / {summary.exec_p99_ms:.1f} ms"),
         ("episode end reasons", ", ".join(f"{k} {v}" for k, v in summary.exit_reasons.items()) or "-"),
@@ -124,16 +202,16 @@ def print_summary(summary: Summary, title: str) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / "trajectories.jsonl"
-    out.unlink(missing_ok=True)  # a demo starts fresh; `run` is the command that resumes
+    out = check_output_file(check_output_dir(args.out) / "trajectories.jsonl")
     args.group_size, args.max_retries = 1, 2
-    return run(_rollout_command, args, out, False)
+    # A demo starts fresh (`run` is the command that resumes): the old file is replaced when
+    # the first episode ends, so a demo that fails before that leaves it as it was.
+    return run(_rollout_command, args, out, False, True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    return run(_rollout_command, args, Path(args.out), args.resume)
+    out = check_trajectory_path(check_output_file(args.out))
+    return run(_rollout_command, args, out, args.resume, False)
 
 
 # -- other commands ------------------------------------------------------------------------
@@ -142,6 +220,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from orchard_async.recipes.swe.export import run_export
 
+    source = check_trajectory_file(args.trajectories)
+    out = check_output_file(args.out)
+    if out.exists() and out.resolve() == source.resolve():
+        raise ConfigError(f"--out {out} is the trajectory file being exported; write the export elsewhere")
     summary = run_export(args)
     console.print(
         f"{args.format}: {summary.records} records ({summary.episodes} episodes, {summary.skipped} skipped), "
@@ -151,9 +233,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    path = Path(args.file)
-    if not path.exists():
-        raise ConfigError(f"{path}: no such file")
+    path = check_trajectory_file(args.file)
     summary = summarize(read_trajectories(path))
     if args.json:
         sys.stdout.buffer.write(to_json(summary) + b"\n")
@@ -204,6 +284,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_images(args: argparse.Namespace) -> int:
+    try:
+        from orchard_async.images import build_images
+    except ImportError as exc:
+        raise ConfigError(f"image building is not available in this install ({exc})") from None
+    return build_images(args.names, adapter=args.adapter, force=args.force)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from orchard_async.bench.cli import main as bench_main
 
@@ -213,15 +301,41 @@ def cmd_bench(args: argparse.Namespace) -> int:
 # -- parser --------------------------------------------------------------------------------
 
 
+def _at_least(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="orchard-async", description=__doc__)
+    parser = OneLineParser(prog="orchard-async", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     def rollout_options(p: argparse.ArgumentParser, *, episodes: int, concurrency: int) -> None:
         p.add_argument("--adapter", default="local", help=f"one of {', '.join(ADAPTERS)} (default local)")
         p.add_argument("--adapter-options", help="JSON object of adapter options")
-        p.add_argument("--episodes", type=int, default=episodes)
-        p.add_argument("--concurrency", type=int, default=concurrency)
+        p.add_argument("--episodes", type=_at_least(1), default=episodes, help=f"episodes to run (default {episodes})")
+        p.add_argument(
+            "--concurrency", type=_at_least(1), default=concurrency, help=f"episodes at once (default {concurrency})"
+        )
 
     demo = sub.add_parser("demo", help="the main job: the bundled SWE tasks solved by the oracle policy")
     rollout_options(demo, episodes=32, concurrency=8)
@@ -240,10 +354,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy", default="oracle", help="toy: oracle|random; swe: oracle|empty|openai (default oracle)"
     )
     rollout_options(run_p, episodes=32, concurrency=8)
-    run_p.add_argument("--group-size", type=int, default=1, help="samples per task (GRPO groups)")
-    run_p.add_argument("--max-retries", type=int, default=2, help="retries of infrastructure failures per episode")
+    run_p.add_argument("--group-size", type=_at_least(1), default=1, help="samples per task (GRPO groups)")
+    run_p.add_argument(
+        "--max-retries", type=_at_least(0), default=2, help="retries of infrastructure failures per episode"
+    )
     run_p.add_argument("--out", required=True, help="trajectory file (.jsonl or .msgpack)")
-    run_p.add_argument("--resume", action="store_true", help="skip episodes already in --out")
+    run_p.add_argument(
+        "--resume", action="store_true", help="continue the same run in --out (refused if its settings differ)"
+    )
     run_p.set_defaults(func=cmd_run)
 
     export = sub.add_parser("export", help="trajectories -> SFT chats or GRPO groups (JSONL)")
@@ -260,11 +378,19 @@ def build_parser() -> argparse.ArgumentParser:
     reap = sub.add_parser("reap", help="remove sandboxes left behind by dead runs")
     reap.add_argument("--adapter", default="local")
     reap.add_argument("--adapter-options", help="JSON object of adapter options")
-    reap.add_argument("--older-than", type=float, default=0.0, help="also wait this long past expiry (seconds)")
+    reap.add_argument("--older-than", type=_seconds, default=0.0, help="also wait this long past expiry (seconds)")
     reap.set_defaults(func=cmd_reap)
 
     doctor = sub.add_parser("doctor", help="which adapters work here, and what isolation is in force")
     doctor.set_defaults(func=cmd_doctor)
+
+    images = sub.add_parser("images", help="build the sandbox images recipes need (docker, kubernetes)")
+    images_sub = images.add_subparsers(dest="images_command", required=True, metavar="ACTION")
+    build = images_sub.add_parser("build", help="build the named images (default: every recipe's)")
+    build.add_argument("names", nargs="*", metavar="NAME", help="images to build (default: all)")
+    build.add_argument("--adapter", default="docker", choices=["docker", "kubernetes"], help="default docker")
+    build.add_argument("--force", action="store_true", help="rebuild even when the image exists")
+    build.set_defaults(func=cmd_images)
 
     bench = sub.add_parser("bench", help="measure sandbox latency and throughput against baselines")
     from orchard_async.bench.cli import add_arguments
@@ -274,18 +400,61 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(exc: BaseException) -> str:
+    """An error's message on one line (some libraries' messages span several)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return "; ".join(lines) or type(exc).__name__
+
+
+def orchard_leaf(error: BaseException) -> OrchardError | None:
+    """The error to report for what came out of the command: the error itself when it is
+    an OrchardError; for an exception group (a task group that failed, e.g. a docker image
+    missing at create inside the rollout), its first leaf, when every leaf is an
+    OrchardError. None means a bug: let its traceback show."""
+    if isinstance(error, OrchardError):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        matched, rest = error.split(OrchardError)
+        if matched is None or rest is not None:
+            return None
+        first: BaseException = matched
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        return first  # type: ignore[return-value]
+    return None
+
+
+def report_error(error: BaseException) -> int:
+    """Print the one line for a user's error; exit status 2."""
+    # soft_wrap: rich would otherwise break a long message at the terminal width (80 when
+    # stderr is not a terminal), and the message must stay one line.
+    console.print(f"[red]error:[/] {escape(one_line(error))}", soft_wrap=True, highlight=False)
+    return 2
+
+
+def _interrupted(error: BaseException) -> bool:
+    if isinstance(error, KeyboardInterrupt):
+        return True
+    return isinstance(error, BaseExceptionGroup) and error.split(KeyboardInterrupt)[0] is not None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
-    except KeyboardInterrupt:
-        console.print(
-            "[yellow]interrupted[/]: every sandbox was destroyed; finished episodes are on disk (use --resume)"
-        )
-        return 130
-    except (OrchardError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/] {exc}")
-        return 2
+    except BaseException as error:
+        if _interrupted(error):
+            console.print(
+                "[yellow]interrupted[/]: every sandbox was destroyed; finished episodes are on disk (use --resume)",
+                soft_wrap=True,
+            )
+            return 130
+        if isinstance(error, FileNotFoundError | PermissionError | IsADirectoryError | NotADirectoryError):
+            return report_error(error)  # a path the user gave, found wrong only when it was used
+        leaf = orchard_leaf(error)
+        if leaf is None:
+            raise
+        return report_error(leaf)
 
 
 if __name__ == "__main__":

@@ -16,18 +16,31 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import msgspec
 
 from .episode import Episode, run_attempt
 from .errors import ConfigError, CreateFailed, InfraError, ModelUnavailable, SandboxLost, VerifierError
+from .paths import check_output_file
 from .pool import Pool
 from .protocols import Adapter
 from .task import Policy, Task
-from .trajectory import Retry, Trajectory, TrajectoryWriter, finished_ids
+from .trajectory import (
+    FORMAT_VERSION,
+    Retry,
+    Trajectory,
+    TrajectoryWriter,
+    check_trajectory_file,
+    check_trajectory_path,
+    finished_ids,
+    read_run_header,
+    read_trajectories,
+    run_header_differences,
+)
 
 RETRY_BACKOFF = 0.2  # seconds before the first retry; doubles each time
 
@@ -50,6 +63,11 @@ def plan(tasks: Sequence[Task], n: int, group_size: int = 1) -> list[Episode]:
         for sample in range(group_size):
             episodes.append(Episode(f"{group_id}/s{sample}", task, group_id, sample))
     return episodes
+
+
+def _episode_count(tasks: Sequence[Task], n: int | None, group_size: int) -> int:
+    """``n``, or one group per task when it is None (0 is a mistake, not "all")."""
+    return len(tasks) * group_size if n is None else n
 
 
 def _infra_reason(exc: InfraError) -> str:
@@ -118,7 +136,7 @@ async def rollout(
         raise ConfigError(f"max_retries must be 0 or more, got {max_retries}")
     pool = adapter if isinstance(adapter, Pool) else Pool(adapter)
     skip = set(skip)
-    episodes = [ep for ep in plan(tasks, n or len(tasks) * group_size, group_size) if ep.episode_id not in skip]
+    episodes = [ep for ep in plan(tasks, _episode_count(tasks, n, group_size), group_size) if ep.episode_id not in skip]
     run_id = run_id or uuid.uuid4().hex[:12]
     if not episodes:
         return
@@ -157,34 +175,102 @@ class RunSummary(msgspec.Struct, kw_only=True):
     path: str
 
 
+def make_run_header(
+    tasks: Sequence[Task],
+    policy: Policy,
+    adapter: Adapter | Pool,
+    *,
+    n: int | None = None,
+    group_size: int = 1,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """What makes a run this run: written as the first record of its trajectory file, and
+    compared on ``resume``. ``extra`` adds what only the caller knows (the CLI adds the
+    recipe, the task source and the adapter options that change results)."""
+    inner = adapter.adapter if isinstance(adapter, Pool) else adapter
+    return {
+        "format": FORMAT_VERSION,
+        "created_at": round(time.time(), 3),
+        "task_ids": [task.id for task in tasks],
+        "policy": policy.name,
+        "adapter": getattr(inner, "name", type(inner).__name__),
+        "episodes": _episode_count(tasks, n, group_size),
+        "group_size": group_size,
+        **(extra or {}),
+    }
+
+
+def check_resume(out: Path, header: dict[str, Any], planned: Iterable[str]) -> set[str]:
+    """The episode ids already in ``out``, after checking that the file is this run: its
+    header matches ``header`` (``episodes`` may grow). A file written before run headers
+    existed is checked on what its records say: every episode is in this run's plan, and
+    was played by this policy on this adapter. Raises ConfigError naming what differs."""
+    check_trajectory_file(out)
+    recorded = read_run_header(out)
+    if recorded is not None:
+        differences = run_header_differences(recorded, header, allow_more_episodes=True)
+        if differences:
+            raise ConfigError(f"cannot resume {out}: it is a different run ({'; '.join(differences)})")
+        return finished_ids(out)
+    planned = set(planned)
+    done: set[str] = set()
+    for trajectory in read_trajectories(out):
+        if trajectory.episode_id not in planned:
+            raise ConfigError(
+                f"cannot resume {out}: it holds episode {trajectory.episode_id!r}, which this run would not play "
+                "(a different task set, episode count or group size)"
+            )
+        for field in ("policy", "adapter"):
+            if getattr(trajectory, field) != header[field]:
+                raise ConfigError(
+                    f"cannot resume {out}: it is a different run ({field}: {getattr(trajectory, field)} in the file, "
+                    f"{header[field]} now)"
+                )
+        done.add(trajectory.episode_id)
+    return done
+
+
 async def collect(
     tasks: Sequence[Task],
     policy: Policy,
     adapter: Adapter | Pool,
     out: str | Path,
     *,
+    n: int | None = None,
+    group_size: int = 1,
     resume: bool = False,
-    on_trajectory: object = None,
-    **options: object,
+    replace: bool = False,
+    run_header: dict[str, Any] | None = None,
+    on_trajectory: Callable[[Trajectory], object] | None = None,
+    **options: Any,
 ) -> RunSummary:
-    """Run a rollout into a trajectory file. With ``resume``, episodes already in the file
-    are skipped; without it, an existing file is an error rather than silently mixed."""
-    out = Path(out)
-    if out.exists() and out.stat().st_size and not resume:
+    """Run a rollout into a trajectory file whose first record is the run header.
+
+    Everything is checked before the first sandbox is created: the file name and that it
+    can be written, the plan, and for an existing file what to do with it. With ``resume``,
+    the file must be the same run (its header matches; see ``check_resume``) and episodes
+    already in it are skipped; with ``replace``, the file is replaced when the first
+    episode ends; with neither, an existing file is an error rather than silently mixed.
+    ``run_header`` adds caller-known settings to the header (see ``make_run_header``)."""
+    out = check_output_file(check_trajectory_path(out))
+    planned = plan(tasks, _episode_count(tasks, n, group_size), group_size)
+    header = make_run_header(tasks, policy, adapter, n=n, group_size=group_size, extra=run_header)
+    exists = out.exists() and out.stat().st_size > 0
+    if exists and not resume and not replace:
         raise ConfigError(
             f"{out} already has trajectories; pass resume=True (--resume) to continue it, or pick a new file"
         )
-    done = finished_ids(out) if resume else set()
-    writer: TrajectoryWriter | None = None  # opened on the first result, so bad input creates no file
-    stream = rollout(tasks, policy, adapter, skip=done, **options)  # type: ignore[arg-type]
+    done = check_resume(out, header, (e.episode_id for e in planned)) if exists and resume else set()
+    # Checked now (a MessagePack tail that is not ours is refused); the file is created or
+    # changed only when the first episode ends, so a run that fails before that leaves none.
+    writer = TrajectoryWriter(out, run_header=header, replace=replace and not resume)
+    stream = rollout(tasks, policy, adapter, n=n, group_size=group_size, skip=done, **options)
     try:
         async for trajectory in stream:
-            writer = writer or TrajectoryWriter(out)
             writer.write(trajectory)
-            if callable(on_trajectory):
+            if on_trajectory is not None:
                 on_trajectory(trajectory)
     finally:
         await stream.aclose()
-        if writer:
-            writer.close()
-    return RunSummary(written=writer.written if writer else 0, skipped=len(done), path=str(out))
+        writer.close()
+    return RunSummary(written=writer.written, skipped=len(done), path=str(out))

@@ -10,11 +10,14 @@ up for that (see README, "Event loop").
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
+import typing
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
+import msgspec
 
 from .errors import AdapterUnavailable, ConfigError
 from .protocols import Adapter
@@ -51,8 +54,44 @@ def run(main: Callable[..., Awaitable[T]], *args: Any, loop: str | None = None) 
     return anyio.run(main, *args, backend="asyncio", backend_options={"use_uvloop": loop_choice(loop) == "uvloop"})
 
 
+def _struct_of(annotation: Any) -> type[msgspec.Struct] | None:
+    """The msgspec struct in an annotation like ``SimConfig | None``, if there is one."""
+    for member in typing.get_args(annotation) or (annotation,):
+        if isinstance(member, type) and issubclass(member, msgspec.Struct):
+            return member
+    return None
+
+
+def adapter_options(adapter_class: type) -> tuple[list[str] | None, dict[str, type[msgspec.Struct]]]:
+    """The options an adapter class takes by keyword (None when it cannot tell: it takes
+    ``**options`` without saying which), and which of them are msgspec structs. An adapter
+    whose ``**options`` fill a struct parameter (the sim adapter's ``SimConfig``) also takes
+    that struct's fields."""
+    try:
+        hints = typing.get_type_hints(adapter_class.__init__)
+    except Exception:  # noqa: BLE001 - hints that do not resolve just give no struct fields
+        hints = {}
+    names: list[str] = []
+    structs: dict[str, type[msgspec.Struct]] = {}
+    takes_any = False
+    for name, parameter in inspect.signature(adapter_class).parameters.items():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            takes_any = True
+        elif parameter.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            names.append(name)
+            struct = _struct_of(hints.get(name))
+            if struct is not None:
+                structs[name] = struct
+    if takes_any:
+        if not structs:
+            return None, structs
+        names += [field for struct in structs.values() for field in struct.__struct_fields__]
+    return names, structs
+
+
 def get_adapter(name: str, **options: Any) -> Adapter:
-    """An adapter by name: local, sim, docker, kubernetes."""
+    """An adapter by name: local, sim, docker, kubernetes. An option the adapter does not
+    take is a ConfigError that lists the ones it does."""
     if name not in ADAPTERS:
         raise ConfigError(f"unknown adapter {name!r}; choose one of: {', '.join(ADAPTERS)}")
     module_name, _, class_name = ADAPTERS[name].partition(":")
@@ -62,4 +101,18 @@ def get_adapter(name: str, **options: Any) -> Adapter:
         if exc.name == module_name:
             raise AdapterUnavailable(f"the {name} adapter is not part of this build yet") from None
         raise AdapterUnavailable(f"the {name} adapter needs {exc.name}; pip install 'orchard-async[{name}]'") from None
-    return getattr(module, class_name)(**options)
+    adapter_class = getattr(module, class_name)
+    valid, structs = adapter_options(adapter_class)
+    unknown = sorted(set(options) - set(valid)) if valid is not None else []
+    if unknown:
+        raise ConfigError(
+            f"the {name} adapter has no option {', '.join(map(repr, unknown))}; "
+            f"its options are: {', '.join(valid) or '(none)'}"
+        )
+    try:
+        for key, struct in structs.items():  # a struct option given as JSON: convert (and check) it
+            if isinstance(options.get(key), dict):
+                options[key] = msgspec.convert(options[key], struct)
+        return adapter_class(**options)
+    except msgspec.ValidationError as exc:  # options of the wrong type, where a struct checks them
+        raise ConfigError(f"bad option for the {name} adapter: {exc}") from None

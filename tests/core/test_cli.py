@@ -12,6 +12,7 @@ import pytest
 
 import orchard_async as oa
 from orchard_async.adapters.local import _sandbox_processes
+from orchard_async.trajectory import read_run_header
 
 
 def cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -37,9 +38,13 @@ def test_demo_writes_32_readable_trajectories_and_leaves_nothing(tmp_path: Path,
     done = cli("demo", "--episodes", "32", "--out", "D", cwd=tmp_path, env=local_env)
     assert done.returncode == 0, done.stderr
     path = tmp_path / "D" / "trajectories.jsonl"
-    lines = path.read_bytes().splitlines()
+    header_line, *lines = path.read_bytes().splitlines()
+    header = json.loads(header_line)["orchard_run"]  # the run header: plain JSON, first line
+    assert header["recipe"] == "swe" and header["policy"] == "oracle" and header["episodes"] == 32
+    assert header == read_run_header(path)
     trajectories = [msgspec.json.decode(line, type=oa.Trajectory) for line in lines]
     assert len(trajectories) == 32 and all(t.success for t in trajectories)
+    assert [t.episode_id for t in trajectories] == [t.episode_id for t in oa.read_trajectories(path, strict=True)]
     assert "sandboxes leaked" in done.stdout and "100.0%" in done.stdout
     root = Path(local_env["ORCHARD_LOCAL_ROOT"])
     assert not root.exists() or not any(root.iterdir())
