@@ -1,28 +1,37 @@
-"""Trajectories -> training data: chat-format JSONL for SFT, reward groups for GRPO.
+"""Trajectories -> training data: chat-format JSONL for SFT, one record per sample for RL.
 
-SFT, one line per finished episode::
+Only episodes the scorer judged are training data: ``status == "finished"`` with an end
+reason of ``submitted``, ``max_steps``, ``deadline`` or ``context_exhausted``. Everything
+else is left out and counted by reason: the infrastructure's failures (``verifier_error``,
+``model_unavailable``, ``sandbox_lost``, ``create_failed``, ``infra_error``), a task's own
+bug (``task_error``) and a policy that raised (``policy_error``: a crash of the policy's
+code, or a request the model server rejected, says nothing about the model's skill, and
+scoring never ran, so its reward 0 would be invented).
+
+SFT (``sft``), one line per episode whose reward clears the bar (default: resolved only;
+``min_reward=x`` keeps ``reward >= x``), ending on the model's last reply::
 
     {"messages": [{"role": "system", ...}, {"role": "user", ...}, {"role": "assistant", ...}, ...],
-     "resolved": true, "reward": 1.0, "instance_id": ..., "episode_id": ..., "policy": ...,
-     "end_reason": "submitted", "turns": 3, "usage": {"prompt_tokens": ..., ...}, "patch": "diff --git ..."}
+     "resolved": true, "reward": 1.0, "instance_id": ..., "episode_id": ..., "group_id": "<run>/<task>/g0",
+     "run_id": ..., "policy": ..., "end_reason": "submitted", "turns": 3, "usage": {...}, "patch": "diff --git ..."}
 
-GRPO, one line per group (the ``group_size`` samples of one task)::
+RL (``rl``; ``grpo`` is the same), one line per sample::
 
-    {"group_id": "minicalc__1/g0", "instance_id": "minicalc__1",
-     "prompt": [system, user],
-     "samples": [{"episode_id": ..., "completion": [assistant, user, ..., assistant],
-                  "reward": 1.0, "resolved": true, "advantage": 0.87, ...}, ...],
-     "stats": {"size": 4, "mean": 0.5, "std": 0.5, "min": 0.0, "max": 1.0,
-               "resolved": 2, "resolved_rate": 0.5, "degenerate": false}}
+    {"prompt": [system, user],                                   # the messages before the first model turn
+     "messages": [{"role": ..., "content": ..., "train": bool}, ...],   # train: the model's turns only
+     "reward": 1.0, "advantage": 0.5, "group_id": "<run>/<task>/g0",
+     "group": {"size": 2, "dropped": 0, "mean": 0.5, "std": 0.5, "resolved": 1, "degenerate": false},
+     "resolved": true, "instance_id": ..., "episode_id": ..., "sample": 0, "run_id": ..., ...}
 
-``advantage`` is the group-normalised reward ``(r - mean) / (std + 1e-6)`` (GRPO);
-``degenerate`` groups (every sample the same reward) carry no learning signal and can be
-dropped with ``skip_degenerate``. The messages are built by the same function the agent
-uses to talk to the model, so they are exactly what the model saw. Episodes that failed
-for reasons outside the policy (infrastructure, a task's own error) are skipped and
-counted; an episode the policy itself broke (``policy_error``) stays in, rewarded 0.
+``advantage`` is ``reward - mean`` over the group's exported samples (``advantage="std"``:
+divided by ``std + 1e-6``, population std, as GRPO does); it sums to 0 over each group. A
+group some of whose samples were dropped (infrastructure) keeps its judged samples, with
+the mean over those alone and ``group.dropped`` saying how many are missing;
+``complete_groups_only`` drops such groups instead. Groups are keyed by run: ``group_id`` is
+prefixed with the run id, and inputs from different runs are refused unless
+``allow_mixed_runs``. See docs/training-formats.md for feeding these to TRL and verl.
 
-Run as ``python -m orchard_async.recipes.swe.export {sft,grpo} TRAJECTORIES --out FILE``.
+Run as ``orchard-async export {sft,rl} TRAJECTORIES... --out FILE``.
 """
 
 from __future__ import annotations
@@ -31,10 +40,11 @@ import argparse
 import json
 import math
 import sys
-from collections import defaultdict
-from collections.abc import Iterable
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -43,20 +53,139 @@ from orchard_async import ConfigError, Trajectory, read_trajectories
 from .agent import OBSERVATION_CHARS, SYSTEM_PROMPT, build_messages
 
 EPSILON = 1e-6
+# The episodes the scorer judged on what the agent did: the only ones that are data.
+SCORED_END_REASONS = frozenset({"submitted", "max_steps", "deadline", "context_exhausted"})
+FORMATS = ("sft", "rl", "grpo")
+
+Source = Iterable[Trajectory] | str | Path
 
 
 class ExportSummary(msgspec.Struct, kw_only=True):
     path: str
-    records: int  # lines written: episodes (sft) or groups (grpo)
+    records: int  # lines written (one per episode in both formats)
     episodes: int  # episodes in the written records
-    skipped: int  # episodes left out (failed outside the policy, filtered)
-    mean_reward: float
+    skipped: int  # input episodes left out, for the reasons in skipped_reasons
+    mean_reward: float  # over the written episodes
     resolved_rate: float
-    groups_degenerate: int = 0
+    groups: int = 0  # rl: groups written
+    groups_degenerate: int = 0  # rl: written groups whose samples all have the same reward
+    groups_partial: int = 0  # rl: written groups missing samples dropped as unjudged
+    runs: list[str] = []
+    skipped_reasons: dict[str, int] = {}
 
 
-def _usable(trajectory: Trajectory) -> bool:
-    return trajectory.status == "finished" or trajectory.end_reason == "policy_error"
+def is_scored(trajectory: Trajectory) -> bool:
+    """Whether the episode ended in a way its reward means something."""
+    return trajectory.status == "finished" and trajectory.end_reason in SCORED_END_REASONS
+
+
+def _unscored_reason(trajectory: Trajectory) -> str:
+    if trajectory.status != "finished":
+        return trajectory.end_reason or trajectory.status
+    return f"unscored_{trajectory.end_reason}"  # finished, but an end the scorer does not vouch for
+
+
+# -- inputs: one run unless asked ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """A trajectory and the run it belongs to (groups never span runs)."""
+
+    run: str
+    trajectory: Trajectory
+
+
+def _header_run_id(path: Path) -> str | None:
+    """The run id a file's run header names, where the file has one that does."""
+    try:  # the run header is newer than some trajectory files, and than some installs
+        from orchard_async.trajectory import read_run_header
+    except ImportError:
+        return None
+    header = read_run_header(path) or {}
+    run_id = header.get("run_id")
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
+def _read(path: Path) -> list[Trajectory]:
+    if not path.exists():
+        raise ConfigError(f"{path}: no such trajectory file")
+    if not path.is_file():
+        raise ConfigError(f"{path}: not a file; give the trajectory file written by `orchard-async run`")
+    return list(read_trajectories(path))
+
+
+def _source_runs(
+    trajectories: list[Trajectory], allow_mixed_runs: bool, name: str, header_run_id: str | None = None
+) -> list[Sample]:
+    """Each trajectory of one input with its run.
+
+    A file written by one ``orchard-async run`` and continued with ``--resume`` may hold
+    several ``run_id`` values (an invocation draws one unless the run header fixes it) but
+    never the same episode twice with a result: it is one run, named by its header's run id
+    or else its first ``run_id``, and its groups stay whole. A file that holds an episode
+    twice is several runs concatenated."""
+    run_ids = list(dict.fromkeys(t.run_id for t in trajectories))
+    judged = Counter(t.episode_id for t in trajectories if is_scored(t))
+    repeated = [episode for episode, count in judged.items() if count > 1]
+    if not repeated or len(run_ids) <= 1:  # one run (the same episode twice in one run: see load_samples)
+        run = header_run_id or (run_ids[0] if run_ids else "")
+        return [Sample(run, t) for t in trajectories]
+    if not allow_mixed_runs:
+        raise ConfigError(
+            f"{name} holds {len(run_ids)} runs ({', '.join(run_ids[:4])}) concatenated (episode {repeated[0]} "
+            "is in it twice); export each run on its own, or pass --allow-mixed-runs to keep their groups apart"
+        )
+    return [Sample(t.run_id, t) for t in trajectories]
+
+
+def _as_sources(sources: Source | Sequence[Source]) -> list[Source]:
+    """One path, several paths, or trajectories in memory -> a list of inputs."""
+    if isinstance(sources, str | Path):
+        return [sources]
+    items = list(sources)  # type: ignore[arg-type]
+    if items and all(isinstance(item, str | Path) for item in items):
+        return items
+    return [items]  # trajectories in memory: one input
+
+
+def load_samples(sources: Source | Sequence[Source], *, allow_mixed_runs: bool = False) -> list[Sample]:
+    """The trajectories of every input with their runs. Trajectories of different runs are an
+    error unless ``allow_mixed_runs`` (their groups are then kept apart by run id); the same
+    episode of the same run twice is always an error (a file given twice)."""
+    return _samples_of(_as_sources(sources), allow_mixed_runs)
+
+
+def _samples_of(inputs: list[Source], allow_mixed_runs: bool) -> list[Sample]:
+    samples: list[Sample] = []
+    for source in inputs:
+        if isinstance(source, str | Path):
+            path = Path(source)
+            samples += _source_runs(_read(path), allow_mixed_runs, str(path), _header_run_id(path))
+        else:
+            samples += _source_runs(list(source), allow_mixed_runs, "the trajectories")
+    runs = list(dict.fromkeys(sample.run for sample in samples))
+    if len(runs) > 1 and not allow_mixed_runs:
+        raise ConfigError(
+            f"the inputs hold {len(runs)} different runs ({', '.join(runs[:4])}); export each run on its own, "
+            "or pass --allow-mixed-runs to export them together (their groups stay apart, prefixed by run id)"
+        )
+    seen: Counter[tuple[str, str]] = Counter(
+        (sample.run, sample.trajectory.episode_id) for sample in samples if is_scored(sample.trajectory)
+    )
+    twice = [key for key, count in seen.items() if count > 1]
+    if twice:
+        run, episode = twice[0]
+        raise ConfigError(f"episode {episode} of run {run} is in the inputs twice; give each trajectory file once")
+    return samples
+
+
+def run_group_id(sample: Sample) -> str:
+    """The group id, unique across runs: the run id, then the rollout's group id."""
+    return f"{sample.run}/{sample.trajectory.group_id}" if sample.run else sample.trajectory.group_id
+
+
+# -- records --------------------------------------------------------------------------------
 
 
 def _usage(trajectory: Trajectory) -> dict[str, int]:
@@ -70,165 +199,338 @@ def _usage(trajectory: Trajectory) -> dict[str, int]:
 def trajectory_messages(
     trajectory: Trajectory, *, system_prompt: str = SYSTEM_PROMPT, observation_chars: int = OBSERVATION_CHARS
 ) -> list[dict[str, Any]]:
+    """The conversation exactly as the model saw it, plus its last reply."""
     return build_messages(
         trajectory.instruction, trajectory.steps, system_prompt=system_prompt, observation_chars=observation_chars
     )
 
 
-def sft_record(trajectory: Trajectory, **prompt_options: Any) -> dict[str, Any]:
+def _identity(sample: Sample) -> dict[str, Any]:
+    trajectory = sample.trajectory
     return {
-        "messages": trajectory_messages(trajectory, **prompt_options),
         "resolved": bool(trajectory.success),
-        "reward": trajectory.reward,
         "instance_id": trajectory.task_id,
         "episode_id": trajectory.episode_id,
-        "group_id": trajectory.group_id,
+        "group_id": run_group_id(sample),
+        "sample": trajectory.sample,
+        "run_id": sample.run,
         "policy": trajectory.policy,
         "end_reason": trajectory.end_reason,
         "turns": len(trajectory.steps),
         "usage": _usage(trajectory),
-        "patch": trajectory.info.get("patch", ""),
     }
 
 
-def group_stats(rewards: list[float], resolved: list[bool]) -> dict[str, Any]:
+def sft_record(trajectory: Trajectory | Sample, **prompt_options: Any) -> dict[str, Any] | None:
+    """The chat of one episode, cut after the model's last reply (an observation after it
+    teaches nothing); None when the model never replied."""
+    sample = trajectory if isinstance(trajectory, Sample) else Sample(trajectory.run_id, trajectory)
+    messages = trajectory_messages(sample.trajectory, **prompt_options)
+    while messages and messages[-1]["role"] != "assistant":
+        messages.pop()
+    if not messages:
+        return None
+    return {
+        "messages": messages,
+        "reward": sample.trajectory.reward,
+        **_identity(sample),
+        "patch": sample.trajectory.info.get("patch", ""),
+    }
+
+
+def sft_records(
+    trajectories: Iterable[Trajectory | Sample],
+    *,
+    min_reward: float | None = None,
+    only_resolved: bool = False,
+    skipped: Counter[str] | None = None,
+    **prompt_options: Any,
+) -> list[dict[str, Any]]:
+    """SFT records of the scored episodes that clear the bar: ``reward >= min_reward``, or
+    resolved when no ``min_reward`` is given (and with ``only_resolved``)."""
+    skipped = Counter() if skipped is None else skipped
+    records = []
+    for item in trajectories:
+        trajectory = item.trajectory if isinstance(item, Sample) else item
+        if not is_scored(trajectory):
+            skipped[_unscored_reason(trajectory)] += 1
+        elif (min_reward is None or only_resolved) and not trajectory.success:
+            skipped["unresolved"] += 1
+        elif min_reward is not None and not trajectory.reward >= min_reward:
+            skipped["below_min_reward"] += 1
+        elif (record := sft_record(item, **prompt_options)) is None:
+            skipped["no_assistant_turn"] += 1
+        else:
+            records.append(record)
+    return records
+
+
+def group_stats(rewards: list[float], resolved: list[bool], dropped: int = 0) -> dict[str, Any]:
+    """Population statistics of a group's exported rewards."""
     n = len(rewards)
     mean = sum(rewards) / n
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n)
     return {
         "size": n,
+        "dropped": dropped,
         "mean": mean,
         "std": std,
         "min": min(rewards),
         "max": max(rewards),
         "resolved": sum(resolved),
-        "resolved_rate": sum(resolved) / n,
         "degenerate": max(rewards) - min(rewards) < EPSILON,
     }
 
 
-def grpo_groups(
-    trajectories: Iterable[Trajectory], *, min_group_size: int = 1, **prompt_options: Any
-) -> tuple[list[dict[str, Any]], int]:
-    """Group records (in first-seen order) and the number of episodes left out."""
-    groups: dict[str, list[Trajectory]] = {}
-    skipped = 0
-    for trajectory in trajectories:
-        if not _usable(trajectory):
-            skipped += 1
+Advantage = Literal["mean", "std"]
+
+
+def advantage_of(reward: float, stats: dict[str, Any], advantage: Advantage = "mean") -> float:
+    centred = reward - stats["mean"]
+    return centred / (stats["std"] + EPSILON) if advantage == "std" else centred
+
+
+def rl_record(
+    sample: Sample, stats: dict[str, Any], advantage: Advantage = "mean", **prompt_options: Any
+) -> dict[str, Any]:
+    messages = trajectory_messages(sample.trajectory, **prompt_options)
+    first_reply = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+    return {
+        "prompt": messages[:first_reply],
+        "messages": [{**message, "train": message["role"] == "assistant"} for message in messages],
+        "reward": sample.trajectory.reward,
+        "advantage": advantage_of(sample.trajectory.reward, stats, advantage),
+        "group": stats,
+        **_identity(sample),
+    }
+
+
+class RLGroups(msgspec.Struct, kw_only=True):
+    records: list[dict[str, Any]]
+    groups: int
+    degenerate: int
+    partial: int
+    skipped: Counter[str]
+
+
+def rl_records(
+    samples: Iterable[Sample | Trajectory],
+    *,
+    advantage: Advantage = "mean",
+    min_group_size: int = 1,
+    skip_degenerate: bool = False,
+    complete_groups_only: bool = False,
+    **prompt_options: Any,
+) -> RLGroups:
+    """One record per scored sample, its advantage taken within its group (first-seen order
+    of groups, samples in order)."""
+    if advantage not in ("mean", "std"):
+        raise ConfigError(f"advantage must be 'mean' or 'std', got {advantage!r}")
+    groups: dict[str, list[Sample]] = {}
+    for item in samples:
+        sample = item if isinstance(item, Sample) else Sample(item.run_id, item)
+        groups.setdefault(run_group_id(sample), []).append(sample)
+    out = RLGroups(records=[], groups=0, degenerate=0, partial=0, skipped=Counter())
+    for members in groups.values():
+        kept = sorted((s for s in members if is_scored(s.trajectory)), key=lambda s: s.trajectory.sample)
+        dropped = [s for s in members if not is_scored(s.trajectory)]
+        out.skipped.update(_unscored_reason(s.trajectory) for s in dropped)
+        if not kept:
             continue
-        groups.setdefault(trajectory.group_id, []).append(trajectory)
-    records = []
-    for group_id, members in groups.items():
-        if len(members) < min_group_size:
-            skipped += len(members)
+        if dropped and complete_groups_only:
+            out.skipped["partial_group"] += len(kept)
             continue
-        members.sort(key=lambda t: t.sample)
-        stats = group_stats([t.reward for t in members], [t.success for t in members])
-        prompt = trajectory_messages(members[0], **prompt_options)[:2]
-        samples = []
-        for t in members:
-            messages = trajectory_messages(t, **prompt_options)
-            samples.append(
-                {
-                    "episode_id": t.episode_id,
-                    "sample": t.sample,
-                    "completion": messages[2:],
-                    "reward": t.reward,
-                    "resolved": bool(t.success),
-                    "advantage": (t.reward - stats["mean"]) / (stats["std"] + EPSILON),
-                    "end_reason": t.end_reason,
-                    "usage": _usage(t),
-                }
-            )
-        records.append({"group_id": group_id, "instance_id": members[0].task_id, "prompt": prompt, "samples": samples, "stats": stats})
-    return records, skipped
+        if len(kept) < min_group_size:
+            out.skipped["small_group"] += len(kept)
+            continue
+        stats = group_stats([s.trajectory.reward for s in kept], [s.trajectory.success for s in kept], len(dropped))
+        if stats["degenerate"] and skip_degenerate:
+            out.skipped["degenerate_group"] += len(kept)
+            continue
+        out.groups += 1
+        out.degenerate += stats["degenerate"]
+        out.partial += bool(dropped)
+        out.records += [rl_record(s, stats, advantage, **prompt_options) for s in kept]
+    return out
 
 
-def _load(source: Iterable[Trajectory] | str | Path) -> list[Trajectory]:
-    if isinstance(source, str | Path):
-        path = Path(source)
-        if not path.exists():
-            raise ConfigError(f"{path}: no such trajectory file")
-        return list(read_trajectories(path))
-    return list(source)
+# -- files ------------------------------------------------------------------------------------
 
 
-def _write(out: str | Path, records: list[dict[str, Any]]) -> Path:
+def _check_out(out: str | Path, inputs: Sequence[Source]) -> Path:
+    """Refuse an output that would destroy an input or cannot be a file, before any work."""
     path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for record in records:
-            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-    tmp.replace(path)
+    if path.is_dir():
+        raise ConfigError(f"--out {path} is a directory; give a file name such as {path / 'data.jsonl'}")
+    for source in inputs:
+        if isinstance(source, str | Path) and Path(source).exists() and path.exists() and path.samefile(source):
+            raise ConfigError(f"--out {path} is one of the input trajectory files; write the export elsewhere")
     return path
 
 
+def _write(path: Path, records: list[dict[str, Any]]) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for record in records:
+                fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        tmp.replace(path)
+    except OSError as exc:
+        if tmp.parent.is_dir():
+            tmp.unlink(missing_ok=True)
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def _rates(records: list[dict[str, Any]]) -> tuple[float, float]:
+    if not records:
+        return 0.0, 0.0
+    return sum(r["reward"] for r in records) / len(records), sum(r["resolved"] for r in records) / len(records)
+
+
 def export_sft(
-    source: Iterable[Trajectory] | str | Path, out: str | Path, *, only_resolved: bool = False, **prompt_options: Any
+    sources: Source | Sequence[Source],
+    out: str | Path,
+    *,
+    min_reward: float | None = None,
+    only_resolved: bool = False,
+    allow_mixed_runs: bool = False,
+    **prompt_options: Any,
 ) -> ExportSummary:
-    """One chat record per usable episode (``only_resolved``: just the successful ones)."""
-    trajectories = _load(source)
-    chosen = [t for t in trajectories if _usable(t) and (t.success or not only_resolved)]
-    records = [sft_record(t, **prompt_options) for t in chosen]
-    path = _write(out, records)
-    rewards = [t.reward for t in chosen]
+    """One chat record per scored episode whose reward clears the bar (default: resolved)."""
+    inputs = _as_sources(sources)
+    path = _check_out(out, inputs)
+    samples = _samples_of(inputs, allow_mixed_runs)
+    skipped: Counter[str] = Counter()
+    records = sft_records(
+        samples, min_reward=min_reward, only_resolved=only_resolved, skipped=skipped, **prompt_options
+    )
+    _write(path, records)
+    mean_reward, resolved_rate = _rates(records)
     return ExportSummary(
         path=str(path),
         records=len(records),
         episodes=len(records),
-        skipped=len(trajectories) - len(chosen),
-        mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
-        resolved_rate=sum(t.success for t in chosen) / len(chosen) if chosen else 0.0,
+        skipped=sum(skipped.values()),
+        mean_reward=mean_reward,
+        resolved_rate=resolved_rate,
+        runs=list(dict.fromkeys(s.run for s in samples)),
+        skipped_reasons=dict(skipped),
     )
 
 
-def export_grpo(
-    source: Iterable[Trajectory] | str | Path,
+def export_rl(
+    sources: Source | Sequence[Source],
     out: str | Path,
     *,
+    advantage: Advantage = "mean",
     min_group_size: int = 1,
     skip_degenerate: bool = False,
+    complete_groups_only: bool = False,
+    allow_mixed_runs: bool = False,
     **prompt_options: Any,
 ) -> ExportSummary:
-    """One record per group with per-group reward statistics and advantages."""
-    trajectories = _load(source)
-    records, skipped = grpo_groups(trajectories, min_group_size=min_group_size, **prompt_options)
-    degenerate = sum(r["stats"]["degenerate"] for r in records)
-    if skip_degenerate:
-        skipped += sum(r["stats"]["size"] for r in records if r["stats"]["degenerate"])
-        records = [r for r in records if not r["stats"]["degenerate"]]
-    path = _write(out, records)
-    samples = [s for r in records for s in r["samples"]]
+    """One record per scored sample, with its group id, training mask and group advantage."""
+    if min_group_size < 1:
+        raise ConfigError(f"min_group_size must be at least 1, got {min_group_size}")
+    inputs = _as_sources(sources)
+    path = _check_out(out, inputs)
+    samples = _samples_of(inputs, allow_mixed_runs)
+    result = rl_records(
+        samples,
+        advantage=advantage,
+        min_group_size=min_group_size,
+        skip_degenerate=skip_degenerate,
+        complete_groups_only=complete_groups_only,
+        **prompt_options,
+    )
+    _write(path, result.records)
+    mean_reward, resolved_rate = _rates(result.records)
     return ExportSummary(
         path=str(path),
-        records=len(records),
-        episodes=len(samples),
-        skipped=skipped,
-        mean_reward=sum(s["reward"] for s in samples) / len(samples) if samples else 0.0,
-        resolved_rate=sum(s["resolved"] for s in samples) / len(samples) if samples else 0.0,
-        groups_degenerate=degenerate,
+        records=len(result.records),
+        episodes=len(result.records),
+        skipped=sum(result.skipped.values()),
+        mean_reward=mean_reward,
+        resolved_rate=resolved_rate,
+        groups=result.groups,
+        groups_degenerate=result.degenerate,
+        groups_partial=result.partial,
+        runs=list(dict.fromkeys(s.run for s in samples)),
+        skipped_reasons=dict(result.skipped),
     )
+
+
+export_grpo = export_rl  # the format's former name
+
+
+# -- command line ---------------------------------------------------------------------------
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("format", choices=["sft", "grpo"], help="sft: one chat per episode; grpo: one record per group")
+    parser.add_argument(
+        "format", choices=FORMATS, help="sft: one chat per good episode; rl (or grpo): one record per sample"
+    )
+    # The first file is ``args.trajectories`` (one path, as callers that check it expect), the rest apart.
     parser.add_argument("trajectories", help="trajectory file written by `orchard-async run` (.jsonl or .msgpack)")
+    parser.add_argument(
+        "more_trajectories", nargs="*", metavar="MORE", help="more trajectory files (of the same run, unless mixed)"
+    )
     parser.add_argument("--out", required=True, help="output JSONL file")
-    parser.add_argument("--only-resolved", action="store_true", help="sft: keep only resolved episodes")
-    parser.add_argument("--min-group-size", type=int, default=1, help="grpo: drop groups with fewer samples")
-    parser.add_argument("--skip-degenerate", action="store_true", help="grpo: drop groups whose rewards are all equal")
+    parser.add_argument(
+        "--allow-mixed-runs",
+        action="store_true",
+        help="export trajectories of different runs together (groups stay apart, prefixed by run id)",
+    )
+    sft = parser.add_argument_group("sft")
+    sft.add_argument(
+        "--min-reward", type=float, default=None, help="keep episodes with reward >= this (default: resolved only)"
+    )
+    sft.add_argument("--only-resolved", action="store_true", help="also require resolved with --min-reward")
+    rl = parser.add_argument_group("rl")
+    rl.add_argument(
+        "--advantage",
+        choices=["mean", "std"],
+        default="mean",
+        help="mean: reward - group mean (default); std: also divided by the group's std (GRPO)",
+    )
+    rl.add_argument("--min-group-size", type=int, default=1, help="drop groups with fewer scored samples")
+    rl.add_argument("--skip-degenerate", action="store_true", help="drop groups whose rewards are all equal")
+    rl.add_argument(
+        "--complete-groups-only",
+        action="store_true",
+        help="drop groups that lost a sample to an infrastructure failure (default: keep the scored ones)",
+    )
 
 
 def run_export(args: argparse.Namespace) -> ExportSummary:
+    if args.min_reward is not None and not math.isfinite(args.min_reward):
+        raise ConfigError(f"--min-reward must be a finite number, got {args.min_reward}")
+    sources = [args.trajectories, *getattr(args, "more_trajectories", [])]
     if args.format == "sft":
-        return export_sft(args.trajectories, args.out, only_resolved=args.only_resolved)
-    return export_grpo(args.trajectories, args.out, min_group_size=args.min_group_size, skip_degenerate=args.skip_degenerate)
+        return export_sft(
+            sources,
+            args.out,
+            min_reward=args.min_reward,
+            only_resolved=args.only_resolved,
+            allow_mixed_runs=args.allow_mixed_runs,
+        )
+    return export_rl(
+        sources,
+        args.out,
+        advantage=args.advantage,
+        min_group_size=args.min_group_size,
+        skip_degenerate=args.skip_degenerate,
+        complete_groups_only=args.complete_groups_only,
+        allow_mixed_runs=args.allow_mixed_runs,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchard_async.recipes.swe.export", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m orchard_async.recipes.swe.export", description=__doc__.split("\n\n")[0]
+    )
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

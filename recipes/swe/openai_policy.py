@@ -16,9 +16,20 @@ Configured from the environment (``OpenAIPolicy.from_env``):
 Retries back off exponentially with jitter and honour ``Retry-After``. Token usage of
 every reply is recorded in the step's ``Action.usage``. A response without a readable
 message, or a reply without exactly one bash block, becomes an ``invalid`` action: the
-episode records the format error and goes on. Errors that retrying cannot fix (a 4xx
-other than 429, or retries exhausted) raise ``ModelError``, which ends the episode as
-``policy_error``.
+episode records the format error and goes on.
+
+What the server's failures mean for the episode (none of them is the policy's own doing,
+so none of them becomes training data with reward 0):
+
+* the conversation no longer fits the model's context (an HTTP 400/413/422 whose error
+  names the context length, or a reply cut off by the server with no usable command while
+  the per-reply ``max_tokens`` was not what cut it) -> ``ContextExhausted``: the episode
+  ends as ``context_exhausted`` and is scored on what the agent left in the tree;
+* the model cannot be reached or will not serve us (401/403/404, connection refused,
+  429/5xx/timeouts until the retries are spent) -> ``ModelUnavailable``, an infrastructure
+  error: the engine retries the episode, then records ``model_unavailable``;
+* any other rejected request (a 4xx such as a bad parameter in ``ORCHARD_EXTRA_BODY``)
+  -> ``ModelError``: the episode ends as ``policy_error`` (never exported).
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,16 +47,35 @@ from typing import Any
 
 import anyio
 
-from orchard_async import Action, ConfigError, Observation, OrchardError
+from orchard_async import Action, ConfigError, ContextExhausted, ModelUnavailable, Observation, OrchardError
 
 from .agent import OBSERVATION_CHARS, SYSTEM_PROMPT, build_messages, parse_reply, tokens_spent
 
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+# The server will not serve this client or this model: retrying the request cannot help,
+# but it is the deployment's fault, not the policy's (a wrong key, a model not loaded).
+UNAVAILABLE_STATUSES = frozenset({401, 403, 404})
+# Statuses servers use for "the request is too big", and the wording of the context-length
+# errors of OpenAI (code context_length_exceeded), vLLM ("maximum context length is N
+# tokens"), SGLang ("longer than the model's context length"), TGI ("must be <= N"),
+# llama.cpp ("exceeds the available context size") and Anthropic-style proxies.
+CONTEXT_STATUSES = frozenset({400, 413, 422})
+CONTEXT_ERROR = re.compile(
+    r"context[ _-]?(length|window|size)|maximum context|prompt is too long|too many (input )?tokens"
+    r"|input is too long|tokens \+ `?max_new_tokens`? must be",
+    re.IGNORECASE,
+)
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 
 class ModelError(OrchardError):
-    """The model endpoint failed in a way retrying did not fix."""
+    """The model endpoint rejected the request itself (a 4xx that is neither a context-length
+    error nor an authentication one): the episode ends as ``policy_error``."""
+
+
+def is_context_error(status: int, text: str) -> bool:
+    """Whether an HTTP error says the conversation no longer fits the model's context."""
+    return status in CONTEXT_STATUSES and CONTEXT_ERROR.search(text) is not None
 
 
 @dataclass
@@ -182,7 +213,9 @@ class ChatClient:
             headers = {"Content-Type": "application/json"}
             if self.config.api_key:
                 headers["Authorization"] = f"Bearer {self.config.api_key}"
-            limits = httpx.Limits(max_connections=self.config.max_concurrency, max_keepalive_connections=self.config.max_concurrency)
+            limits = httpx.Limits(
+                max_connections=self.config.max_concurrency, max_keepalive_connections=self.config.max_concurrency
+            )
             self._client = httpx.AsyncClient(headers=headers, limits=limits, trust_env=False)
             self._limit = anyio.Semaphore(self.config.max_concurrency)
             self._loop = loop
@@ -220,8 +253,13 @@ class ChatClient:
                         if attempt:
                             completion.usage["retries"] = attempt
                         return completion
-                    last = f"HTTP {response.status_code}: {response.text[:500]}"
-                    if response.status_code not in RETRY_STATUSES:
+                    status = response.status_code
+                    last = f"HTTP {status}: {response.text[:500]}"
+                    if is_context_error(status, response.text):
+                        raise ContextExhausted(f"{self.url} answered {last}")
+                    if status in UNAVAILABLE_STATUSES:
+                        raise ModelUnavailable(f"{self.url} answered {last}")
+                    if status not in RETRY_STATUSES:
                         raise ModelError(f"{self.url} answered {last}")
                     wait = _retry_after(response.headers.get("retry-after"))
             if attempt == self.config.max_retries:
@@ -229,10 +267,12 @@ class ChatClient:
             if wait is None:
                 wait = min(self.config.max_backoff, self.config.backoff * 2**attempt) * random.uniform(0.5, 1.0)
             if time.monotonic() + wait >= deadline:
-                raise ModelError(f"{self.url}: no time left to retry after {attempt + 1} attempts; last error: {last}")
+                raise ModelUnavailable(
+                    f"{self.url}: no time left to retry after {attempt + 1} attempts; last error: {last}"
+                )
             self.retries += 1
             await anyio.sleep(wait)
-        raise ModelError(f"{self.url}: gave up after {self.config.max_retries + 1} attempts; last error: {last}")
+        raise ModelUnavailable(f"{self.url}: gave up after {self.config.max_retries + 1} attempts; last error: {last}")
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -263,7 +303,11 @@ class OpenAIPolicy:
     async def act(self, observation: Observation) -> Action:
         spent = tokens_spent(observation.history)
         if self.config.token_budget and spent >= self.config.token_budget:
-            return Action(kind="submit", command="submit", error=f"token budget spent ({spent} of {self.config.token_budget} tokens)")
+            return Action(
+                kind="submit",
+                command="submit",
+                error=f"token budget spent ({spent} of {self.config.token_budget} tokens)",
+            )
         messages = build_messages(
             observation.instruction,
             observation.history,
@@ -276,8 +320,24 @@ class OpenAIPolicy:
         action = parse_reply(completion.content)
         action.usage = completion.usage
         if completion.finish_reason == "length" and action.kind == "invalid":
+            if self._cut_by_context(completion):
+                raise ContextExhausted(
+                    f"the server cut the reply off with no command in it after "
+                    f"{completion.usage.get('completion_tokens', '?')} tokens: the context is full"
+                )
             action.error += " (the reply was cut off at the token limit)"
         return action
+
+    def _cut_by_context(self, completion: Completion) -> bool:
+        """A reply cut off (``finish_reason == "length"``) hit either the per-reply cap we
+        asked for, which the model can recover from by writing less (a format error, the
+        episode goes on), or the end of the context window, from which no turn can recover.
+        Without a cap of ours, the server's cut is the context's (vLLM and SGLang size an
+        unset ``max_tokens`` to the room left in the context)."""
+        cap = self.config.max_tokens
+        if cap is None:
+            return True
+        return completion.usage.get("completion_tokens", cap) < cap
 
     async def aclose(self) -> None:
         await self.client.aclose()
