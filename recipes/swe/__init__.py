@@ -7,7 +7,7 @@
 * policies: ``oracle`` (applies the gold patch with shell commands), ``empty`` (submits
   nothing), ``openai`` (a chat model over an OpenAI-compatible endpoint, configured from
   the environment: see ``openai_policy``);
-* data out: ``export_sft`` and ``export_grpo`` (``python -m orchard_async.recipes.swe.export``).
+* data out: ``export_sft`` and ``export_rl`` (``orchard-async export sft|rl``; see docs/training-formats.md) (``python -m orchard_async.recipes.swe.export``).
 
 Built only on the public core API, like every recipe. See README.md in this folder.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 from orchard_async import ConfigError, Policy
 
 from .agent import SYSTEM_PROMPT, build_messages, parse_reply, truncate_middle
-from .export import export_grpo, export_sft
+from .export import export_grpo, export_rl, export_sft
 from .instances import Instance, load_instances
 from .openai_policy import ChatClient, ModelConfig, ModelError, OpenAIPolicy
 from .policies import EmptyPolicy, OraclePolicy
@@ -54,6 +54,7 @@ __all__ = [
     "SWETask",
     "build_messages",
     "export_grpo",
+    "export_rl",
     "export_sft",
     "load_instances",
     "load_tasks",
