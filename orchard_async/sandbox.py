@@ -62,6 +62,11 @@ class ShellSandbox:
         self._sessions = 0
         self.closed = False
 
+    @property
+    def spool_dir(self) -> str:
+        """Where the shell server spools command output, as the sandbox sees the path."""
+        return self._client.ctl_dir
+
     # -- commands ------------------------------------------------------------------------
 
     async def exec(
