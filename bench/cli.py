@@ -17,9 +17,10 @@ from pathlib import Path
 from rich.console import Console
 
 from orchard_async.errors import ConfigError
+from orchard_async.paths import check_output_file
 from orchard_async.runtime import run
 
-from .report import Result, load_average, machine_info, print_result, read_json, to_markdown, write_json
+from .report import Result, load_average, machine_info, print_result, to_markdown, write_json
 
 SCENARIOS = ["exec", "burst", "create", "episodes", "scale", "chaos"]
 DEFAULT_ADAPTER = {
@@ -238,10 +239,12 @@ def main(args: argparse.Namespace) -> int:
     if not isinstance(options, dict):
         raise ConfigError("--adapter-options must be a JSON object")
     adapter = args.adapter or DEFAULT_ADAPTER[args.scenario]
-    if args.plot:  # fail before a long run, not after it
-        from .plot import _pyplot
-
-        _pyplot()
+    # Fail before a long run, not after it: every output can be written, and plotted.
+    for flag, path in (("--json", args.json_out), ("--markdown", args.markdown), ("--plot", args.plot)):
+        if path:
+            check_output_file(path, what=flag)
+    if args.plot:
+        _check_plot(args.plot)
     if args.max_load:
         _wait_for_load(args.max_load, console)
     machine = machine_info()
@@ -289,14 +292,24 @@ def main(args: argparse.Namespace) -> int:
     return 0 if not result.leaked and not result.lost else 1
 
 
+def _check_plot(path: str) -> None:
+    """matplotlib is there and can draw this file type (it picks the format by suffix)."""
+    from .plot import _pyplot
+
+    plt = _pyplot()
+    formats = plt.matplotlib.backend_bases.FigureCanvasBase.get_supported_filetypes()
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in formats:
+        raise ConfigError(f"--plot {path}: name the file with a picture suffix: {', '.join(sorted(formats))}")
+
+
 def _show(args: argparse.Namespace, console: Console) -> int:
-    path = Path(args.file)
-    if not path.exists():
-        raise ConfigError(f"{path}: no such file")
-    try:
-        result = read_json(path)
-    except Exception as exc:  # msgspec's decode and validation errors
-        raise ConfigError(f"{path} is not a bench result: {exc}") from None
+    if args.plot:
+        check_output_file(args.plot, what="--plot")
+        _check_plot(args.plot)
+    from .compare import load_result
+
+    result = load_result(args.file)
     if args.markdown:
         sys.stdout.write(to_markdown(result))
     else:

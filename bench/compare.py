@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 from rich.console import Console
 from rich.table import Table
+
+from orchard_async.errors import ConfigError
 
 from .report import Result, Row, read_json
 
@@ -47,9 +50,29 @@ def ratios(a: Result, b: Result) -> list[dict]:
     return out
 
 
+def load_result(path: str | Path) -> Result:
+    """A result file written by ``bench ... --json``; anything else is a ConfigError."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory, not a bench result")
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    try:
+        data = msgspec.json.decode(path.read_bytes())
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{path} is not a bench result (the JSON file of bench --json): {exc}") from None
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows) or "scenario" not in data:
+        raise ConfigError(f"{path} is JSON but not a bench result: it needs a 'scenario' and a list of 'rows'")
+    try:
+        return read_json(path)
+    except (msgspec.DecodeError, ValueError, TypeError) as exc:  # a field of the wrong type
+        raise ConfigError(f"{path} is not a bench result: {exc}") from None
+
+
 def compare(path_a: str | Path, path_b: str | Path, console: Console | None = None) -> int:
     console = console or Console()
-    a, b = read_json(path_a), read_json(path_b)
+    a, b = load_result(path_a), load_result(path_b)
     if a.scenario != b.scenario:
         console.print(f"[yellow]warning:[/] comparing different scenarios ({a.scenario} vs {b.scenario})")
     entries = ratios(a, b)

@@ -125,6 +125,7 @@ async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, re
             TimeElapsedColumn(),
             console=console,
             transient=False,
+            disable=not console.is_terminal,  # in a log the summary says it all; a bar is noise
         ) as progress:
             bar = progress.add_task(f"{args.recipe} on {args.adapter}", total=args.episodes, ok=0, failed=0)
 
@@ -220,10 +221,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from orchard_async.recipes.swe.export import run_export
 
-    source = check_trajectory_file(args.trajectories)
+    given = args.trajectories if isinstance(args.trajectories, list) else [args.trajectories]
+    given += getattr(args, "more_trajectories", None) or []
+    sources = [check_trajectory_file(path) for path in given]
     out = check_output_file(args.out)
-    if out.exists() and out.resolve() == source.resolve():
-        raise ConfigError(f"--out {out} is the trajectory file being exported; write the export elsewhere")
+    if out.exists() and any(out.resolve() == source.resolve() for source in sources):
+        raise ConfigError(f"--out {out} is a trajectory file being exported; write the export elsewhere")
     summary = run_export(args)
     console.print(
         f"{args.format}: {summary.records} records ({summary.episodes} episodes, {summary.skipped} skipped), "
