@@ -13,10 +13,20 @@ Lifetimes, from the most to the least graceful end:
 * When the exec stream closes (the controller died, even by SIGKILL) or the shell dies,
   the exec's wrapper kills the timer, init exits with it, and AutoRemove deletes the
   container: a dead controller's sandboxes go within a second.
+* Keepalive: the controller writes a newline (an empty command to the shell) on every
+  exec stream that was idle for a second, and the exec's wrapper ends the container when
+  no byte arrived for ``keepalive`` seconds (default 6). So a controller that died without
+  its streams closing (the daemon kept the exec's stdin open; the process froze) loses its
+  sandboxes within ``keepalive`` + 1.5 s too, not at their TTL.
 * A container whose shell never attached (the controller died mid-create) ends after
   the attach grace (60 s); any other ends at its TTL, whatever happened.
 * ``reap`` removes, by label, containers whose controller process is dead (it is named
   by ``orchard.controller=<host>:<pid>:<start time>``) or whose TTL has passed.
+
+Hardening: every capability is dropped (the shell protocol needs none: it signals and
+reads /proc only for processes of its own user), no-new-privileges is set (setuid binaries
+gain nothing), ``spec.pids`` is the container's pids cgroup limit (plus the adapter's own
+processes), and the network is ``none`` unless the spec asks for it.
 
 Every daemon call runs under a timeout. A daemon that stalls or dies surfaces as
 ``BackendUnavailable`` (creates; the pool backs off) or ``sandbox_lost`` results
@@ -48,6 +58,7 @@ from aiodocker.containers import DockerContainer
 from aiodocker.stream import Stream
 
 from orchard_async.errors import AdapterUnavailable, BackendUnavailable, ConfigError, CreateFailed, SandboxLost
+from orchard_async.images import ImageMissing, build_command, missing_image_hint
 from orchard_async.lease import controller_alive, controller_id
 from orchard_async.protocols import Sandbox
 from orchard_async.sandbox import ShellSandbox
@@ -59,7 +70,7 @@ T = TypeVar("T")
 DEFAULT_IMAGE = "orchard/busybox:test"
 DEFAULT_WORKDIR = "/workspace"
 CTL_DIR = "/tmp/.orchard"  # the shell protocol's scratch files; a tmpfs on read-only roots
-BUILD_HINT = "build the test images with scripts/docker-images.sh, or `docker pull`/`docker load` it yourself"
+WHERE = "the Docker daemon"
 
 API_TIMEOUT = 30.0  # any single daemon call
 PULL_TIMEOUT = 600.0
@@ -72,8 +83,11 @@ STDERR_KEPT = 4096  # bytes of the exec's own stderr kept to explain a shell tha
 
 # Processes the adapter itself runs in every container, added to spec.pids so that the
 # limit counts what commands may start: init, the timer and its sleep, the exec wrapper
-# with its two sides and cat, the shell, and the command's subshell.
-PIDS_OVERHEAD = 9
+# with its two sides and cat, the keepalive watchdog and its sleep (where the image's
+# shell has no `read -t`), the shell, and the command's subshell.
+PIDS_OVERHEAD = 11
+KEEPALIVE = 6.0  # seconds without a byte from the controller before a container ends itself
+KEEPALIVE_CHECKS = 4  # the watchdog looks this many times per keepalive period
 
 # The container's main process (under docker-init): the self-destruct timer, in sh.
 #
@@ -105,8 +119,53 @@ if [ -e "$_o_pid" ]; then _o_nap "$2"; fi
 # (`kill -1`), the timer among them, and init exits with it. Signalling init does not
 # work: the kernel drops signals sent to a namespace's init from inside unless it has a
 # handler, and docker-init waits for signals with them blocked instead.
-SHELL_ENDS_CONTAINER = ["sh", "-c", "{ cat; kill -KILL -1; } | { sh -s; kill -KILL -1; }"]
+#
+# EOF alone is not enough: it needs the daemon to close the exec's stdin when the client's
+# connection goes, and a controller can also stop without closing anything (frozen,
+# stalled). So the wrapper also runs a watchdog (WATCHDOG) over the relay: the controller
+# sends a byte on an idle stream every second, and when the relay's read count (rchar in
+# /proc/<cat>/io) has not moved for $1 seconds, the watchdog kills every process the same
+# way. $1 = 0 turns it off. The watchdog's output goes nowhere: the shell's pipe has one
+# writer, the relay.
+SHELL_WRAPPER = """
+{ exec 3<&0 </dev/null
+  cat <&3 3<&- & _o_c=$!
+  exec 3<&-
+  if [ "$1" != 0 ]; then
+    _o_sh=sh; if command -v bash >/dev/null 2>&1; then _o_sh=bash; fi
+    : | "$_o_sh" -c "$3" orchard-keepalive "$_o_c" "$1" "$2" >/dev/null 2>&1 &
+  fi
+  wait "$_o_c"; kill -KILL -1
+} | { sh -s; kill -KILL -1; }
+"""
+
+# The keepalive watchdog: $1 the relay's pid, $2 the keepalive in milliseconds, $3 checks per
+# keepalive. It waits with `read -t` on a pipe nobody writes to (its stdin, reopened
+# read-write so it never sees EOF): no process per tick, so it keeps working when the
+# command has taken every pid. bash and busybox sh have `read -t`; with a shell that has
+# not (dash without bash), it forks `sleep`, and dies if a full pids limit refuses the
+# fork (the EOF path and the TTL still hold).
+WATCHDOG = """
+_o_c=$1; _o_checks=$3; _o_ms=$(($2 / $3))
+_o_every=$((_o_ms / 1000)).$((_o_ms % 1000 / 100))$((_o_ms % 100 / 10))$((_o_ms % 10))
+exec 4<>/proc/self/fd/0 0</dev/null
+read -t 0.01 _o_x <&4 2>/dev/null
+if [ $? = 2 ]; then _o_tick() { sleep "$_o_every"; }; else _o_tick() { read -t "$_o_every" _o_x <&4; }; fi
+_o_last=; _o_quiet=0
+while [ "$_o_quiet" -lt "$_o_checks" ]; do
+  _o_tick
+  read -r _o_k _o_n <"/proc/$_o_c/io" || exit 0
+  if [ "$_o_n" = "$_o_last" ]; then _o_quiet=$((_o_quiet + 1)); else _o_quiet=0; _o_last=$_o_n; fi
+done
+kill -KILL -1
+"""
 SHELL_ONLY = ["sh", "-s"]
+
+
+def shell_command(keepalive: float) -> list[str]:
+    """The exec's argv: the wrapped shell, with the watchdog after ``keepalive`` seconds
+    (whole milliseconds; 0 turns it off)."""
+    return ["sh", "-c", SHELL_WRAPPER, "orchard-shell", str(round(keepalive * 1000)), str(KEEPALIVE_CHECKS), WATCHDOG]
 
 
 # -- the hot path: an exec attach stream as an anyio byte stream -----------------------------
@@ -127,6 +186,7 @@ class ExecStream(anyio.abc.ByteStream):
         self._send, self._receive = anyio.create_memory_object_stream[bytes](max_buffer_size=math.inf)
         self._pending = b""
         self.stderr_tail = b""
+        self.last_sent = time.monotonic()  # for the keepalive: idle streams get a heartbeat
         self._reader = asyncio.get_running_loop().create_task(self._pump())
 
     async def _pump(self) -> None:
@@ -150,11 +210,21 @@ class ExecStream(anyio.abc.ByteStream):
     async def send(self, item: bytes) -> None:
         # aiodocker's write has no timeout (a stalled daemon blocks the drain forever) and
         # fails with AssertionError or RuntimeError once the connection is gone.
+        self.last_sent = time.monotonic()
         try:
             with anyio.fail_after(SEND_TIMEOUT + len(item) / SEND_RATE):
                 await self._stream.write_in(item)
         except (TimeoutError, AssertionError, RuntimeError, OSError, aiohttp.ClientError) as exc:
             raise anyio.BrokenResourceError(f"the exec stream is gone ({type(exc).__name__})") from exc
+
+    async def beat(self, limit: float) -> None:
+        """The keepalive's heartbeat: a newline, which the shell reads as an empty command.
+        It never lands inside a frame: each frame is one transport write, and so is this.
+        Waiting for the drain is bounded: the byte is in the transport's buffer already, and
+        one slow stream must not hold back the others' heartbeats."""
+        self.last_sent = time.monotonic()
+        with anyio.move_on_after(limit), contextlib.suppress(Exception):
+            await self._stream.write_in(b"\n")
 
     async def send_eof(self) -> None:
         await self.aclose()
@@ -181,6 +251,8 @@ class DockerAdapter:
     tmpfs          {path: mount options} extra tmpfs mounts (executable unless 'noexec')
     exit_with_shell  end the container when its shell ends (default); False keeps it until
                    its TTL (tests of the TTL and reap paths use this)
+    keepalive      seconds without a byte from this controller after which a container ends
+                   itself (default 6; 0 turns it off); needs exit_with_shell
     attach_grace   seconds a started container waits for its shell before ending itself
     output_cap     bytes kept per output stream
     """
@@ -201,9 +273,14 @@ class DockerAdapter:
         exit_with_shell: bool = True,
         attach_grace: float = ATTACH_GRACE,
         output_cap: int = DEFAULT_OUTPUT_CAP,
+        keepalive: float = KEEPALIVE,
     ):
         if max_creating < 1:
             raise ConfigError(f"max_creating must be at least 1, got {max_creating}")
+        if not (isinstance(keepalive, int | float) and not isinstance(keepalive, bool) and 0 <= keepalive < math.inf):
+            raise ConfigError(f"keepalive must be a number of seconds (0 turns it off), got {keepalive!r}")
+        if 0 < keepalive < 1:
+            raise ConfigError(f"keepalive must be at least 1 second (heartbeats go out every second), got {keepalive}")
         self.image = image
         self.url = url or os.environ.get("DOCKER_HOST") or None
         self.run_id = run_id or uuid.uuid4().hex[:12]
@@ -215,6 +292,7 @@ class DockerAdapter:
         self.exit_with_shell = exit_with_shell
         self.attach_grace = attach_grace
         self.output_cap = output_cap
+        self.keepalive = float(keepalive) if exit_with_shell else 0.0
         self.controller = controller_id()
         # Event-loop objects are made on first use: the constructor may run outside a loop.
         self._docker: aiodocker.Docker | None = None
@@ -223,7 +301,10 @@ class DockerAdapter:
         self._create_gate: anyio.Semaphore | None = None
         self._image_locks: dict[str, anyio.Lock] = {}
         self._images_ready: set[str] = set()
+        self._images_missing: dict[str, ImageMissing] = {}  # the answer for an image is cached, not asked per create
         self._live: dict[str, ShellSandbox] = {}
+        self._streams: dict[str, ExecStream] = {}  # the heartbeat's round
+        self._heartbeat: asyncio.Task[None] | None = None
         self._unremoved: set[str] = set()  # destroyed, but the daemon did not confirm removal
 
     # -- daemon access ------------------------------------------------------------------------
@@ -298,13 +379,15 @@ class DockerAdapter:
             labels = self._labels(spec, expires_at)
             container = await self._start_container(docker, name, self._container_config(spec, image, labels))
             try:
-                client = await self._open_shell(container, spec)
+                client = await self._open_shell(container, spec, name)
             except BaseException:
+                self._streams.pop(name, None)
                 await self._remove(name)
                 raise
 
         async def teardown() -> None:
             self._live.pop(name, None)
+            self._streams.pop(name, None)
             # Remove first: closing the stream first would make the container end itself
             # (exit_with_shell) and race our removal with AutoRemove's.
             await self._remove(name)
@@ -337,6 +420,8 @@ class DockerAdapter:
             "ReadonlyRootfs": self.read_only,
             "Tmpfs": self._tmpfs_mounts(spec),
             "LogConfig": {"Type": "none", "Config": {}},  # the timer prints nothing
+            "CapDrop": ["ALL"],  # the shell server needs none (see the module docstring)
+            "SecurityOpt": ["no-new-privileges"],
         }
         if spec.cpu:
             host["NanoCpus"] = int(spec.cpu * 1e9)
@@ -362,20 +447,34 @@ class DockerAdapter:
         return {path: _with_exec(options) for path, options in mounts.items()}
 
     async def _ensure_image(self, docker: aiodocker.Docker, image: str, pull: str) -> None:
-        """Apply the pull policy once per image per adapter: never pull what was not asked for."""
+        """Apply the pull policy once per image per adapter: never pull what was not asked
+        for, and never try a registry for an image that ``orchard-async images build``
+        makes (no registry has it). A missing image is remembered too: later creates fail
+        at once with the same one-line ImageMissing, without asking the daemon again."""
         if image in self._images_ready:
             return
+        if image in self._images_missing:
+            raise self._images_missing[image]
         lock = self._image_locks.setdefault(image, anyio.Lock())
         async with lock:
             if image in self._images_ready:
                 return
+            if image in self._images_missing:
+                raise self._images_missing[image]
             present = await self._image_present(docker, image)
-            if pull == "always" or (pull == "missing" and not present):
-                await self._pull(docker, image)
-            elif not present:
-                raise ConfigError(
-                    f"image {image!r} is not on the Docker daemon and the spec says pull='never'; {BUILD_HINT}"
-                )
+            try:
+                if pull == "always" or (pull == "missing" and not present):
+                    if build_command(image) and not present:
+                        raise ImageMissing(f"image {image} is not on {WHERE}; {missing_image_hint(image, WHERE)}")
+                    await self._pull(docker, image)
+                elif not present:
+                    raise ImageMissing(
+                        f"image {image} is not on {WHERE} and the spec says pull='never'; "
+                        f"{missing_image_hint(image, WHERE)}"
+                    )
+            except ImageMissing as exc:
+                self._images_missing[image] = exc
+                raise
             self._images_ready.add(image)
 
     async def _image_present(self, docker: aiodocker.Docker, image: str) -> bool:
@@ -391,7 +490,10 @@ class DockerAdapter:
         try:
             await self._call(f"pull of {image}", docker.images.pull(image), PULL_TIMEOUT)
         except aiodocker.DockerError as exc:
-            raise ConfigError(f"image {image!r} could not be pulled ({exc.message}); {BUILD_HINT}") from None
+            raise ImageMissing(
+                f"image {image} is not on {WHERE} and could not be pulled ({exc.message.strip()}); "
+                f"{missing_image_hint(image, WHERE)}"
+            ) from None
 
     async def _start_container(self, docker: aiodocker.Docker, name: str, config: dict[str, Any]) -> DockerContainer:
         try:
@@ -410,14 +512,16 @@ class DockerAdapter:
         """The daemon refuses a bad request (an image vanished, a limit it cannot apply) with
         4xx: retrying cannot help, so it is the caller's to fix. 5xx may pass: retry."""
         if exc.status == 404:
-            return ConfigError(f"image {image!r} is not on the Docker daemon: {exc.message}; {BUILD_HINT}")
+            return ImageMissing(
+                f"image {image} is not on {WHERE} ({exc.message.strip()}); {missing_image_hint(image, WHERE)}"
+            )
         if 400 <= exc.status < 500:
             return ConfigError(f"the Docker daemon refused the sandbox spec: {exc.message}")
         return CreateFailed(f"the Docker daemon failed to create the container: {exc.message}")
 
-    async def _open_shell(self, container: DockerContainer, spec: SandboxSpec) -> CgroupShellClient:
+    async def _open_shell(self, container: DockerContainer, spec: SandboxSpec, name: str) -> CgroupShellClient:
         """Start the one long-lived exec and the shell-session server on it."""
-        command = SHELL_ENDS_CONTAINER if self.exit_with_shell else SHELL_ONLY
+        command = shell_command(self.keepalive) if self.exit_with_shell else SHELL_ONLY
         try:
             execution = await self._call(
                 "exec create", container.exec(command, stdin=True, stdout=True, stderr=True, tty=False)
@@ -427,6 +531,9 @@ class DockerAdapter:
         except aiodocker.DockerError as exc:
             raise CreateFailed(f"could not start the sandbox shell: {exc.message}") from None
         stream = ExecStream(attach)
+        if self.keepalive:  # from the first byte: the watchdog is already counting
+            self._streams[name] = stream
+            self._start_heartbeat()
         client = CgroupShellClient(
             stream,
             workdir=self._workdir(spec),
@@ -449,6 +556,21 @@ class DockerAdapter:
             await client.aclose()
             raise
         return client
+
+    def _start_heartbeat(self) -> None:
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.get_running_loop().create_task(self._beat_idle_streams())
+
+    async def _beat_idle_streams(self) -> None:
+        """One task per adapter: every second, a heartbeat on each stream that sent nothing
+        for a second (a busy stream needs none). It ends when no stream is left."""
+        interval = min(1.0, self.keepalive / 6)
+        while self._streams:
+            await asyncio.sleep(interval)
+            due = time.monotonic() - interval
+            idle = [stream for stream in self._streams.values() if stream.last_sent <= due]
+            if idle:
+                await asyncio.gather(*(stream.beat(interval) for stream in idle), return_exceptions=True)
 
     @staticmethod
     def _preamble(workdir: str) -> str:
@@ -535,6 +657,11 @@ class DockerAdapter:
                     group.start_soon(sandbox.close)
                 for name in list(self._unremoved):
                     group.start_soon(self._remove, name)
+            if self._heartbeat is not None:
+                self._heartbeat.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._heartbeat
+                self._heartbeat = None
             if self._docker is not None:
                 await self._disconnect(self._docker)
                 self._docker = None
@@ -544,14 +671,17 @@ class DockerAdapter:
         docker = await self._connect()
         try:
             version = await self._call("version", docker.version(), 10)
-            image = "present" if await self._image_present(docker, self.image) else f"MISSING ({BUILD_HINT})"
+            present = await self._image_present(docker, self.image)
         except (BackendUnavailable, CreateFailed) as exc:
             raise AdapterUnavailable(str(exc)) from None
         finally:
             await self._disconnect(docker)
+        image = "present" if present else f"MISSING ({missing_image_hint(self.image, WHERE)})"
+        keepalive = f"ends {self.keepalive:g} s after its controller goes silent" if self.keepalive else "no keepalive"
         return (
             f"Docker {version.get('Version', '?')} (API {version.get('ApiVersion', '?')}) at {self._endpoint}; "
-            f"default image {self.image} {image}"
+            f"default image {self.image} {image}; each sandbox: all capabilities dropped, no-new-privileges, "
+            f"pids limit from spec.pids, no network unless spec.network='on', {keepalive}"
         )
 
 

@@ -30,11 +30,13 @@ from orchard_async import ExitReason
 from tests.conftest import backend_missing
 
 try:
-    from orchard_async.adapters.docker import PIDS_OVERHEAD, DockerAdapter
+    from orchard_async.adapters.docker import PIDS_OVERHEAD, DockerAdapter, ExecStream
 except ImportError as exc:  # aiodocker is an optional dependency
     if os.environ.get("CI", "").lower() == "true":
         raise
     pytest.skip(f"docker: {exc}; pip install 'orchard-async[docker]'", allow_module_level=True)
+from orchard_async import images
+from orchard_async.images import ImageMissing, ImageSpec
 from orchard_async.recipes.toy import OraclePolicy, builtin_tasks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,17 +103,56 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float, what: 
 
 async def test_missing_image_with_pull_never_names_the_image_and_the_fix(make_adapter) -> None:
     adapter = make_adapter()
-    with pytest.raises(oa.ConfigError, match=r"orchard/no-such-image:1.*pull='never'.*scripts/docker-images.sh"):
+    with pytest.raises(ImageMissing, match=r"^image orchard/no-such-image:1 .*pull='never'.*docker pull") as caught:
         await adapter.create(oa.SandboxSpec(image="orchard/no-such-image:1", pull="never", ttl=60))
+    assert isinstance(caught.value, oa.ConfigError) and not isinstance(caught.value, oa.InfraError)  # never retried
+    assert "\n" not in str(caught.value)
 
 
 async def test_an_image_that_cannot_be_pulled_is_a_config_error(make_adapter) -> None:
     adapter = make_adapter()
     # A registry that refuses connections at once: no network needed, no waiting.
-    with pytest.raises(
-        oa.ConfigError, match=r"localhost:1/orchard/nope:1.*could not be pulled.*scripts/docker-images.sh"
-    ):
+    with pytest.raises(ImageMissing, match=r"localhost:1/orchard/nope:1.*could not be pulled.*docker pull"):
         await adapter.create(oa.SandboxSpec(image="localhost:1/orchard/nope:1", ttl=60))
+
+
+async def test_a_missing_buildable_image_names_the_build_command_once_per_adapter(
+    make_adapter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An image `orchard-async images build` makes is on no registry: no pull is tried, the
+    error names the command, and later creates get the same answer without asking the daemon."""
+    tag = f"orchard/absent-{uuid.uuid4().hex[:8]}:test"
+    monkeypatch.setattr(images, "TEST_IMAGES", [*images.TEST_IMAGES, ImageSpec(tag=tag, base="busybox")])
+    adapter = make_adapter()
+    asked: list[str] = []
+    present = adapter._image_present
+
+    async def counting(docker, image):  # type: ignore[no-untyped-def]
+        asked.append(image)
+        return await present(docker, image)
+
+    monkeypatch.setattr(adapter, "_image_present", counting)
+    expected = rf"^image {tag} is not on the Docker daemon.*`orchard-async images build {tag}`$"
+    for pull in ("missing", "never", "missing"):
+        with pytest.raises(ImageMissing, match=expected):
+            await adapter.create(oa.SandboxSpec(image=tag, pull=pull, ttl=60))
+    assert asked == [tag]
+    assert await containers(adapter.run_id) == []
+
+
+async def test_the_recipe_image_is_named_by_the_plain_build_command(make_adapter, monkeypatch) -> None:
+    """The SWE recipe's image (what `demo --adapter docker` runs) is built by `images build` alone."""
+    from orchard_async.recipes import swe
+
+    tag = swe.IMAGES[0].tag
+    adapter = make_adapter()
+
+    async def absent(docker, image):  # type: ignore[no-untyped-def]
+        return False
+
+    monkeypatch.setattr(adapter, "_image_present", absent)
+    with pytest.raises(ImageMissing, match=rf"^image {tag} .*build it with `orchard-async images build`$"):
+        await adapter.create(oa.SandboxSpec(image=tag, ttl=60))
 
 
 async def test_pull_always_pulls_even_a_local_image(make_adapter) -> None:
@@ -144,10 +185,14 @@ async def test_labels_limits_init_timer_and_no_network(make_adapter) -> None:
     assert host["Memory"] == host["MemorySwap"] == 64 * 1024**2
     assert host["PidsLimit"] == 20 + PIDS_OVERHEAD
     assert host["Init"] is True and host["AutoRemove"] is True
+    assert host["CapDrop"] == ["ALL"] and not host.get("CapAdd")
+    assert host["SecurityOpt"] == ["no-new-privileges"]
     assert info["Config"]["Entrypoint"][:2] == ["sh", "-c"]  # the timer: attach grace, rest of the TTL
     assert info["Config"]["Cmd"] == ["60", "30", "/tmp/.orchard/shell.pid"]
     result = await box.exec('tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d " "; echo "$FOO"; pwd')
     assert result.text.split() == ["lo", "bar", "/workspace"]
+    status = (await box.exec("grep -E '^(CapEff|CapBnd|NoNewPrivs):' /proc/self/status")).text.split()
+    assert status == ["CapEff:", "0000000000000000", "CapBnd:", "0000000000000000", "NoNewPrivs:", "1"]
     assert box.id in await adapter.list_owned()
     await adapter.destroy(box)
     assert await containers(adapter.run_id) == []
@@ -327,6 +372,7 @@ CONTROLLER = textwrap.dedent(
             adapter = DockerAdapter(**options)
             for _ in range(3):
                 await adapter.create(oa.SandboxSpec(ttl=ttl))
+            open(out + ".ready", "w").close()  # every shell attached: only the keepalive or EOF ends them now
             await anyio.sleep(3600)
         else:
             await DiesBeforeAttaching(**options).create(oa.SandboxSpec(ttl=ttl))
@@ -343,20 +389,34 @@ def start_controller(tmp_path: Path, mode: str, ttl: float, options: dict) -> su
     return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=(tmp_path / "stderr").open("wb"))
 
 
-async def start_and_kill_controller(tmp_path: Path, mode: str, *, ttl: float = 60, **options: object) -> str:
-    """Run a controller in a subprocess until it has 3+ containers, SIGKILL it; its run id."""
+async def start_controller_with_containers(
+    tmp_path: Path, mode: str, *, ttl: float = 60, **options: object
+) -> tuple[str, subprocess.Popen]:
+    """Run a controller in a subprocess until it has 3+ containers (in "hold" mode: until
+    all 3 have their shells attached); its run id and process."""
     run_id = f"t{uuid.uuid4().hex[:10]}"
     process = start_controller(tmp_path, mode, ttl, {"image": IMAGE, "run_id": run_id, **options})
     try:
 
         async def has_containers() -> bool:
             assert process.poll() is None, f"the controller died: {(tmp_path / 'stderr').read_text()}"
+            if mode == "hold" and not (tmp_path / "t.jsonl.ready").exists():
+                return False
             return len(await containers(run_id)) >= 3
 
         await eventually(has_containers, 60, "the controller started 3 containers")
-    finally:
-        process.send_signal(signal.SIGKILL)
+    except BaseException:
+        process.kill()
         process.wait()
+        raise
+    return run_id, process
+
+
+async def start_and_kill_controller(tmp_path: Path, mode: str, *, ttl: float = 60, **options: object) -> str:
+    """Run a controller in a subprocess until it has 3+ containers, SIGKILL it; its run id."""
+    run_id, process = await start_controller_with_containers(tmp_path, mode, ttl=ttl, **options)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
     return run_id
 
 
@@ -372,6 +432,60 @@ async def test_sigkilled_rollout_leaves_nothing_behind(tmp_path: Path) -> None:
     run_id = await start_and_kill_controller(tmp_path, "rollout", attach_grace=10)
     # The exec streams close, the shells' wrappers end their containers: no TTL, no reap.
     await eventually(none_left(run_id), 30, "containers of the killed controller are gone")
+
+
+async def test_a_sigkilled_controllers_idle_sandboxes_go_within_seconds(tmp_path: Path) -> None:
+    """Idle sandboxes (no command running) of a controller killed by SIGKILL: the EOF of
+    their streams or, at the latest, the keepalive ends them; no reap, no TTL."""
+    keepalive = 3
+    run_id = await start_and_kill_controller(tmp_path, "hold", ttl=600, keepalive=keepalive)
+    await eventually(none_left(run_id), keepalive + 10, "containers of the killed controller are gone")
+
+
+async def test_a_frozen_controller_loses_its_sandboxes_to_the_keepalive(tmp_path: Path) -> None:
+    """SIGSTOP: the controller's connections stay open, so no EOF reaches the containers;
+    only the keepalive (no heartbeat for `keepalive` seconds) can end them."""
+    keepalive = 3
+    run_id, process = await start_controller_with_containers(tmp_path, "hold", ttl=600, keepalive=keepalive)
+    process.send_signal(signal.SIGSTOP)
+    try:
+        await eventually(none_left(run_id), keepalive + 10, "containers of the frozen controller are gone")
+        assert process.poll() is None  # still there, stopped, its exec streams open
+    finally:
+        process.kill()
+        process.wait()
+
+
+async def test_idle_sandboxes_outlive_the_keepalive_while_their_controller_lives(make_adapter) -> None:
+    adapter = make_adapter(keepalive=1)
+    box = await adapter.create(oa.SandboxSpec(ttl=60))
+    await anyio.sleep(4)  # four keepalive periods with no command: only heartbeats reach it
+    assert (await box.exec("echo alive")).text == "alive\n"
+    await adapter.destroy(box)
+
+
+async def test_the_keepalive_survives_a_full_pids_limit(make_adapter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watchdog forks nothing per tick, so a command that takes every pid does not
+    disable it: once the heartbeats stop, the container still ends."""
+    adapter = make_adapter(keepalive=2)
+    box = await adapter.create(oa.SandboxSpec(pids=10, ttl=60))
+    flood = await box.exec("while :; do sleep 4 & done", timeout=20)
+    assert not flood.ok and "fork" in flood.error_text  # every pid was taken
+
+    async def answers() -> bool:
+        return (await box.exec("cat /dev/null")).ok
+
+    await eventually(answers, 15, "the sandbox runs commands again")
+
+    async def silent(self: ExecStream, limit: float) -> None:
+        return None
+
+    monkeypatch.setattr(ExecStream, "beat", silent)
+    await anyio.sleep(6)  # three keepalive periods without a heartbeat
+    result = await box.exec("echo alive", timeout=5)
+    assert result.reason is ExitReason.SANDBOX_LOST
+    await eventually(none_left(adapter.run_id), 20, "the silent sandbox's container is gone")
+    await adapter.destroy(box)
 
 
 async def test_a_controller_killed_mid_create_leaks_nothing_past_the_attach_grace(tmp_path: Path) -> None:
