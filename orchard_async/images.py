@@ -609,12 +609,18 @@ def main(argv: list[str] | None = None) -> int:
     build = sub.add_parser("build", help="build sandbox images (default: every recipe's)")
     build.add_argument("names", nargs="*", metavar="NAME", help="image tags to build")
     build.add_argument(
-        "--test", action="store_true", help="also the test images: " + ", ".join(s.tag for s in TEST_IMAGES)
+        "--test", action="store_true", help="the test images too: " + ", ".join(s.tag for s in TEST_IMAGES)
     )
     build.add_argument("--adapter", default="docker", choices=["docker", "kubernetes"])
     build.add_argument("--force", action="store_true", help="rebuild even when up to date")
     args = parser.parse_args(argv)
-    names = list(args.names) + ([spec.tag for spec in TEST_IMAGES] if args.test else [])
+    names: list[str] = list(args.names)
+    if args.test:  # in addition to the named images, or to the recipes' by default
+        try:
+            names = (names or [spec.tag for spec in recipe_images()]) + [spec.tag for spec in TEST_IMAGES]
+        except ConfigError as exc:
+            print(f"orchard-async images: {exc}", file=sys.stderr)
+            return 2
     return build_images(names or None, adapter=args.adapter, force=args.force)
 
 

@@ -10,8 +10,12 @@
 #
 # Inside `run`, CMD sees KUBECONFIG (context "local", admin), ORCHARD_K8S_WORK (the cluster's
 # state dir), ORCHARD_K8S_SCRIPTS (this folder: tests restart the API server with
-# `k8s-cluster-up.sh apiserver-stop|apiserver-start`) and ORCHARD_K8S_IMAGE (the adapter's
-# default image: orchard/python:test when Docker had it to give, else local/busybox:1).
+# `k8s-cluster-up.sh apiserver-stop|apiserver-start`), ORCHARD_K8S_IMAGE (the adapter's
+# default image: orchard/python:test when Docker had it to give, else local/busybox:1) and
+# ORCHARD_HOST_NS_PID (a process in the host's namespaces: docker-up.sh starts dockerd there).
+# The images Docker has of $PY_IMAGE and $ORCHARD_K8S_EXTRA_IMAGES (default: the SWE recipe's
+# orchard/swe-python:bookworm, what `orchard-async demo --adapter kubernetes` runs) are loaded
+# into the node's containerd.
 # The namespaces have no route to the outside (a veth pair whose both ends stay inside):
 # install Python packages before `run`.
 # The docker daemon's unix socket works from inside, so a whole test suite can run there.
@@ -35,6 +39,7 @@ export K8S_BIN=${K8S_BIN:-$K8S_CACHE/bin}
 export WORK=${ORCHARD_K8S_WORK:-/tmp/orchard-k8s}
 IMAGES_DIR=${ORCHARD_K8S_IMAGES:-/var/tmp/orchard-k8s-images}
 PY_IMAGE=${ORCHARD_K8S_PYTHON_IMAGE:-orchard/python:test}
+EXTRA_IMAGES=${ORCHARD_K8S_EXTRA_IMAGES:-orchard/swe-python:bookworm}
 export DEBIAN_FRONTEND=noninteractive
 log() { echo "ci-kubernetes: $*"; }
 die() { echo "ci-kubernetes: ERROR: $*" >&2; exit 1; }
@@ -63,25 +68,34 @@ prepare() {
   python_image
 }
 
-# The SWE recipe (what `orchard-async demo` runs) needs python3 and git in the sandbox: when
-# a Docker daemon has $PY_IMAGE (scripts/docker-images.sh builds it), save it for the cluster
-# (re-saved only when the image changed). Without it the cluster has busybox only.
+# The SWE recipe (what `orchard-async demo` runs) needs python3 and git in the sandbox: the
+# images of $PY_IMAGE and $EXTRA_IMAGES that a Docker daemon has (`orchard-async images build
+# --test` builds them) are saved for the cluster in one tarball (they share their layers;
+# re-saved only when one changed). Without them the cluster has busybox only.
 python_image() {
-  local id
+  local id img present=() ids=""
   rm -f "$IMAGES_DIR/python.ref"
-  if ! command -v docker >/dev/null || ! id=$(timeout 20 docker image inspect -f '{{.Id}}' "$PY_IMAGE" 2>/dev/null); then
-    log "no Docker image $PY_IMAGE to reuse: the cluster gets busybox only (the swe demo needs python3 + git)"
+  if command -v docker >/dev/null; then
+    for img in $PY_IMAGE $EXTRA_IMAGES; do
+      if id=$(timeout 20 docker image inspect -f '{{.Id}}' "$img" 2>/dev/null); then
+        present+=("$img"); ids="$ids $img=$id"
+      fi
+    done
+  fi
+  if [ ${#present[@]} = 0 ]; then
+    rm -f "$IMAGES_DIR/python.tar" "$IMAGES_DIR/python.id"
+    log "no Docker image of $PY_IMAGE $EXTRA_IMAGES to reuse: the cluster gets busybox only (the swe demo needs python3 + git)"
     return 0
   fi
-  if [ "$(cat "$IMAGES_DIR/python.id" 2>/dev/null)" != "$id" ] || [ ! -s "$IMAGES_DIR/python.tar" ]; then
+  if [ "$(cat "$IMAGES_DIR/python.id" 2>/dev/null)" != "$ids" ] || [ ! -s "$IMAGES_DIR/python.tar" ]; then
     local t; t=$(now)
-    timeout 600 docker save "$PY_IMAGE" -o "$IMAGES_DIR/python.tar.tmp" || { rm -f "$IMAGES_DIR/python.tar.tmp"; die "docker save $PY_IMAGE failed"; }
+    timeout 600 docker save "${present[@]}" -o "$IMAGES_DIR/python.tar.tmp" || { rm -f "$IMAGES_DIR/python.tar.tmp"; die "docker save ${present[*]} failed"; }
     mv "$IMAGES_DIR/python.tar.tmp" "$IMAGES_DIR/python.tar"
-    echo "$id" > "$IMAGES_DIR/python.id"
-    log "saved $PY_IMAGE for the cluster in $(since "$t") s"
+    echo "$ids" > "$IMAGES_DIR/python.id"
+    log "saved ${present[*]} for the cluster in $(since "$t") s"
   fi
-  echo "$PY_IMAGE" > "$IMAGES_DIR/python.ref"
-  log "image: $IMAGES_DIR/python.tar ($PY_IMAGE, the default sandbox image inside \`run\`)"
+  case " ${present[*]} " in *" $PY_IMAGE "*) echo "$PY_IMAGE" > "$IMAGES_DIR/python.ref" ;; esac
+  log "images: $IMAGES_DIR/python.tar (${present[*]}; the default sandbox image inside \`run\`: $(cat "$IMAGES_DIR/python.ref" 2>/dev/null || echo local/busybox:1))"
 }
 
 # Processes still running in this network namespace once the cluster is down (a component
@@ -122,10 +136,8 @@ inner() {
   trap '[ -n "$cmd" ] && kill -TERM "$cmd" 2>/dev/null; bash "$here/k8s-cluster-down.sh"; kill_leftovers; exit 143' TERM INT HUP
   t=$(now)
   local images="$IMAGES_DIR/pause.tar $IMAGES_DIR/busybox.tar" default_image=""
-  if [ -s "$IMAGES_DIR/python.ref" ]; then
-    images="$images $IMAGES_DIR/python.tar"
-    default_image=$(cat "$IMAGES_DIR/python.ref")
-  fi
+  [ -s "$IMAGES_DIR/python.tar" ] && [ -s "$IMAGES_DIR/python.id" ] && images="$images $IMAGES_DIR/python.tar"
+  [ -s "$IMAGES_DIR/python.ref" ] && default_image=$(cat "$IMAGES_DIR/python.ref")
   if ! MODE=real IMAGES="$images" bash "$here/k8s-cluster-up.sh"; then
     log "the cluster did not start; logs in $WORK"
     for f in apiserver kcm sched containerd node; do [ -f "$WORK/$f.log" ] && { echo "---- $f.log"; tail -15 "$WORK/$f.log"; }; done
@@ -161,6 +173,7 @@ run() {
   exec 8>"$WORK.lock"
   flock -w 600 8 || die "another ci-kubernetes.sh run holds $WORK.lock"
   local rc=0
+  export ORCHARD_HOST_NS_PID=$$  # this shell stays outside: the host's namespaces for docker-up.sh
   # New network and mount namespaces, not a PID namespace: tests must see (and signal) the
   # host's processes, e.g. a Docker daemon they restart. Ctrl-C, or SIGTERM to the process
   # group, reaches the child, whose trap tears the cluster down; unshare itself ignores

@@ -6,6 +6,12 @@
 #  2. Unless a daemon already answers `docker info`, start dockerd by hand in its own session,
 #     log in $ORCHARD_DOCKERD_LOG, PID in $ORCHARD_DOCKERD_PID (only written when we start one),
 #     and wait up to $ORCHARD_DOCKERD_WAIT seconds for `docker info`.
+#     dockerd always starts in the host's network and mount namespaces, even when this script
+#     runs inside private ones (the tests under `scripts/ci-kubernetes.sh run` restart it from
+#     there): `nsenter -t HOST -n -m`, HOST being $ORCHARD_HOST_NS_PID (ci-kubernetes.sh sets
+#     it to its own PID, outside) or else PID 1. A dockerd in the private network namespace
+#     would lose its bridge networking when that namespace goes (and be killed with it); in
+#     the private mount namespace its container mounts would be invisible to the host.
 #
 # Idempotent: a second run with the daemon up costs one `docker info` (well under a second).
 # Stop it with scripts/docker-down.sh. Every `docker info` is bounded by `timeout`: Debian's
@@ -28,7 +34,23 @@ answers() { timeout 5 docker info >/dev/null 2>&1; }
 # alive PID: the process exists, is not a zombie, and is a dockerd (or the setsid that is
 # about to exec it: right after the start, under load, the exec may not have happened yet)
 alive() { local s; s=$(awk '{print $3}' /proc/"$1"/stat 2>/dev/null) || return 1
-  [ -n "$s" ] && [ "$s" != Z ] && case "$(cat /proc/"$1"/comm 2>/dev/null)" in dockerd|setsid) ;; *) false ;; esac; }
+  [ -n "$s" ] && [ "$s" != Z ] && case "$(cat /proc/"$1"/comm 2>/dev/null)" in dockerd|setsid|nsenter) ;; *) false ;; esac; }
+
+# The command prefix that puts dockerd into the host's network and mount namespaces, when
+# this shell is not in them already (see 2. above).
+host_namespaces() {
+  local host=${ORCHARD_HOST_NS_PID:-1} mine theirs
+  mine=$(readlink /proc/self/ns/net)
+  if ! theirs=$(readlink "/proc/$host/ns/net" 2>/dev/null); then
+    log "cannot read the network namespace of PID $host (set ORCHARD_HOST_NS_PID to a host process); dockerd starts in this one" >&2
+    return 0
+  fi
+  if [ "$mine" != "$theirs" ]; then
+    command -v nsenter >/dev/null || die "nsenter missing (util-linux): needed to start dockerd in the host's namespaces"
+    log "this shell is in network namespace $mine, the host's is $theirs: dockerd starts there (nsenter -t $host -n -m)" >&2
+    echo "nsenter -t $host -n -m"
+  fi
+}
 
 [ "$(id -u)" = 0 ] || die "must run as root"
 
@@ -73,9 +95,11 @@ fi
 t=$(now)
 if [ -z "$ours" ]; then
   mkdir -p "$DATA_ROOT"
+  enter=$(host_namespaces)
   # setsid: own session/process group, detached from this shell; stdin from /dev/null.
+  # nsenter (when needed) enters the namespaces and execs dockerd: the PID stays the same.
   # shellcheck disable=SC2086
-  setsid dockerd --data-root="$DATA_ROOT" $EXTRA_ARGS >"$LOG" 2>&1 </dev/null 9>&- &
+  setsid $enter dockerd --data-root="$DATA_ROOT" $EXTRA_ARGS >"$LOG" 2>&1 </dev/null 9>&- &
   ours=$!
   echo "$ours" >"$PIDFILE"
   log "started dockerd pid $ours (log $LOG)"

@@ -549,8 +549,16 @@ async def run_script(name: str, attempts: int = 3) -> None:
     pytest.fail(f"scripts/{name} failed {attempts} times: {done.stdout.decode()}{done.stderr.decode()}")
 
 
+DOCKERD_PIDFILE = Path(os.environ.get("ORCHARD_DOCKERD_PID", "/tmp/orchard-dockerd.pid"))
+
+
 def dockerd_started_by_script() -> bool:
-    return Path(os.environ.get("ORCHARD_DOCKERD_PID", "/tmp/orchard-dockerd.pid")).exists()
+    return DOCKERD_PIDFILE.exists()
+
+
+def dockerd_network_namespace() -> str:
+    """The network namespace of the dockerd that docker-up.sh started."""
+    return os.readlink(f"/proc/{DOCKERD_PIDFILE.read_text().strip()}/ns/net")
 
 
 class SlowOracle(OraclePolicy):
@@ -567,6 +575,10 @@ async def test_daemon_restart_mid_rollout_accounts_for_every_episode(tmp_path: P
     adapter = DockerAdapter(image=IMAGE, run_id=f"t{uuid.uuid4().hex[:10]}")
     trajectories: list[oa.Trajectory] = []
     n = 24
+    # CI runs this inside the private network namespace of its Kubernetes cluster
+    # (ci-kubernetes.sh run): the restarted dockerd must still be in the host's, where the
+    # first one was started, or it would lose its networking when that namespace goes.
+    host_namespace = dockerd_network_namespace()
 
     async def outage() -> None:
         async def some_running() -> bool:
@@ -575,6 +587,7 @@ async def test_daemon_restart_mid_rollout_accounts_for_every_episode(tmp_path: P
         await eventually(some_running, 60, "the rollout has sandboxes running")
         await run_script("docker-down.sh")
         await run_script("docker-up.sh")
+        assert dockerd_network_namespace() == host_namespace, "dockerd restarted outside the host's network namespace"
 
     try:
         with anyio.fail_after(600):  # no hang
