@@ -196,7 +196,7 @@ def test_ctrl_c_destroys_every_sandbox_and_resume_finishes(tmp_path: Path, local
         args, cwd=tmp_path, env=local_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 120
-    while not (out.exists() and out.read_bytes().count(b"\n") >= 10):
+    while not (out.exists() and out.read_bytes().count(b"\n") >= 1 + 10):  # the run header, then 10 episodes
         assert time.monotonic() < deadline and process.poll() is None, "the run never got going"
         time.sleep(0.05)
     process.send_signal(signal.SIGINT)

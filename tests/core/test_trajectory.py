@@ -88,7 +88,7 @@ def _sample(i: int) -> oa.Trajectory:
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".msgpack"])
-def test_torn_tail_is_skipped_and_repaired(tmp_path: Path, suffix: str) -> None:
+def test_a_torn_record_is_skipped_and_appending_goes_on(tmp_path: Path, suffix: str) -> None:
     path = tmp_path / f"t{suffix}"
     with oa.TrajectoryWriter(path) as writer:
         writer.write(_sample(0))
@@ -96,10 +96,43 @@ def test_torn_tail_is_skipped_and_repaired(tmp_path: Path, suffix: str) -> None:
     whole = path.read_bytes()
     path.write_bytes(whole[:-7])  # a writer killed mid-record
     assert [t.episode_id for t in oa.read_trajectories(path)] == ["e0"]
-    with oa.TrajectoryWriter(path) as writer:  # appending cuts the torn record first
+    with oa.TrajectoryWriter(path) as writer:
         writer.write(_sample(2))
     assert [t.episode_id for t in oa.read_trajectories(path, strict=True)] == ["e0", "e2"]
     assert finished_ids(path) == {"e0", "e2"}
+    if suffix == ".jsonl":  # never cut: the torn line stays, ended by a newline, and is skipped
+        assert path.read_bytes().startswith(whole[:-7] + b"\n")
+    else:  # framing leaves no choice: the torn record (clearly one of ours) was dropped
+        first = 4 + int.from_bytes(whole[:4], "big")
+        assert path.read_bytes()[:first] == whole[:first]
+        assert len(path.read_bytes()) == len(whole)  # e0, then e2 (as long as e1): no torn bytes left
+
+
+def test_msgpack_refuses_to_append_after_bytes_it_did_not_write(tmp_path: Path) -> None:
+    path = tmp_path / "t.msgpack"
+    with oa.TrajectoryWriter(path) as writer:
+        writer.write(_sample(0))
+    record = path.read_bytes()
+    # a length prefix promising more than there is, then not our map; a cut length prefix
+    for tail in (b"\x00\x00\x10\x00not ours", b"\x01\x02"):
+        path.write_bytes(record + tail)
+        with pytest.raises(oa.ConfigError, match="not a record this program wrote"):
+            oa.TrajectoryWriter(path)
+        assert path.read_bytes() == record + tail
+
+
+def test_jsonl_appends_after_a_foreign_tail_without_touching_it(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    with oa.TrajectoryWriter(path) as writer:
+        writer.write(_sample(0))
+    path.write_bytes(path.read_bytes() + b"a note someone typed")
+    before = path.read_bytes()
+    with oa.TrajectoryWriter(path) as writer:
+        writer.write(_sample(1))
+    assert path.read_bytes().startswith(before + b"\n")
+    assert [t.episode_id for t in oa.read_trajectories(path)] == ["e0", "e1"]  # skipped with a warning
+    with pytest.raises(oa.ConfigError, match="corrupt record"):  # not torn: strict readers refuse it
+        list(oa.read_trajectories(path, strict=True))
 
 
 def test_jsonl_is_plain_json_lines(tmp_path: Path) -> None:
@@ -113,4 +146,9 @@ def test_jsonl_is_plain_json_lines(tmp_path: Path) -> None:
 def test_unknown_extension_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(oa.ConfigError, match=".jsonl or .msgpack"):
         oa.TrajectoryWriter(tmp_path / "t.csv")
+    (tmp_path / "d.jsonl").mkdir()
+    with pytest.raises(oa.ConfigError, match="is a directory"):
+        oa.TrajectoryWriter(tmp_path / "d.jsonl")
+    (tmp_path / "d.jsonl").rmdir()
+    oa.TrajectoryWriter(tmp_path / "sub" / "t.jsonl").close()  # nothing written: nothing made
     assert not os.listdir(tmp_path)
