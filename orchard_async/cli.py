@@ -169,7 +169,7 @@ async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, re
     return 0 if leaked == 0 else 1
 
 
-def print_summary(summary: Summary, title: str) -> None:
+def print_summary(summary: Summary, title: str, out: Console | None = None) -> None:
     table = Table(title=title, show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
@@ -199,7 +199,7 @@ def print_summary(summary: Summary, title: str) -> None:
         rows.append(("sandboxes leaked", str(summary.leaked)))
     for name, value in rows:
         table.add_row(name, value)
-    Console().print(table)
+    (out or Console()).print(table)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -54,6 +54,7 @@ def test_demo_writes_32_readable_trajectories_and_leaves_nothing(tmp_path: Path,
     assert summary["episodes"] == 32 and summary["finished"] == 32 and summary["failed"] == 0
     assert summary["success_rate"] == 1.0 and summary["mean_reward"] == 1.0
     assert summary["exit_reasons"] == {"submitted": 32}
+    assert summary["verifier_errors"] == 0 and summary["model_unavailable"] == 0
 
 
 def test_run_random_policy_resume_and_groups(tmp_path: Path, local_env: dict) -> None:
@@ -214,3 +215,37 @@ def test_ctrl_c_destroys_every_sandbox_and_resume_finishes(tmp_path: Path, local
     assert resumed.returncode == 0, resumed.stderr
     final = [t.episode_id for t in oa.read_trajectories(out, strict=True)]
     assert len(final) == 150 and len(set(final)) == 150 and partial <= set(final)
+
+
+def test_the_summary_shows_verifier_errors_and_model_outages_in_red() -> None:
+    from rich.console import Console
+
+    from orchard_async.cli import print_summary
+    from orchard_async.summary import summarize
+
+    def ended(reason: str, index: int) -> oa.Trajectory:
+        status = "finished" if reason == "submitted" else "failed"
+        return oa.Trajectory(
+            episode_id=f"e{index}", task_id="t", group_id="g", sample=0, policy="p", adapter="sim", run_id="r",
+            status=status, end_reason=reason, success=status == "finished",
+        )  # fmt: skip
+
+    def row(summary, label: str) -> tuple[list[str], str]:
+        """The row's cells as text, and the row as printed (with its colour codes)."""
+        screen = Console(record=True, force_terminal=True, color_system="standard", width=120)
+        print_summary(summary, "t", screen)
+        styled = [line for line in screen.export_text(styles=True, clear=False).splitlines() if label in line]
+        plain = [line for line in screen.export_text().splitlines() if label in line]
+        assert len(plain) == len(styled) == 1
+        return plain[0].replace("│", " ").split(), styled[0]
+
+    red = "\x1b[31m"
+    reasons = ["submitted", "verifier_error", "verifier_error", "model_unavailable"]
+    broken = summarize([ended(reason, i) for i, reason in enumerate(reasons)])
+    cells, styled = row(broken, "verifier errors")
+    assert cells == ["verifier", "errors", "2"] and red in styled
+    cells, styled = row(broken, "model unavailable")
+    assert cells == ["model", "unavailable", "1"] and red in styled
+    clean = summarize([ended("submitted", 0)])
+    cells, styled = row(clean, "verifier errors")
+    assert cells == ["verifier", "errors", "0"] and red not in styled
