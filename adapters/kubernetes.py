@@ -11,9 +11,17 @@ alone (NetworkPolicies add up). Each pod:
   ``orchard.owner``, ``orchard.run``, ``orchard.expires`` (epoch seconds),
   ``orchard.controller`` (``<host>.<pid>.<process start time>``) and ``orchard.sandbox``;
 * has ``activeDeadlineSeconds`` = TTL (the kubelet kills it even if nobody else does),
-  ``automountServiceAccountToken: false``, ``allowPrivilegeEscalation: false``,
-  ``enableServiceLinks: false`` and ``shareProcessNamespace: true`` (the pause container is
-  PID 1 and reaps the zombies of commands);
+  ``automountServiceAccountToken: false``, ``enableServiceLinks: false`` and
+  ``shareProcessNamespace: true`` (the pause container is PID 1 and reaps the zombies of
+  commands);
+* drops every capability (the shell protocol needs none), sets
+  ``allowPrivilegeEscalation: false`` (no-new-privileges) and the runtime's default seccomp
+  profile. ``spec.pids`` is NOT enforced per sandbox: Kubernetes limits pids per pod only
+  node-wide (the kubelet's ``--pod-max-pids``; the CI cluster sets 1024), which ``doctor``
+  says;
+* images that ``orchard-async images build`` makes are on no registry: with pull "missing"
+  they are never pulled (``Never``), and one that is not on the node is an ``ImageMissing``
+  (a ConfigError naming the build command), remembered per image;
 * runs as its main process a self-destruct timer (``sleep``): it waits the attach grace,
   and goes on to the rest of the TTL only if a shell attached (a controller killed between
   creating the pod and attaching leaves nothing running for long).
@@ -79,6 +87,7 @@ from orchard_async.errors import (
     OrchardError,
     SandboxLost,
 )
+from orchard_async.images import ImageMissing, build_command, missing_image_hint
 from orchard_async.lease import CONTROLLER_LABEL, process_start_time
 from orchard_async.protocols import Sandbox
 from orchard_async.sandbox import ShellSandbox
@@ -94,8 +103,10 @@ CONTAINER = "sandbox"
 DENY_POLICY = "orchard-deny-egress"
 IMAGE_HINT = (
     "check the image name; on a cluster without a registry import it into the node's runtime "
-    "(scripts/k8s-images.py builds local/busybox:1)"
+    "(`orchard-async images build --adapter kubernetes` on a one-node cluster)"
 )
+# waiting reasons that say the image is not there and will not be: the user's to fix
+IMAGE_ABSENT = ("ErrImageNeverPull", "InvalidImageName")
 
 API_TIMEOUT = 30.0  # one attempt of one API call
 API_RETRY_FOR = 60.0  # how long one call retries 429/5xx/connection errors
@@ -709,6 +720,7 @@ class KubernetesAdapter:
         self._namespace_ready = False
         self.informer: PodInformer | None = None
         self._live: dict[str, ShellSandbox] = {}
+        self._images_missing: dict[str, ImageMissing] = {}  # answered once per image, not per create
         self._unremoved: dict[str, bool] = {}  # name -> had an allow policy; deletion not confirmed
         self._retrier: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()  # websockets being closed
@@ -904,11 +916,13 @@ class KubernetesAdapter:
     # -- create -----------------------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
+        image = spec.image or self.image
+        if image in self._images_missing:
+            raise self._images_missing[image]
         await self._ensure_namespace()
         assert self._create_gate is not None
         name = f"orchard-{uuid.uuid4().hex[:16]}"
         expires_at = time.time() + spec.ttl
-        image = spec.image or self.image
         labels = self._labels(spec, expires_at, name)
         allow = spec.network == "on" and self.manage_network_policies
         informer = self.informer
@@ -987,13 +1001,21 @@ class KubernetesAdapter:
     def _pod_manifest(self, name: str, spec: SandboxSpec, image: str, labels: dict[str, str]) -> dict[str, Any]:
         ttl = max(1, math.ceil(spec.ttl))
         grace = min(ttl, math.ceil(self.attach_grace))
+        pull = {"missing": "IfNotPresent", "never": "Never", "always": "Always"}[spec.pull]
+        if pull == "IfNotPresent" and build_command(image, self.name):
+            pull = "Never"  # built here by `orchard-async images build`: no registry has it
         container: dict[str, Any] = {
             "name": CONTAINER,
             "image": image,
-            "imagePullPolicy": {"missing": "IfNotPresent", "never": "Never", "always": "Always"}[spec.pull],
+            "imagePullPolicy": pull,
             "command": ["sh", "-c", TIMER, "orchard-timer", str(grace), str(ttl - grace), SHELL_PID],
             "env": [{"name": key, "value": value} for key, value in spec.env.items()],
-            "securityContext": {"allowPrivilegeEscalation": False, "privileged": False},
+            "securityContext": {
+                "allowPrivilegeEscalation": False,
+                "privileged": False,
+                "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
             "terminationMessagePolicy": "FallbackToLogsOnError",
         }
         quantities: dict[str, str] = {}
@@ -1047,6 +1069,13 @@ class KubernetesAdapter:
                 verdict, why = pod_verdict(pod)
                 if verdict == "ready":
                     return
+                if verdict == "failed" and why.startswith(IMAGE_ABSENT):
+                    missing = ImageMissing(
+                        f"image {image} is not on the cluster's node ({why.split(':')[0]}); "
+                        f"{missing_image_hint(image, 'the node', self.name)}"
+                    )
+                    self._images_missing[image] = missing
+                    raise missing
                 if verdict == "failed":
                     raise CreateFailed(await self._failure_message(name, image, why))
             elif name in informer.gone and informer.synced.is_set():
@@ -1294,7 +1323,10 @@ class KubernetesAdapter:
             await api.close()
         return (
             f"Kubernetes {version.get('gitVersion', '?')} at {configuration.host} ({self.where}); "
-            f"namespace {self.namespace}; default image {self.image}; transport {self.transport.name}"
+            f"namespace {self.namespace}; default image {self.image}; transport {self.transport.name}; "
+            "each sandbox: all capabilities dropped, no privilege escalation, RuntimeDefault seccomp, "
+            f"egress {'denied by NetworkPolicy unless spec.network=' + repr('on') if self.manage_network_policies else 'left to the cluster admin'}; "
+            "spec.pids NOT enforced per sandbox (only the kubelet's node-wide --pod-max-pids caps a pod)"
         )
 
 

@@ -143,8 +143,9 @@ def known_images() -> dict[str, ImageSpec]:
     return known
 
 
-def build_command(tag: str) -> str | None:
-    """The command that builds ``tag``, or None when ``images build`` does not know it."""
+def build_command(tag: str, adapter: str = "docker") -> str | None:
+    """The command that builds ``tag`` for ``adapter``, or None when ``images build`` does
+    not know the image (then no registry has it either: it is never pulled)."""
     try:
         known = known_images()
     except Exception:  # noqa: BLE001 - a broken recipe must not hide the adapter's own error
@@ -152,14 +153,17 @@ def build_command(tag: str) -> str | None:
     if tag not in known:
         return None
     recipe_tags = {spec.tag for spec in recipe_images()}
-    return "orchard-async images build" if tag in recipe_tags else f"orchard-async images build {tag}"
+    command = "orchard-async images build" if tag in recipe_tags else f"orchard-async images build {tag}"
+    return command if adapter == "docker" else f"{command} --adapter {adapter}"
 
 
-def missing_image_hint(tag: str, where: str) -> str:
+def missing_image_hint(tag: str, where: str, adapter: str = "docker") -> str:
     """What a user does about an image that is not on ``where`` (one clause)."""
-    command = build_command(tag)
+    command = build_command(tag, adapter)
     if command:
         return f"build it with `{command}`"
+    if adapter == "kubernetes":
+        return f"push it to a registry the cluster pulls from, or import it into {where}'s containerd"
     return f"pull or load it into {where} yourself (`docker pull`, `docker load`), or name an image that is there"
 
 

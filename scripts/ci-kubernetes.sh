@@ -12,7 +12,8 @@
 # state dir), ORCHARD_K8S_SCRIPTS (this folder: tests restart the API server with
 # `k8s-cluster-up.sh apiserver-stop|apiserver-start`), ORCHARD_K8S_IMAGE (the adapter's
 # default image: orchard/python:test when Docker had it to give, else local/busybox:1) and
-# ORCHARD_HOST_NS_PID (a process in the host's namespaces: docker-up.sh starts dockerd there).
+# ORCHARD_HOST_NS_PID (a process in the host's namespaces: docker-up.sh starts dockerd there)
+# and ORCHARD_K8S_POD_MAX_PIDS (the kubelet's per-pod pids limit, $POD_MAX_PIDS, default 1024).
 # The images Docker has of $PY_IMAGE and $ORCHARD_K8S_EXTRA_IMAGES (default: the SWE recipe's
 # orchard/swe-python:bookworm, what `orchard-async demo --adapter kubernetes` runs) are loaded
 # into the node's containerd.
@@ -40,6 +41,7 @@ export WORK=${ORCHARD_K8S_WORK:-/tmp/orchard-k8s}
 IMAGES_DIR=${ORCHARD_K8S_IMAGES:-/var/tmp/orchard-k8s-images}
 PY_IMAGE=${ORCHARD_K8S_PYTHON_IMAGE:-orchard/python:test}
 EXTRA_IMAGES=${ORCHARD_K8S_EXTRA_IMAGES:-orchard/swe-python:bookworm}
+export POD_MAX_PIDS=${POD_MAX_PIDS:-1024}  # the kubelet's podPidsLimit (k8s-cluster-up.sh)
 export DEBIAN_FRONTEND=noninteractive
 log() { echo "ci-kubernetes: $*"; }
 die() { echo "ci-kubernetes: ERROR: $*" >&2; exit 1; }
@@ -153,6 +155,7 @@ inner() {
   (
     trap - INT QUIT
     export KUBECONFIG="$WORK/kubeconfig" ORCHARD_K8S_WORK="$WORK" ORCHARD_K8S_SCRIPTS="$here"
+    export ORCHARD_K8S_POD_MAX_PIDS="$POD_MAX_PIDS"
     export ORCHARD_K8S_IMAGE="${ORCHARD_K8S_IMAGE:-${default_image:-local/busybox:1}}"
     exec "$@"
   ) <&3 &

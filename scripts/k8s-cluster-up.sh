@@ -24,6 +24,9 @@ WORK=${WORK:-/tmp/orchard-k8s}
 PORT=${PORT:-16443}
 POD_CIDR=${POD_CIDR:-10.88.76.0/22}
 MAX_PODS=${MAX_PODS:-250}
+# processes per pod (the kubelet's podPidsLimit): Kubernetes has no per-pod pids field, so
+# this node-wide cap is the only pids limit a sandbox pod gets (spec.pids is not enforced)
+POD_MAX_PIDS=${POD_MAX_PIDS:-1024}
 mkdir -p "$WORK"; cd "$WORK"
 T0=$(date +%s.%N)
 el() { awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}'; }
@@ -164,7 +167,7 @@ EOF
     --make-iptables-util-chains=false --address=127.0.0.1 --read-only-port=0 --healthz-port=0 \
     --anonymous-auth=false --client-ca-file=pki/ca.crt --authorization-mode=AlwaysAllow \
     --pod-infra-container-image=local/pause:3.2 --eviction-hard='nodefs.available<1%,imagefs.available<1%' \
-    --image-gc-high-threshold=100 --image-gc-low-threshold=99 --max-pods=$MAX_PODS \
+    --image-gc-high-threshold=100 --image-gc-low-threshold=99 --max-pods=$MAX_PODS --pod-max-pids=$POD_MAX_PIDS \
     --kube-api-qps=100 --kube-api-burst=200 --serialize-image-pulls=false > node.log 2>&1 &
   echo $! > node.pid
 fi

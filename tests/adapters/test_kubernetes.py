@@ -31,8 +31,10 @@ import orchard_async as oa
 
 pytest.importorskip("kubernetes_asyncio")
 
+from orchard_async import images  # noqa: E402
 from orchard_async.adapters import kubernetes as kube  # noqa: E402
 from orchard_async.adapters.kubernetes import KubernetesAdapter  # noqa: E402
+from orchard_async.images import ImageMissing, ImageSpec  # noqa: E402
 from tests.conftest import backend_missing, cluster_configured  # noqa: E402
 
 IMAGE = os.environ.get("ORCHARD_K8S_TEST_IMAGE", "local/busybox:1")
@@ -123,7 +125,12 @@ def test_pod_manifest_from_the_spec() -> None:
     assert pod["nodeSelector"] == {"pool": "sandboxes"} and pod["tolerations"][0]["key"] == "sandbox"
     assert pod["runtimeClassName"] == "gvisor"
     assert container["imagePullPolicy"] == "Never"
-    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False}
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert container["resources"] == {
         "requests": {"cpu": "500m", "memory": str(256 * 1024**2)},
         "limits": {"cpu": "500m", "memory": str(256 * 1024**2)},
@@ -133,6 +140,9 @@ def test_pod_manifest_from_the_spec() -> None:
     for pull, policy in (("missing", "IfNotPresent"), ("always", "Always")):
         other = adapter._pod_manifest("p", oa.SandboxSpec(pull=pull), "i", {})
         assert other["spec"]["containers"][0]["imagePullPolicy"] == policy
+    # what `orchard-async images build` makes is on no registry: "missing" never pulls it
+    built = adapter._pod_manifest("p", oa.SandboxSpec(pull="missing"), "orchard/busybox:test", {})
+    assert built["spec"]["containers"][0]["imagePullPolicy"] == "Never"
 
 
 def test_network_policies_select_the_right_pods() -> None:
@@ -227,6 +237,12 @@ async def test_pod_and_policies_on_the_cluster(make_adapter: Callable[..., Kuber
         assert spec["automountServiceAccountToken"] is False and spec["shareProcessNamespace"] is True
         container = spec["containers"][0]
         assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        # what doctor states, as the sandbox sees it: no capabilities, no-new-privileges, seccomp filter
+        status = (await quiet.exec("grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status")).text.split()
+        assert status == [
+            "CapEff:", "0000000000000000", "CapBnd:", "0000000000000000", "NoNewPrivs:", "1", "Seccomp:", "2",
+        ]  # fmt: skip
         assert container["resources"]["limits"] == {"cpu": "100m", "memory": str(64 * 1024**2)}
         assert not any(v.get("name", "").startswith("kube-api-access") for v in spec.get("volumes") or [])
         # the pause container is PID 1 (shareProcessNamespace) and the sandbox sees it
@@ -253,16 +269,75 @@ async def test_missing_image_fails_clearly_and_leaves_no_pod(
     adapter = make_adapter(create_timeout=90)
     image = "local/does-not-exist:0"
     started = time.monotonic()
-    with pytest.raises(oa.CreateFailed) as caught:
+    # never: the image is not there and will not be (the user's to fix); missing: a pull was
+    # tried and failed, which a registry that comes back could cure (an infrastructure error)
+    expected = ImageMissing if pull == "never" else oa.CreateFailed
+    with pytest.raises(expected) as caught:
         await adapter.create(oa.SandboxSpec(ttl=120, image=image, pull=pull))
     elapsed = time.monotonic() - started
     message = str(caught.value)
-    assert image in message and (
-        "ErrImageNeverPull" in message or "ErrImagePull" in message or "ImagePullBackOff" in message
+    assert image in message and "\n" not in message
+    assert (
+        ("ErrImageNeverPull" in message)
+        if pull == "never"
+        else ("ErrImagePull" in message or "ImagePullBackOff" in message)
     )
     assert elapsed < 90
     assert await adapter.list_owned() == []
     assert await _names(adapter, "pods", f"orchard.run={adapter.run_id}") == []
+
+
+async def test_a_missing_buildable_image_names_the_build_command_once(
+    make_adapter: Callable[..., KubernetesAdapter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An image `orchard-async images build` makes is never pulled; missing from the node, it
+    is an ImageMissing naming the command, and later creates fail at once without a pod."""
+    tag = "orchard/absent-k8s:test"
+    monkeypatch.setattr(images, "TEST_IMAGES", [*images.TEST_IMAGES, ImageSpec(tag=tag, base="busybox")])
+    adapter = make_adapter(create_timeout=90)
+    with pytest.raises(
+        ImageMissing,
+        match=rf"^image {tag} .*ErrImageNeverPull.*`orchard-async images build {tag} --adapter kubernetes`$",
+    ):
+        await adapter.create(oa.SandboxSpec(ttl=120, image=tag))
+    posted = adapter.stats["api_calls"]
+    with pytest.raises(ImageMissing, match=tag):
+        await adapter.create(oa.SandboxSpec(ttl=120, image=tag))
+    assert adapter.stats["api_calls"] == posted  # answered from the cache: no pod this time
+    assert await _names(adapter, "pods", f"orchard.run={adapter.run_id}") == []
+
+
+# Starts N background sleeps from a child shell (which ends when a fork is refused),
+# counts with builtins only (nothing to fork at the limit) how many are alive, kills them.
+PIDS_BOMB = r"""
+rm -f bomb.pids
+sh -c 'i=0; while [ $i -lt {n} ]; do sleep 123 & echo $! >>bomb.pids; i=$((i+1)); done' 2>/dev/null
+alive=0; started=
+while read -r p; do if kill -0 "$p" 2>/dev/null; then alive=$((alive+1)); started="$started $p"; fi; done <bomb.pids
+echo "BOMB $alive"
+kill $started 2>/dev/null
+"""
+
+
+async def test_spec_pids_is_not_enforced_but_the_nodes_pod_limit_is(
+    make_adapter: Callable[..., KubernetesAdapter],
+) -> None:
+    """What doctor says: spec.pids is not a pod limit on Kubernetes; the kubelet's
+    podPidsLimit (ORCHARD_K8S_POD_MAX_PIDS, set by scripts/ci-kubernetes.sh) is."""
+    adapter = make_adapter()
+    assert "spec.pids NOT enforced" in await adapter.doctor()
+    box = await adapter.create(oa.SandboxSpec(ttl=300, pids=16))
+    try:
+        small = await box.exec(PIDS_BOMB.replace("{n}", "40"), timeout=60)
+        assert "BOMB 40" in small.text, f"spec.pids=16 is documented as not enforced here: {small}"
+        limit = os.environ.get("ORCHARD_K8S_POD_MAX_PIDS")
+        if limit:
+            flood = await box.exec(PIDS_BOMB.replace("{n}", str(int(limit) + 32)), timeout=120)
+            alive = int(flood.text.split("BOMB ")[1].split()[0])
+            assert alive < int(limit), f"the pod went past its podPidsLimit {limit}: {flood}"
+            assert (await box.exec("echo usable")).text == "usable\n"
+    finally:
+        await adapter.destroy(box)
 
 
 async def test_unschedulable_pod_fails_at_the_create_timeout_with_the_reason(
