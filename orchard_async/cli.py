@@ -96,9 +96,9 @@ def make_adapter(name: str, options: str | dict[str, Any] | None) -> Adapter:
 
 
 async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, replace: bool) -> int:
-    """Everything that can be wrong is checked, in this order, before the first sandbox:
-    adapter options, recipe, tasks, policy, the plan, the adapter, then (in ``collect``)
-    the output file and, on resume, that it is the same run."""
+    """Everything that can be wrong is checked before the first sandbox: the --out path by
+    the caller (kind, name, writable), then adapter options, recipe, tasks, the plan,
+    policy, the adapter, and in ``collect`` the existing file (on resume: the same run)."""
     options = parse_adapter_options(args.adapter_options)
     recipe = load_recipe(args.recipe)
     tasks = recipe.load_tasks(args.tasks)
