@@ -488,10 +488,10 @@ def _tree(root: Path) -> Iterator[Path]:
         drop()
 
 
-def apt_mirror(suite: str) -> str:
+def apt_mirror(suite: str, apt_dir: str = "/etc/apt") -> str:
     """The Debian mirror apt uses here for ``suite`` (the only one known to be reachable):
     deb822 ``*.sources`` first, then one-line ``sources.list`` entries."""
-    for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
+    for path in sorted(glob.glob(f"{apt_dir}/sources.list.d/*.sources")):
         for stanza in Path(path).read_text(errors="replace").split("\n\n"):
             fields: dict[str, str] = {}
             for line in stanza.splitlines():
@@ -502,7 +502,7 @@ def apt_mirror(suite: str) -> str:
                 uris = fields.get("uris", "").split()
                 if uris:
                     return uris[0]
-    for path in ["/etc/apt/sources.list", *sorted(glob.glob("/etc/apt/sources.list.d/*.list"))]:
+    for path in [f"{apt_dir}/sources.list", *sorted(glob.glob(f"{apt_dir}/sources.list.d/*.list"))]:
         with contextlib.suppress(OSError):
             for line in Path(path).read_text(errors="replace").splitlines():
                 words = re.sub(r"\[[^]]*\]", "", line).split()
