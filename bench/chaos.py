@@ -203,9 +203,10 @@ def _total(counts: dict[str, int] | None) -> int:
 
 def _records(path: Path) -> int:
     try:
-        return path.read_bytes().count(b"\n")
+        data = path.read_bytes()
     except OSError:
         return 0
+    return data.count(b"\n") - data.startswith(b'{"orchard_run":')  # the run header is no episode
 
 
 async def _kill_round(

@@ -261,10 +261,15 @@ async def collect(
             f"{out} already has trajectories; pass resume=True (--resume) to continue it, or pick a new file"
         )
     done = check_resume(out, header, (e.episode_id for e in planned)) if exists and resume else set()
+    # One run id for the whole file, across resumes: exports key groups by it.
+    recorded = read_run_header(out) if exists and resume else None
+    run_id = (recorded or {}).get("run_id") or options.pop("run_id", None) or uuid.uuid4().hex[:12]
+    options.pop("run_id", None)
+    header["run_id"] = run_id
     # Checked now (a MessagePack tail that is not ours is refused); the file is created or
     # changed only when the first episode ends, so a run that fails before that leaves none.
     writer = TrajectoryWriter(out, run_header=header, replace=replace and not resume)
-    stream = rollout(tasks, policy, adapter, n=n, group_size=group_size, skip=done, **options)
+    stream = rollout(tasks, policy, adapter, n=n, group_size=group_size, skip=done, run_id=run_id, **options)
     try:
         async for trajectory in stream:
             writer.write(trajectory)

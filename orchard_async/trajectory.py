@@ -107,7 +107,7 @@ _MP_HEADER_PREFIX = b"\x81\xab" + b"orchard_run"  # a map of one entry whose key
 _MP_FIRST_KEYS = (b"episode_id", b"orchard_run")
 
 # Header keys that describe the file, not the run: never a reason to refuse a resume.
-INFORMATIONAL_HEADER_KEYS = frozenset({"format", "created_at", "orchard_version"})
+INFORMATIONAL_HEADER_KEYS = frozenset({"format", "created_at", "orchard_version", "run_id"})
 
 
 def _is_msgpack(path: Path) -> bool:

@@ -81,8 +81,10 @@ async def test_resume_of_the_same_run_skips_what_is_done_and_may_extend_it(tmp_p
     more = await oa.collect(tasks(4), StepsPolicy(), SimAdapter(), out, n=10, resume=True)
     assert (more.skipped, more.written) == (4, 6)
     assert read_run_header(out) == header  # written once, first
-    ids = [t.episode_id for t in oa.read_trajectories(out, strict=True)]
-    assert sorted(ids) == sorted(e.episode_id for e in oa.plan(tasks(4), 10))
+    trajectories = list(oa.read_trajectories(out, strict=True))
+    assert sorted(t.episode_id for t in trajectories) == sorted(e.episode_id for e in oa.plan(tasks(4), 10))
+    # one run id across resumes: exports tell runs apart by it
+    assert {t.run_id for t in trajectories} == {header["run_id"]}
 
 
 async def test_a_file_without_a_header_is_checked_on_its_records(tmp_path: Path) -> None:
