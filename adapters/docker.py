@@ -301,7 +301,8 @@ class DockerAdapter:
         self._create_gate: anyio.Semaphore | None = None
         self._image_locks: dict[str, anyio.Lock] = {}
         self._images_ready: set[str] = set()
-        self._images_missing: dict[str, ImageMissing] = {}  # the answer for an image is cached, not asked per create
+        # the answer for an image (and pull policy) is cached, not asked per create
+        self._images_missing: dict[tuple[str, str], ImageMissing] = {}
         self._live: dict[str, ShellSandbox] = {}
         self._streams: dict[str, ExecStream] = {}  # the heartbeat's round
         self._heartbeat: asyncio.Task[None] | None = None
@@ -453,14 +454,14 @@ class DockerAdapter:
         at once with the same one-line ImageMissing, without asking the daemon again."""
         if image in self._images_ready:
             return
-        if image in self._images_missing:
-            raise self._images_missing[image]
+        if (image, pull) in self._images_missing:
+            raise self._images_missing[image, pull]
         lock = self._image_locks.setdefault(image, anyio.Lock())
         async with lock:
             if image in self._images_ready:
                 return
-            if image in self._images_missing:
-                raise self._images_missing[image]
+            if (image, pull) in self._images_missing:
+                raise self._images_missing[image, pull]
             present = await self._image_present(docker, image)
             try:
                 if pull == "always" or (pull == "missing" and not present):
@@ -473,7 +474,7 @@ class DockerAdapter:
                         f"{missing_image_hint(image, WHERE)}"
                     )
             except ImageMissing as exc:
-                self._images_missing[image] = exc
+                self._images_missing[image, pull] = exc
                 raise
             self._images_ready.add(image)
 

@@ -720,7 +720,8 @@ class KubernetesAdapter:
         self._namespace_ready = False
         self.informer: PodInformer | None = None
         self._live: dict[str, ShellSandbox] = {}
-        self._images_missing: dict[str, ImageMissing] = {}  # answered once per image, not per create
+        # answered once per image (and pull policy), not per create
+        self._images_missing: dict[tuple[str, str], ImageMissing] = {}
         self._unremoved: dict[str, bool] = {}  # name -> had an allow policy; deletion not confirmed
         self._retrier: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()  # websockets being closed
@@ -917,8 +918,8 @@ class KubernetesAdapter:
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         image = spec.image or self.image
-        if image in self._images_missing:
-            raise self._images_missing[image]
+        if (image, spec.pull) in self._images_missing:
+            raise self._images_missing[image, spec.pull]
         await self._ensure_namespace()
         assert self._create_gate is not None
         name = f"orchard-{uuid.uuid4().hex[:16]}"
@@ -985,7 +986,7 @@ class KubernetesAdapter:
             except ApiError as exc:
                 if exc.status != 409:
                     raise CreateFailed(f"could not create the allow-egress NetworkPolicy for {name}: {exc}") from None
-        await self._wait_running(name, image)
+        await self._wait_running(name, image, spec.pull)
         return await self._open_shell(name, spec)
 
     def _labels(self, spec: SandboxSpec, expires_at: float, name: str) -> dict[str, str]:
@@ -1058,7 +1059,7 @@ class KubernetesAdapter:
             "spec": pod_spec,
         }
 
-    async def _wait_running(self, name: str, image: str) -> None:
+    async def _wait_running(self, name: str, image: str, pull: str = "missing") -> None:
         """Until the watch sees the pod Running; a fatal state fails at once."""
         informer = self.informer
         assert informer is not None
@@ -1074,7 +1075,7 @@ class KubernetesAdapter:
                         f"image {image} is not on the cluster's node ({why.split(':')[0]}); "
                         f"{missing_image_hint(image, 'the node', self.name)}"
                     )
-                    self._images_missing[image] = missing
+                    self._images_missing[image, pull] = missing
                     raise missing
                 if verdict == "failed":
                     raise CreateFailed(await self._failure_message(name, image, why))

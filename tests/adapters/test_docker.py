@@ -133,10 +133,10 @@ async def test_a_missing_buildable_image_names_the_build_command_once_per_adapte
 
     monkeypatch.setattr(adapter, "_image_present", counting)
     expected = rf"^image {tag} is not on the Docker daemon.*`orchard-async images build {tag}`$"
-    for pull in ("missing", "never", "missing"):
+    for pull in ("missing", "missing", "never", "never"):
         with pytest.raises(ImageMissing, match=expected):
             await adapter.create(oa.SandboxSpec(image=tag, pull=pull, ttl=60))
-    assert asked == [tag]
+    assert asked == [tag, tag]  # once per image and pull policy
     assert await containers(adapter.run_id) == []
 
 
