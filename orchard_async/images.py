@@ -242,24 +242,26 @@ class Builder:
     def _docker(self, *args: str, what: str, timeout: float = DOCKER_TIMEOUT, **kw) -> str:
         return _run(["docker", *args], what, timeout=timeout, **kw)
 
+    @staticmethod
+    def _inspect(tag: str, template: str) -> str | None:
+        """One field of an image (a Go template), or None when there is no such image."""
+        try:
+            done = subprocess.run(
+                ["docker", "image", "inspect", "-f", template, tag], capture_output=True, timeout=DOCKER_TIMEOUT
+            )
+        except subprocess.TimeoutExpired:
+            raise ImageBuildError(
+                f"the Docker daemon did not answer an inspect of {tag} within {DOCKER_TIMEOUT:.0f} s"
+            ) from None
+        return done.stdout.decode().strip() if done.returncode == 0 else None
+
     def image_label(self, tag: str) -> str | None:
         """The spec digest of an existing image ("" without one), or None when it is absent."""
-        done = subprocess.run(
-            ["docker", "image", "inspect", "-f", f'{{{{index .Config.Labels "{SPEC_LABEL}"}}}}', tag],
-            capture_output=True,
-            timeout=DOCKER_TIMEOUT,
-            check=False,
-        )
-        if done.returncode != 0:
-            return None
-        label = done.stdout.decode().strip()
+        label = self._inspect(tag, f'{{{{index .Config.Labels "{SPEC_LABEL}"}}}}')
         return "" if label == "<no value>" else label
 
     def image_id(self, tag: str) -> str | None:
-        done = subprocess.run(
-            ["docker", "image", "inspect", "-f", "{{.Id}}", tag], capture_output=True, timeout=DOCKER_TIMEOUT
-        )
-        return done.stdout.decode().strip() if done.returncode == 0 else None
+        return self._inspect(tag, "{{.Id}}")
 
     def _drop_replaced(self, old_id: str | None, tag: str) -> None:
         """A rebuild leaves the old image untagged: remove it unless a container uses it."""
@@ -267,9 +269,8 @@ class Builder:
             subprocess.run(["docker", "rmi", old_id], capture_output=True, timeout=DOCKER_TIMEOUT, check=False)
 
     def _size(self, tag: str) -> str:
-        out = subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", tag], capture_output=True, check=False)
         try:
-            return f"{int(out.stdout.decode().strip()) / 1e6:.0f} MB"
+            return f"{int(self._inspect(tag, '{{.Size}}') or '') / 1e6:.0f} MB"
         except ValueError:
             return "? MB"
 
