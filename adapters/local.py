@@ -1,19 +1,24 @@
-"""The local adapter: sandboxes as plain processes, the embedded default.
+"""The local adapter: sandboxes as processes on this machine, the embedded default.
 
-Each sandbox is a private directory ``<root>/<id>/`` (``work/`` for the agent, ``ctl/``
-for the shell protocol, ``lease.json`` for reap) and one persistent ``sh`` speaking the
-shell-session protocol over pipes. Where the kernel lets us, the shell runs as PID 1 of
-new PID, mount and network namespaces (``unshare``): when it ends, the kernel kills
-everything inside, and the network is only a loopback that is down. Without namespaces
-it still runs in its own session and kills the process groups it started.
+Each sandbox is a private directory ``<root>/<id>/`` (``work/`` for the agent, ``ctl/`` for
+the shell protocol's scratch files, ``out/`` for the FIFOs the controller reads a command's
+output from, ``bin/`` for ``python``, ``lease.json`` for reap) and one persistent ``sh``
+speaking the shell-session protocol over pipes.
 
-A small supervisor shell owns each sandbox's lifetime (see ``SUPERVISOR``): it is PID 1
-of the namespaces, runs the shell-session server as its child, kills that server when the
-TTL passes, and when the server ends, for whatever reason, kills everything left in the
-sandbox and removes its directory. So a SIGKILLed controller leaves nothing behind: the
-server sees EOF on its pipe and ends, and the TTL ends it regardless. ``reap`` finds
-leftovers by lease file and by the ``ORCHARD_SANDBOX`` variable (the sandbox's directory)
-every process of a sandbox inherits.
+On Linux a sandbox is a boundary (see ``local_isolation``): its own user, PID, mount, IPC,
+UTS and network namespaces, the host read-only, its home and the other sandboxes out of
+sight, no capabilities, an unprivileged user, a clean environment. ``isolation="auto"``
+takes bubblewrap, else ``unshare``; where neither works, a sandbox without network
+(``network="none"``, the default) is refused unless the caller asked for
+``isolation="none"`` by name.
+
+Lifetime: a launcher shell on the host starts the sandbox and, when it ends, removes its
+directory and cgroup. Inside, a small supervisor shell (see ``SUPERVISOR``) runs the
+shell-session server as its child, kills that server when the TTL passes, and when the
+server ends, for whatever reason, kills everything left in the sandbox. So a SIGKILLed
+controller leaves nothing behind: the server sees EOF on its pipe and ends, and the TTL ends
+it regardless. ``reap`` finds leftovers by lease file and by the ``ORCHARD_SANDBOX`` variable
+(the sandbox's directory) every process of a sandbox inherits.
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 import uuid
@@ -32,19 +36,22 @@ from pathlib import Path
 import anyio
 from anyio.streams.stapled import StapledByteStream
 
-from orchard_async.errors import CreateFailed, SandboxLost
+from orchard_async.errors import ConfigError, CreateFailed, SandboxLost
 from orchard_async.lease import CONTROLLER_LABEL, controller_alive, controller_id
 from orchard_async.protocols import Sandbox
 from orchard_async.sandbox import ShellSandbox
-from orchard_async.shell import ShellClient
+from orchard_async.shell import ShellClient, make_output_pipes
 from orchard_async.types import DEFAULT_OUTPUT_CAP, SandboxSpec
+
+from . import local_isolation as iso
 
 SANDBOX_ENV = "ORCHARD_SANDBOX"  # the sandbox dir: names the sandbox and the root it lives in
 DESTROY_GRACE = 5.0
 
-# `$1` TTL seconds, `$2` the sandbox dir. stdin is the controller's pipe, passed to the server.
-# Traps run while the supervisor waits (POSIX `wait` returns on a trapped signal), which a
-# shell blocked reading commands does not do: that is why the TTL lives here, not in the server.
+# `$1` TTL seconds, `$2` "ns" when the sandbox has its own PID namespace. stdin is the
+# controller's pipe, passed to the server. Traps run while the supervisor waits (POSIX `wait`
+# returns on a trapped signal), which a shell blocked reading commands does not do: that is
+# why the TTL lives here, not in the server.
 SUPERVISOR = r"""
 exec 3<&0 0</dev/null
 sh -s <&3 3<&- &
@@ -53,8 +60,7 @@ exec 3<&-
 trap 'kill -USR1 $server 2>/dev/null' USR1
 (sleep "$1"; kill -KILL $server) </dev/null >/dev/null 2>&1 &
 while :; do wait $server; kill -0 $server 2>/dev/null || break; done
-if [ $$ = 1 ]; then kill -KILL -1 2>/dev/null; fi
-rm -rf -- "$2"
+if [ "$2" = ns ]; then kill -KILL -1 2>/dev/null; fi
 """
 
 
@@ -62,36 +68,55 @@ def default_root() -> Path:
     return Path(os.environ.get("ORCHARD_LOCAL_ROOT") or Path(tempfile.gettempdir()) / "orchard-async")
 
 
-@functools.cache
-def namespace_support() -> tuple[bool, str]:
-    """Can this process give a sandbox new PID, mount and network namespaces?"""
-    if shutil.which("unshare") is None:
-        return False, "unshare(1) is not installed"
-    probe = ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--net", "true"]
+def isolation_report(isolation: str = "auto") -> dict[str, str]:
+    """What the local adapter enforces on this machine, for `orchard-async doctor`. Each line
+    is held to by tests/conformance/test_attacks.py and tests/adapters/test_local.py."""
     try:
-        done = subprocess.run(probe, capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"unshare failed: {exc}"
-    if done.returncode != 0:
-        return False, f"unshare refused: {done.stderr.decode(errors='replace').strip()}"
-    return True, "new PID, mount and network namespaces per sandbox"
-
-
-def isolation_report() -> dict[str, str]:
-    """What the local adapter enforces on this machine, for `orchard-async doctor`."""
-    ns_ok, ns_why = namespace_support()
-    root = os.geteuid() == 0
-    return {
-        "process group": "yes: own session; a timeout kills the command's whole process group",
-        "namespaces": ns_why if ns_ok else f"no ({ns_why}): processes share the host's PID and network namespaces",
-        "network": "off unless the spec asks (empty network namespace)"
-        if ns_ok
-        else "NOT isolated: no network namespace",
-        "memory": "RLIMIT_AS (address space) from spec.memory",
-        "pids": "not enforced: RLIMIT_NPROC does not apply to root" if root else "RLIMIT_NPROC from spec.pids",
-        "cpu": "not limited (use docker or kubernetes for cpu quotas)",
-        "filesystem": "private work dir; the rest of the host filesystem is visible",
-    }
+        mode, found = iso.resolve(isolation)
+    except ConfigError as exc:
+        return {"isolation": f"NONE: {exc}"}
+    executable, pytest_version = iso.interpreter()
+    report = {"interpreter": f"{executable} as python and python3 (pytest {pytest_version})"}
+    if mode == "none":
+        report.update(
+            {
+                "isolation": f"NONE ({found.why}): sandboxes without network are refused unless "
+                "isolation='none' is asked for, which runs commands as you, on your files, with your network",
+                "pids": "not enforced (RLIMIT_NPROC would count every process of your user, not the sandbox's)",
+                "memory": "RLIMIT_AS (address space, per process) from spec.memory",
+                "cpu": "not limited (use docker or kubernetes for cpu quotas)",
+            }
+        )
+        return report
+    uid, _ = iso.sandbox_ids()
+    user = "nobody (65534), in a user namespace of its own" if iso.is_root() else f"your uid ({uid})"
+    if iso.is_root() and not found.user_namespace:
+        user = "nobody (65534)"
+    cgroup, no_cgroup = iso.pids_cgroup_parent()
+    if cgroup:
+        pids = (
+            f"pids cgroup per sandbox (pids.max = spec.pids + {iso.ADAPTER_PROCESSES} for the adapter's own processes)"
+        )
+    elif iso.per_namespace_nproc() and (found.user_namespace or not iso.is_root()):
+        pids = f"RLIMIT_NPROC inside the sandbox's own user namespace, counted per sandbox ({no_cgroup})"
+    else:
+        pids = f"NOT enforced: {no_cgroup}, and this kernel counts RLIMIT_NPROC per user, not per sandbox"
+    report.update(
+        {
+            "isolation": f"{mode}: own user, PID, mount, IPC, UTS and network namespaces per sandbox",
+            "user": f"commands run as {user}, with no capabilities and no-new-privileges",
+            "filesystem": "host root read-only; writable: the sandbox's work dir and a private /tmp; "
+            "your home, /root and other sandboxes hidden",
+            "processes": "the sandbox sees only its own (own /proc); they all end with it",
+            "environment": "clean: PATH, HOME, LANG, TERM, the spec's env and ORCHARD_SANDBOX only",
+            "network": "off unless the spec asks (own network namespace with loopback only)",
+            "output": "not spooled to disk: read from pipes, capped at the output cap",
+            "pids": pids,
+            "memory": "RLIMIT_AS (address space, per process) from spec.memory",
+            "cpu": "not limited (use docker or kubernetes for cpu quotas)",
+        }
+    )
+    return report
 
 
 class LocalAdapter:
@@ -103,29 +128,53 @@ class LocalAdapter:
         root: str | Path | None = None,
         run_id: str | None = None,
         owner: str | None = None,
-        namespaces: bool | None = None,
+        isolation: str = "auto",
         output_cap: int = DEFAULT_OUTPUT_CAP,
     ):
         self.root = Path(root) if root else default_root()
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.owner = owner or f"{os.environ.get('USER', 'user')}@{os.uname().nodename}"
-        self.namespaces = namespace_support()[0] if namespaces is None else namespaces
+        self.requested_isolation = isolation
+        self.isolation, self._probe = iso.resolve(isolation)
         self.output_cap = output_cap
         self.controller = controller_id()
         self._live: dict[str, tuple[ShellSandbox, anyio.abc.Process]] = {}
 
+    @property
+    def namespaces(self) -> bool:
+        return self.isolation != "none"
+
     async def create(self, spec: SandboxSpec) -> Sandbox:
+        if not self.namespaces and self.requested_isolation != "none" and spec.network == "none":
+            raise ConfigError(
+                f"the local adapter cannot isolate a sandbox here ({self._probe.why}), so network='none' cannot "
+                "hold; install bubblewrap, or pass isolation='none' to run without any isolation"
+            )
         # Shielded: a create cut short by cancellation would leave a process and a dir that
         # nobody holds. It takes tens of milliseconds; the caller's cancellation lands at
         # its next checkpoint, where it already owns the sandbox and destroys it.
         with anyio.CancelScope(shield=True):
             return await self._create(spec)
 
+    def _prepare_dirs(self, base: Path, lease: dict) -> None:
+        base.mkdir(parents=True)
+        # The lease goes in before anything else: a controller killed from here on leaves a
+        # dir that reap recognises as its (dead) own at once, instead of a lease-less dir it
+        # must leave alone for 60 s (bench chaos --rounds 12 hit that window).
+        (base / "lease.json").write_text(json.dumps(lease))
+        for name in ("work", "ctl", "out"):
+            (base / name).mkdir()
+        iso.write_python_shims(base / "bin")
+        owner = iso.sandbox_ids() if iso.is_root() and self.namespaces else None
+        if owner is not None:  # root's sandboxes run as nobody: their dirs are nobody's
+            for name in ("work", "ctl"):
+                os.chown(base / name, *owner)
+        make_output_pipes(str(base / "out"), owner)
+
     async def _create(self, spec: SandboxSpec) -> Sandbox:
         sandbox_id = f"lo-{uuid.uuid4().hex[:16]}"
         base = self.root / sandbox_id
         work, ctl = base / "work", base / "ctl"
-        base.mkdir(parents=True)
         expires_at = time.time() + spec.ttl
         labels = {
             **spec.labels,
@@ -135,18 +184,14 @@ class LocalAdapter:
             CONTROLLER_LABEL: self.controller,
         }
         lease = {"id": sandbox_id, "labels": labels, "expires_at": expires_at}
-        # The lease goes in before anything else: a controller killed from here on leaves a
-        # dir that reap recognises as its (dead) own at once, instead of a lease-less dir it
-        # must leave alone for 60 s (bench chaos --rounds 12 hit that window).
-        (base / "lease.json").write_text(json.dumps(lease))
-        work.mkdir()
-        ctl.mkdir()
-        argv = ["sh", "-c", SUPERVISOR, "supervisor", str(int(spec.ttl) + 1), str(base)]
-        if self.namespaces:
-            net = ["--net"] if spec.network == "none" else []
-            argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", *net, *argv]
+        self._prepare_dirs(base, lease)
+        plan = iso.layout(self.root, base, network=spec.network == "on")
+        cgroup = iso.make_pids_cgroup(sandbox_id, spec.pids) if spec.pids and self.namespaces else ""
+        inner = iso.sandbox_argv(self.isolation, plan, self._probe.user_namespace)
+        supervisor = ["sh", "-c", SUPERVISOR, "supervisor", str(int(spec.ttl) + 1), "ns" if self.namespaces else ""]
+        argv = ["sh", "-c", iso.LAUNCHER, "launcher", str(base), cgroup, *inner, *supervisor]
         env = {
-            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "PATH": f"{base / 'bin'}:{iso.SYSTEM_PATH}",
             "HOME": str(work),
             "LANG": "C.UTF-8",
             "TERM": "dumb",
@@ -158,28 +203,34 @@ class LocalAdapter:
                 process = await anyio.open_process(argv, stderr=log, cwd=work, env=env, start_new_session=True)
             except OSError as exc:
                 shutil.rmtree(base, ignore_errors=True)
+                iso.remove_cgroup(cgroup)
                 raise CreateFailed(f"could not start the sandbox shell: {exc}") from exc
+        if iso.is_root() and self.namespaces:
+            os.chown(ctl / "shell.log", *iso.sandbox_ids())
         assert process.stdin is not None and process.stdout is not None
+        server = _ServerPid()
         client = ShellClient(
             StapledByteStream(process.stdin, process.stdout),
             workdir=str(work),
-            interrupt=functools.partial(self._interrupt, process),
+            interrupt=functools.partial(self._interrupt, server),
             output_cap=self.output_cap,
+            output_pipes=str(base / "out"),
         )
         try:
-            limits = self._limits(spec)
+            limits = self._limits(spec, cgroup)
             if limits:
                 await process.stdin.send(limits.encode())
             await client.start(str(ctl))
+            server.pid = _host_pid(process.pid, client.server_pid, nested=self.namespaces)
         except (SandboxLost, OSError, anyio.BrokenResourceError) as exc:
             await client.aclose()
-            await self._stop(process, base)
+            await self._stop(process, base, cgroup)
             raise CreateFailed(f"the sandbox shell did not start ({exc}); see {ctl / 'shell.log'}") from exc
 
         async def teardown() -> None:
             self._live.pop(sandbox_id, None)
             await client.aclose()
-            await self._stop(process, base)
+            await self._stop(process, base, cgroup)
 
         sandbox = ShellSandbox(
             id=sandbox_id, client=client, root=str(base), labels=labels, on_close=teardown, expires_at=expires_at
@@ -187,30 +238,28 @@ class LocalAdapter:
         self._live[sandbox_id] = (sandbox, process)
         return sandbox
 
-    async def _interrupt(self, process: anyio.abc.Process, client: ShellClient) -> None:
-        """Signal the sandbox shell that its command timed out (see orchard_async.shell);
-        the supervisor passes the signal on to the server."""
-        pid = process.pid
-        if self.namespaces:  # the supervisor is unshare's only child
-            try:
-                pid = int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
-            except (OSError, IndexError, ValueError):
-                return  # the shell is gone; the client will see EOF
-        try:
-            os.kill(pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
-
     @staticmethod
-    def _limits(spec: SandboxSpec) -> str:
+    async def _interrupt(server: _ServerPid, client: ShellClient) -> None:
+        """Signal the sandbox shell that its command timed out (see orchard_async.shell)."""
+        if server.pid:
+            try:
+                os.kill(server.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass  # the shell is gone; the client will see EOF
+
+    def _limits(self, spec: SandboxSpec, cgroup: str) -> str:
         lines = []
         if spec.memory_bytes:
             lines.append(f"ulimit -v {spec.memory_bytes // 1024}")
-        if spec.pids and os.geteuid() != 0:
-            lines.append(f"ulimit -p {spec.pids}")
+        # RLIMIT_NPROC counts a user's processes in one user namespace (Linux 5.14+): inside
+        # the sandbox's own, that is the sandbox. Elsewhere it would count every process of
+        # the user, so it is not set: an unrelated process must not be able to starve a sandbox.
+        own_user_namespace = self._probe.user_namespace or not iso.is_root()
+        if spec.pids and not cgroup and self.namespaces and own_user_namespace and iso.per_namespace_nproc():
+            lines.append(f"ulimit -p {spec.pids + iso.ADAPTER_PROCESSES}")
         return "".join(line + "\n" for line in lines)
 
-    async def _stop(self, process: anyio.abc.Process, base: Path) -> None:
+    async def _stop(self, process: anyio.abc.Process, base: Path, cgroup: str) -> None:
         """EOF makes the shell end and clean up; past the grace period, force it."""
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(DESTROY_GRACE):
@@ -222,6 +271,7 @@ class LocalAdapter:
                 await anyio.to_thread.run_sync(_kill_sandbox_processes, {str(base)})
             if base.exists():
                 await anyio.to_thread.run_sync(shutil.rmtree, base, True)
+            iso.remove_cgroup(cgroup)
 
     async def destroy(self, sandbox: Sandbox) -> None:
         await sandbox.close()
@@ -230,12 +280,38 @@ class LocalAdapter:
         return list(self._live)
 
     async def reap(self, older_than: float = 0.0) -> list[str]:
-        return await anyio.to_thread.run_sync(reap_local, self.root, older_than, set(self._live))
+        removed = await anyio.to_thread.run_sync(reap_local, self.root, older_than, set(self._live))
+        await anyio.to_thread.run_sync(iso.reap_cgroups, set(self._live))
+        return removed
 
     async def close(self) -> None:
         async with anyio.create_task_group() as tg:
             for sandbox, _ in list(self._live.values()):
                 tg.start_soon(sandbox.close)
+
+
+class _ServerPid:
+    """The host pid of a sandbox's shell server, found once it answers."""
+
+    pid = 0
+
+
+def _host_pid(launcher: int, sandbox_pid: int, *, nested: bool) -> int:
+    """The host pid of the process a sandbox knows as ``sandbox_pid``: the descendant of the
+    launcher whose innermost PID-namespace pid it is (NSpid's last field; ``nested`` when the
+    sandbox has a PID namespace of its own, so that NSpid has more than one)."""
+    queue = [launcher]
+    while queue:
+        pid = queue.pop()
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                fields = line.split()
+                if fields[:1] == ["NSpid:"] and int(fields[-1]) == sandbox_pid and (len(fields) > 2) == nested:
+                    return pid
+            queue += [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return 0
 
 
 def _kill_quietly(pid: int) -> None:

@@ -29,10 +29,13 @@ attach stream, a Kubernetes exec websocket. Only ``sh``, ``head -c``, ``tail -c`
 from __future__ import annotations
 
 import base64
+import errno
+import fcntl
+import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -46,8 +49,10 @@ from .types import DEFAULT_OUTPUT_CAP, ExecResult, ExitReason, check_env, check_
 # Every name is prefixed `_o_` because commands run in subshells that can see them.
 # Lifetime (TTL, cleanup) is the adapter's business: a container's main process, or the
 # local adapter's supervisor. The server only kills what it started when it ends.
+T = TypeVar("T")
+
 SERVER_SCRIPT = r"""
-_o_C=$1; _o_busy=0; _o_p=; _o_t=0
+_o_C=$1; _o_O=${2:-$1}; _o_busy=0; _o_p=; _o_t=0
 exec 2>>"$_o_C/shell.log"
 # Kill a process and all its descendants; each is frozen first so it cannot fork away.
 _o_tree() {
@@ -81,18 +86,18 @@ _o_x() {
      cd -- "$_o_cwd" || exit 126
      if [ -f "$_o_st" ]; then . "$_o_st"; fi
      trap 'export -p >"$_o_st"; echo "cd -- \"\$PWD\"" >>"$_o_st"' EXIT
-     eval "$_o_env"; eval "$_o_cmd") <"$_o_in" >"$_o_C/o" 2>"$_o_C/e" &
+     eval "$_o_env"; eval "$_o_cmd") <"$_o_in" >"$_o_O/o" 2>"$_o_O/e" &
   else
     (_o_cwd=$5 _o_env=$6 _o_cmd=$7; set --; trap - USR1
-     cd -- "$_o_cwd" || exit 126; eval "$_o_env"; eval "$_o_cmd") <"$_o_in" >"$_o_C/o" 2>"$_o_C/e" &
+     cd -- "$_o_cwd" || exit 126; eval "$_o_env"; eval "$_o_cmd") <"$_o_in" >"$_o_O/o" 2>"$_o_O/e" &
   fi
   _o_p=$!; _o_busy=1
   wait "$_o_p"; _o_rc=$?
   while [ "$_o_rc" -gt 128 ] && kill -0 "$_o_p" 2>/dev/null; do wait "$_o_p"; _o_rc=$?; done
   _o_busy=0
-  _o_size "$_o_C/o"; _o_os=$_o_n; _o_size "$_o_C/e"; _o_es=$_o_n
+  _o_size "$_o_O/o"; _o_os=$_o_n; _o_size "$_o_O/e"; _o_es=$_o_n
   printf '@@ORCH %s %s %s %s %s\n' "$1" "$_o_rc" "$_o_t" "$_o_os" "$_o_es"
-  _o_send "$_o_C/o" "$_o_os" "$2" "$3"; _o_send "$_o_C/e" "$_o_es" "$2" "$3"
+  _o_send "$_o_O/o" "$_o_os" "$2" "$3"; _o_send "$_o_O/e" "$_o_es" "$2" "$3"
   printf '@@END %s\n' "$1"
 }
 printf '@@READY %s\n' $$
@@ -134,8 +139,123 @@ def classify(exit_code: int, timed_out: bool) -> ExitReason:
     return ExitReason.OK if exit_code == 0 else ExitReason.NONZERO
 
 
+F_SETPIPE_SZ = 1031  # fcntl: a pipe's buffer size (Linux)
+PIPE_BUFFER = 1 << 20
+DRAIN_LIMIT = 4 * PIPE_BUFFER  # what one drain reads at most: a writer that never stops cannot hold it
+
+
+def make_output_pipes(directory: str, owner: tuple[int, int] | None = None) -> None:
+    """The FIFOs a client in pipe mode reads a command's stdout (``o``) and stderr (``e``) from.
+    Only the sandbox's user may write them (``owner``: its uid and gid, when not the caller's)."""
+    for name in ("o", "e"):
+        path = os.path.join(directory, name)
+        os.mkfifo(path, 0o600)
+        if owner is not None:
+            os.chown(path, *owner)
+
+
+class PipeCapture:
+    """One output FIFO the client reads itself while the command runs: the first ``head``
+    bytes, the last ``tail`` bytes and a count of the rest, and nothing on any disk.
+
+    The client also holds the FIFO open for writing, so the FIFO never reads as ended between
+    commands (no busy wakeups) and a command can open it without waiting."""
+
+    def __init__(self, path: str):
+        self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        self._hold = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            fcntl.fcntl(self.fd, F_SETPIPE_SZ, PIPE_BUFFER)
+        except OSError:
+            pass  # the default 64 KiB buffer works, with more wakeups
+        self.reset(0, 0)
+
+    def reset(self, head: int, tail: int) -> None:
+        self.head_max, self.tail_max = head, tail
+        self.first = bytearray()
+        self.last = bytearray()
+        self.size = 0
+
+    def drain(self) -> None:
+        """Read what the FIFO holds now, up to DRAIN_LIMIT bytes."""
+        taken = 0
+        while taken < DRAIN_LIMIT:
+            try:
+                chunk = os.read(self.fd, PIPE_BUFFER)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            if not chunk:
+                return
+            taken += len(chunk)
+            self._keep(chunk)
+
+    def _keep(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        room = self.head_max - len(self.first)
+        if room > 0:
+            self.first += chunk[:room]
+            chunk = chunk[room:]
+        if chunk and self.tail_max:
+            self.last += chunk
+            if len(self.last) > 2 * self.tail_max:
+                del self.last[: -self.tail_max]
+
+    async def pump(self) -> None:
+        """Keep the FIFO flowing while the command runs (a full one would block it)."""
+        try:
+            while True:
+                self.drain()
+                await anyio.wait_readable(self.fd)
+        except OSError:
+            return  # the FIFO is gone (the client is closing); the frame decides the outcome
+
+    def result(self) -> tuple[bytes, int]:
+        last = bytes(self.last[-self.tail_max :]) if self.tail_max else b""
+        if self.size <= self.head_max + self.tail_max:
+            return bytes(self.first) + last, 0
+        dropped = self.size - len(self.first) - len(last)
+        return bytes(self.first) + cut_marker(dropped) + last, dropped
+
+    def close(self) -> None:
+        for fd in (self.fd, self._hold):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+STREAM_ERRORS = (
+    TimeoutError,
+    anyio.EndOfStream,
+    anyio.IncompleteRead,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    OSError,
+)
+
+
+async def _caught(exchange: Awaitable[T]) -> T | BaseException:
+    """The exchange's result, or the stream error it raised: returned, not raised, so that a
+    task group around it (the output pumps) does not wrap it in an exception group."""
+    try:
+        return await exchange
+    except STREAM_ERRORS as exc:
+        return exc
+
+
 class ShellClient:
-    """Drives one server over a byte stream. Commands on one shell run one at a time."""
+    """Drives one server over a byte stream. Commands on one shell run one at a time.
+
+    Output reaches the client one of two ways. By default the server spools a command's
+    output to files in its control dir and sends it in the frame. In pipe mode
+    (``output_pipes``: a directory the client and the sandbox both see at that path, with
+    FIFOs from ``make_output_pipes``; the local adapter) the command writes into FIFOs the
+    client reads while it runs: nothing is spooled, so output cannot fill a disk, and the
+    server never reads it back."""
 
     def __init__(
         self,
@@ -144,6 +264,7 @@ class ShellClient:
         workdir: str,
         interrupt: Callable[[ShellClient], Awaitable[None]],
         output_cap: int = DEFAULT_OUTPUT_CAP,
+        output_pipes: str | None = None,
     ):
         self._stream = stream
         self._interrupt = interrupt
@@ -155,11 +276,16 @@ class ShellClient:
         self.server_pid = 0  # as the sandbox sees it
         self.lost: str | None = None  # why the shell is unusable, once it is
         self.ctl_dir = ""
+        self.output_pipes = output_pipes
+        self._captures: list[PipeCapture] = []
 
     async def start(self, ctl_dir: str) -> None:
         """Send the server script to a waiting ``sh -s`` and wait for it to answer."""
         self.ctl_dir = ctl_dir
         args = f"set -- {quote(ctl_dir)}\n"
+        if self.output_pipes:
+            self._captures = [PipeCapture(os.path.join(self.output_pipes, name)) for name in ("o", "e")]
+            args = f"set -- {quote(ctl_dir)} {quote(self.output_pipes)}\n"
         await self._stream.send((args + SERVER_SCRIPT).encode())
         try:
             with anyio.fail_after(READY_TIMEOUT):
@@ -208,15 +334,25 @@ class ShellClient:
             if self.lost:
                 return self._lost_result(started)
             try:
+                for capture in self._captures:
+                    capture.drain()  # what background processes wrote since the last command
+                    capture.reset(head, tail)
                 await self._stream.send(data)
-                with anyio.move_on_after(timeout) as deadline:
-                    header = await self._read_header(nonce)
-                if deadline.cancelled_caught:
-                    await self._interrupt(self)
-                    with anyio.fail_after(FRAME_GRACE):
-                        header = await self._read_header(nonce)
-                with anyio.fail_after(FRAME_GRACE + (header[2] + header[3]) / 1e6):  # time to move the payload
-                    code, timed_out, out, out_cut, err, err_cut = await self._read_body(nonce, header, head, tail)
+                if self._captures:
+                    async with anyio.create_task_group() as pumps:
+                        for capture in self._captures:
+                            pumps.start_soon(capture.pump)
+                        outcome = await _caught(self._exchange(nonce, timeout, head, tail))
+                        pumps.cancel_scope.cancel()
+                else:
+                    outcome = await _caught(self._exchange(nonce, timeout, head, tail))
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                code, timed_out, out, out_cut, err, err_cut = outcome
+                if self._captures:  # the command has ended: all it wrote is in the FIFOs now
+                    for capture in self._captures:
+                        capture.drain()
+                    (out, out_cut), (err, err_cut) = (capture.result() for capture in self._captures)
             except TimeoutError:
                 self.lost = "the sandbox shell stopped answering"
                 return self._lost_result(started)
@@ -238,6 +374,19 @@ class ShellClient:
                 stdout_cut=out_cut,
                 stderr_cut=err_cut,
             )
+
+    async def _exchange(
+        self, nonce: str, timeout: float | None, head: int, tail: int
+    ) -> tuple[int, bool, bytes, int, bytes, int]:
+        """Wait for the command's frame (interrupting it at its timeout) and read it."""
+        with anyio.move_on_after(timeout) as deadline:
+            header = await self._read_header(nonce)
+        if deadline.cancelled_caught:
+            await self._interrupt(self)
+            with anyio.fail_after(FRAME_GRACE):
+                header = await self._read_header(nonce)
+        with anyio.fail_after(FRAME_GRACE + (header[2] + header[3]) / 1e6):  # time to move the payload
+            return await self._read_body(nonce, header, head, tail)
 
     async def _read_header(self, nonce: str) -> tuple[int, bool, int, int]:
         line = await self._reader.receive_until(b"\n", 4096)
@@ -281,6 +430,9 @@ class ShellClient:
         self.lost = self.lost or "the sandbox was closed"
         with anyio.CancelScope(shield=True):
             await self._stream.aclose()
+        for capture in self._captures:
+            capture.close()
+        self._captures = []
 
 
 # Reads the memory cgroup's OOM-kill counter (cgroup v1, then v2); prints nothing elsewhere.

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import orchard_async as oa
-from orchard_async.adapters.local import SANDBOX_ENV, LocalAdapter, _sandbox_processes, namespace_support
+from orchard_async.adapters.local import SANDBOX_ENV, LocalAdapter, _sandbox_processes
+from orchard_async.adapters.local_isolation import resolve
 
 SEEN: set[str] = set()  # ids of sandboxes these tests created (teammates' runs may share the host)
 
@@ -49,7 +50,7 @@ async def test_destroy_removes_dir_and_every_process(root: Path) -> None:
     assert leftovers(root) == ([], [])
 
 
-@pytest.mark.skipif(not namespace_support()[0], reason="no namespaces here")
+@pytest.mark.skipif(resolve("auto")[0] == "none", reason="no isolation here")
 async def test_network_off_blocks_connections_and_on_allows_them(root: Path) -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -69,7 +70,7 @@ async def test_network_off_blocks_connections_and_on_allows_them(root: Path) -> 
         await adapter.close()
 
 
-@pytest.mark.skipif(not namespace_support()[0], reason="no namespaces here")
+@pytest.mark.skipif(resolve("auto")[0] == "none", reason="no isolation here")
 async def test_pid_namespace_hides_host_processes(root: Path) -> None:
     adapter = LocalAdapter(root=root)
     box = await adapter.create(oa.SandboxSpec(ttl=60))

@@ -399,9 +399,8 @@ async def test_fork_bomb_stops_at_the_pids_limit(make_adapter: Callable[..., oa.
     box = await adapter.create(oa.SandboxSpec(ttl=300, pids=16))
     try:
         _, out = await run(box, FORK_BOMB)
+        # spec.pids bounds the processes commands start; the adapter's own few come on top.
         assert reported(out, "BOMB") <= 16, f"the sandbox exceeded pids=16: {out}"
-        if adapter.name == "local":  # every process of a local sandbox counts against its limit
-            assert reported(out, "PROCESSES") <= 16, f"the sandbox exceeded pids=16: {out}"
         # The bomb is over and its sleeps are gone: the sandbox works again.
         with anyio.fail_after(60):
             while True:

@@ -1,0 +1,432 @@
+"""How the local adapter walls a sandbox off from the host: namespaces, mounts, users, limits.
+
+Three modes, chosen per adapter (``isolation=``):
+
+* ``bwrap`` (bubblewrap, preferred): one ``bwrap`` call builds the sandbox.
+* ``unshare`` (util-linux, the fallback): ``unshare`` makes the namespaces and a small setup
+  script (``SETUP``) makes the mounts, then drops every capability.
+* ``none``: no walls at all; only for callers that ask for it by name.
+
+Both real modes give each sandbox new user, PID, mount, IPC, UTS (and, unless the spec asks
+for network, network) namespaces; the host's root read-only; writable only the sandbox's
+``work`` and ``ctl`` dirs and a private ``/tmp``; empty read-only dirs over the user's home,
+``/root`` and the adapter root (other sandboxes); a private ``/run`` and ``/dev``; the
+sandbox's own ``/proc``; no capabilities and no-new-privileges. The sandbox's processes run
+as an unprivileged host user: the caller's own uid when the caller is not root, and
+``nobody`` (65534) when it is, so that owner bits of root's files (``/etc/shadow`` is
+``root:shadow 640``) grant nothing. Root builds the mounts while still privileged (it can
+read paths nobody can), then switches to nobody inside a user namespace of its own.
+
+Limits: ``spec.pids`` is a pids cgroup (``pids.max``) where a cgroup is writable, otherwise
+RLIMIT_NPROC set inside the sandbox's own user namespace, which Linux (5.14 and later)
+counts per user namespace, so per sandbox; ``spec.memory`` is RLIMIT_AS.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchard_async.errors import ConfigError
+
+MODES = ("auto", "bwrap", "unshare", "none")
+NOBODY = 65534
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Processes of the adapter's own in a sandbox (launcher, PID 1, supervisor, server, TTL timer
+# and its sleep): a pids limit counts them, so they are added to spec.pids.
+ADAPTER_PROCESSES = 6
+PER_NAMESPACE_NPROC = (5, 14)  # RLIMIT_NPROC counted per user namespace since Linux 5.14
+
+# Host side of every sandbox (`$1` the sandbox dir, `$2` a cgroup dir or ""): joins the cgroup
+# in a child that becomes the sandbox, waits for it, then removes what the sandbox leaves
+# behind. It stays outside the cgroup so it can remove it.
+LAUNCHER = r"""
+base=$1 cg=$2; shift 2
+if [ -n "$cg" ]; then (echo 0 >"$cg/cgroup.procs" && exec "$@"); else (exec "$@"); fi
+rc=$?
+rm -rf -- "$base" 2>/dev/null
+if [ -n "$cg" ]; then
+  n=0; until rmdir "$cg" 2>/dev/null || [ $n -ge 50 ]; do sleep 0.1; n=$((n+1)); done
+fi
+exit $rc
+"""
+
+# The unshare mode's mounts, run as root of the new namespaces (`$1` the sandbox dir, `$2`
+# "net" when the network is private, `$3` the hidden dirs, `$4` the python dirs to expose, `$5`
+# the resolv.conf target to keep, `$6` uid and `$7` gid the sandbox runs as, `$8` "root" when
+# the caller is root, then the command). What is exposed again is opened first (fds 3-9):
+# the empty dirs laid over their parents hide their paths, not the open files.
+SETUP = r"""
+set -eu
+base=$1 net=$2 hide=$3 expose=$4 resolv=$5 uid=$6 gid=$7 caller=$8; shift 8
+exec 3<"$base"
+if [ -n "$resolv" ]; then exec 9<"$resolv"; fi
+n=4; for d in $expose; do eval "exec $n<\"\$d\""; n=$((n+1)); done
+# Every host mount read-only, keeping the flags it has (a user namespace may add, not drop).
+while read -r _ _ _ _ mp opts _; do
+  case "$mp" in *\\*) mp=$(printf '%b' "$mp") ;; esac
+  case "$mp" in /proc|/proc/*|/dev/pts|/dev/pts/*) continue ;; esac
+  case "$opts" in ro|ro,*) continue ;; esac
+  mount -o "remount,bind,ro${opts#rw}" "$mp"
+done </proc/self/mountinfo
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp
+if [ -d /run ]; then mount -t tmpfs -o mode=755,nosuid,nodev tmpfs /run; fi
+if [ -d /dev/shm ]; then mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm; fi
+for d in $hide; do mount -t tmpfs -o mode=755,nosuid,nodev tmpfs "$d"; done
+if [ -n "$resolv" ]; then
+  mkdir -p "${resolv%/*}" && : >"$resolv" && mount -c --bind /proc/self/fd/9 "$resolv"
+fi
+# Binds of read-only mounts are read-only: only work and ctl are made writable again.
+mkdir -p "$base" && mount -c --bind /proc/self/fd/3 "$base"
+for d in work ctl; do mount -c --bind "$base/$d" "$base/$d" && mount -o remount,bind,rw "$base/$d"; done
+n=4; for d in $expose; do mkdir -p "$d" && mount -c --bind "/proc/self/fd/$n" "$d"; n=$((n+1)); done
+for d in $hide; do mount -o remount,ro "$d"; done
+exec 3<&- 4<&- 5<&- 6<&- 7<&- 8<&- 9<&-
+if [ "$net" = net ] && command -v ip >/dev/null 2>&1; then ip link set lo up; fi
+cd "$base/work"
+if [ "$caller" = root ]; then set -- setpriv --reuid="$uid" --regid="$gid" --clear-groups "$@"; else set -- setpriv "$@"; fi
+exec "$@"
+"""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What one sandbox sees: its dirs, what is hidden and what is exposed again."""
+
+    base: str
+    network: bool
+    hidden: tuple[str, ...]
+    exposed: tuple[str, ...]
+    resolv: str  # /etc/resolv.conf's target when it lives under a hidden dir, else ""
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def sandbox_ids() -> tuple[int, int]:
+    """The host uid and gid a sandbox's processes run as."""
+    return (NOBODY, NOBODY) if is_root() else (os.getuid(), os.getgid())
+
+
+def under(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def ancestors(path: str) -> list[str]:
+    """The dirs above path, from the top: /a/b/c -> /a, /a/b."""
+    if not path:
+        return []
+    parts = path.strip("/").split("/")[:-1]
+    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def hidden_dirs(root: Path) -> list[str]:
+    """Dirs replaced by empty read-only ones: the caller's home, /root, and the adapter root
+    (where the other sandboxes live) unless a private /tmp or a hidden home covers it."""
+    dirs = []
+    for candidate in (os.path.expanduser("~"), "/root"):
+        real = os.path.realpath(candidate)
+        if os.path.isdir(real) and real != "/" and real not in dirs:
+            dirs.append(real)
+    root_real = os.path.realpath(root)
+    if not any(under(root_real, d) for d in [*dirs, "/tmp"]):
+        dirs.append(root_real)
+    return dirs
+
+
+@functools.cache
+def python_dirs() -> tuple[str, ...]:
+    """The controller's interpreter and the site dir its pytest comes from: what a sandbox's
+    ``python`` needs to see, wherever it lives."""
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    spec = importlib.util.find_spec("pytest")
+    if spec is not None and spec.origin:
+        dirs.add(str(Path(spec.origin).parent.parent))
+    real = sorted({os.path.realpath(d) for d in dirs if os.path.isdir(d)})
+    return tuple(d for d in real if not any(other != d and under(d, other) for other in real))
+
+
+def layout(root: Path, base: Path, network: bool) -> Layout:
+    hidden = hidden_dirs(root)
+    covered = [*hidden, "/tmp", "/run"]
+    exposed = tuple(d for d in python_dirs() if any(under(d, h) for h in covered))
+    resolv = os.path.realpath("/etc/resolv.conf")
+    keep_resolv = resolv if network and os.path.isfile(resolv) and any(under(resolv, h) for h in covered) else ""
+    return Layout(str(base), network, tuple(hidden), exposed, keep_resolv)
+
+
+def user_tail(root_caller: bool, user_namespace: bool) -> list[str]:
+    """After the mounts: become the sandbox's user, for good."""
+    uid, gid = sandbox_ids()
+    tail = ["--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--"]
+    if root_caller:
+        tail = [f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *tail]
+    if user_namespace:
+        # A user namespace of its own: per-sandbox RLIMIT_NPROC, and the uid it shows inside.
+        tail += ["unshare", "--user", f"--map-user={uid}", f"--map-group={gid}", "--"]
+    return tail
+
+
+def bwrap_argv(plan: Layout, user_namespace: bool) -> list[str]:
+    root_caller = is_root()
+    argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    argv += ["--unshare-cgroup-try", "--hostname", "sandbox"]
+    if not plan.network:
+        argv.append("--unshare-net")
+    if not root_caller:
+        argv.append("--unshare-user")
+    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+    if os.path.isdir("/run"):
+        argv += ["--tmpfs", "/run"]
+    for d in plan.hidden:
+        argv += ["--tmpfs", d]
+    # Dirs leading to what is bound into the empty ones, traversable by the sandbox's user
+    # (left to itself, bwrap copies the modes of the host's, e.g. a 0700 pytest tmp dir).
+    tmpfs = ["/tmp", "/run", *plan.hidden]
+    for target in (plan.base, *plan.exposed, plan.resolv):
+        for parent in ancestors(target):
+            if any(under(parent, t) and parent != t for t in tmpfs):
+                argv += ["--perms", "0755", "--dir", parent]
+    if plan.resolv:
+        argv += ["--ro-bind", plan.resolv, plan.resolv]
+    base = plan.base
+    argv += ["--ro-bind", base, base, "--bind", f"{base}/work", f"{base}/work", "--bind", f"{base}/ctl", f"{base}/ctl"]
+    for d in plan.exposed:
+        argv += ["--ro-bind", d, d]
+    for d in plan.hidden:
+        argv += ["--remount-ro", d]
+    argv += ["--chdir", f"{base}/work", "--cap-drop", "ALL"]
+    if root_caller:  # kept only for setpriv to switch to nobody; it drops them itself
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+        argv += ["--", "setpriv", *user_tail(True, user_namespace)]
+    else:
+        argv.append("--")
+    return argv
+
+
+def unshare_argv(plan: Layout, user_namespace: bool) -> list[str]:
+    root_caller = is_root()
+    uid, gid = sandbox_ids()
+    argv = ["setpriv", "--pdeathsig", "KILL", "--", "unshare"]
+    if not root_caller:
+        argv += ["--user", "--map-root-user"]
+    argv += ["--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--ipc", "--uts", "--cgroup"]
+    if not plan.network:
+        argv.append("--net")
+    argv += ["--", "sh", "-c", SETUP, "setup", plan.base, "" if plan.network else "net"]
+    argv += [" ".join(plan.hidden), " ".join(plan.exposed), plan.resolv, str(uid), str(gid)]
+    argv += ["root" if root_caller else "user"]
+    # A non-root caller is root of the first user namespace here; the second one maps the
+    # caller's own uid back, so the sandbox does not run as (powerless) uid 0.
+    argv += user_tail(False, user_namespace or not root_caller)
+    return argv
+
+
+def sandbox_argv(mode: str, plan: Layout, user_namespace: bool) -> list[str]:
+    """The command that turns into the sandbox, up to the supervisor's ``sh``."""
+    if mode == "bwrap":
+        return bwrap_argv(plan, user_namespace)
+    if mode == "unshare":
+        return unshare_argv(plan, user_namespace)
+    return []
+
+
+# -- probing: what works on this machine --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Probe:
+    ok: bool
+    why: str  # what failed, when it did
+    user_namespace: bool = True  # root only: whether the final per-sandbox user namespace works
+
+
+def _try(mode: str, user_namespace: bool) -> str:
+    """Run ``true`` in a sandbox built exactly as the adapter builds one; '' when it works."""
+    scratch = Path(tempfile.mkdtemp(prefix="orchard-probe-"))
+    try:
+        base = scratch / "box"
+        (base / "work").mkdir(parents=True)
+        (base / "ctl").mkdir()
+        uid, gid = sandbox_ids()
+        if is_root():
+            for path in (base, base / "work", base / "ctl"):
+                os.chown(path, uid, gid)
+        argv = sandbox_argv(mode, layout(scratch, base, network=False), user_namespace) + ["sh", "-c", "true"]
+        done = subprocess.run(argv, capture_output=True, timeout=20, env={"PATH": SYSTEM_PATH}, cwd=base / "work")
+        if done.returncode != 0:
+            return done.stderr.decode(errors="replace").strip().splitlines()[-1:][0] or f"exit {done.returncode}"
+        return ""
+    except (OSError, subprocess.TimeoutExpired, IndexError) as exc:
+        return str(exc) or type(exc).__name__
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@functools.cache
+def probe(mode: str) -> Probe:
+    if platform.system() != "Linux":
+        return Probe(False, f"namespaces are Linux-only (this is {platform.system()})")
+    tool = "bwrap" if mode == "bwrap" else "unshare"
+    for needed in (tool, "setpriv"):
+        if shutil.which(needed, path=SYSTEM_PATH + ":" + os.environ.get("PATH", "")) is None:
+            package = "bubblewrap" if needed == "bwrap" else "util-linux"
+            return Probe(False, f"{needed} is not installed (package {package})")
+    failed = _try(mode, user_namespace=True)
+    if not failed:
+        return Probe(True, "")
+    if is_root() and not _try(mode, user_namespace=False):
+        return Probe(True, "", user_namespace=False)
+    return Probe(False, f"{tool} failed: {failed}")
+
+
+def resolve(requested: str) -> tuple[str, Probe]:
+    """The mode an adapter uses, and its probe: ``auto`` takes the first that works here."""
+    if requested not in MODES:
+        raise ConfigError(f"isolation must be one of {', '.join(MODES)}, got {requested!r}")
+    if requested == "none":
+        return "none", Probe(False, "isolation='none' was asked for")
+    if requested != "auto":
+        found = probe(requested)
+        if not found.ok:
+            raise ConfigError(f"isolation={requested!r} does not work here ({found.why}); use 'auto' or another mode")
+        return requested, found
+    reasons = []
+    for mode in ("bwrap", "unshare"):
+        found = probe(mode)
+        if found.ok:
+            return mode, found
+        reasons.append(found.why)
+    return "none", Probe(False, "; ".join(reasons))
+
+
+# -- limits ----------------------------------------------------------------------------------
+
+
+def per_namespace_nproc() -> bool:
+    release = platform.release().split("-")[0].split(".")
+    try:
+        return tuple(int(part) for part in release[:2]) >= PER_NAMESPACE_NPROC
+    except ValueError:
+        return False
+
+
+def _own_cgroup(controller: str) -> tuple[str, str] | None:
+    """This process's cgroup for a controller: (hierarchy mount, path), v1 first, then v2."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            mount = f"/sys/fs/cgroup/{controller}"
+            if os.path.isdir(mount):
+                return mount, path
+    for line in lines:
+        if line.startswith("0::"):
+            for mount in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+                if os.path.exists(f"{mount}/cgroup.controllers"):
+                    return mount, line[3:]
+    return None
+
+
+@functools.cache
+def pids_cgroup_parent() -> tuple[str, str]:
+    """A cgroup under this process's own in which sandboxes get pids cgroups: (dir, '') when
+    one is writable, else ('', why not)."""
+    found = _own_cgroup("pids")
+    if found is None:
+        return "", "no pids cgroup controller is mounted"
+    mount, path = found
+    own = os.path.join(mount, path.lstrip("/"))
+    parent = os.path.join(own, f"orchard-async-{os.getuid()}")
+    try:
+        os.makedirs(parent, exist_ok=True)
+        if os.path.exists(os.path.join(own, "cgroup.subtree_control")):  # v2: delegate pids down
+            with open(os.path.join(own, "cgroup.subtree_control"), "w") as control:
+                control.write("+pids")
+            with open(os.path.join(parent, "cgroup.subtree_control"), "w") as control:
+                control.write("+pids")
+        probe_dir = os.path.join(parent, "probe")
+        os.makedirs(probe_dir, exist_ok=True)
+        try:
+            with open(os.path.join(probe_dir, "pids.max"), "w") as limit:
+                limit.write("1")
+        finally:
+            os.rmdir(probe_dir)
+    except OSError as exc:
+        return "", f"the pids cgroup {own} is not writable here ({exc.strerror or exc})"
+    return parent, ""
+
+
+def make_pids_cgroup(sandbox_id: str, pids: int) -> str:
+    """A pids cgroup for one sandbox, or '' where none can be made."""
+    parent, _ = pids_cgroup_parent()
+    if not parent:
+        return ""
+    path = os.path.join(parent, sandbox_id)
+    try:
+        os.mkdir(path)
+        with open(os.path.join(path, "pids.max"), "w") as limit:
+            limit.write(str(pids + ADAPTER_PROCESSES))
+    except OSError:
+        remove_cgroup(path)
+        return ""
+    return path
+
+
+def remove_cgroup(path: str) -> None:
+    if path:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+
+
+def reap_cgroups(live_ids: set[str]) -> None:
+    """Remove empty sandbox cgroups whose sandbox is gone (their launcher was killed)."""
+    parent, _ = pids_cgroup_parent()
+    if not parent:
+        return
+    for entry in os.scandir(parent):
+        if entry.is_dir() and entry.name.startswith("lo-") and entry.name not in live_ids:
+            remove_cgroup(entry.path)
+
+
+# -- the interpreter ---------------------------------------------------------------------------
+
+
+def interpreter() -> tuple[str, str]:
+    """The interpreter sandboxes get as ``python`` and ``python3``, and its pytest version."""
+    spec = importlib.util.find_spec("pytest")
+    version = "missing"
+    if spec is not None:
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version as dist_version
+
+        try:
+            version = dist_version("pytest")
+        except PackageNotFoundError:
+            version = "present"
+    return sys.executable, version
+
+
+def write_python_shims(bin_dir: Path) -> None:
+    """``python`` and ``python3`` that run the controller's interpreter. Scripts, not
+    symlinks: a venv's interpreter finds its venv by the path it was started from."""
+    bin_dir.mkdir()
+    shim = f'#!/bin/sh\nexec {sys.executable} "$@"\n'
+    for name in ("python", "python3"):
+        path = bin_dir / name
+        path.write_text(shim)
+        path.chmod(0o755)
