@@ -21,10 +21,15 @@ JSON strings holding a list. Optional fields:
     setup_commands     shell commands run in the repository after checkout (list or string)
     test_command       how to run the tests (default: pytest -rA on the files the
                        test patch touches)
-    env                extra environment variables for the sandbox (object of strings)
+    env                extra environment variables for the sandbox (object of strings);
+                       PYTEST_DISABLE_PLUGIN_AUTOLOAD "" lets pytest load installed plugins
+    activate           shell run before the recipe's commands in the sandbox to switch the
+                       project's environment on (default: SWE-bench's conda env in its images)
 
 Unknown fields (``version``, ``hints_text``, ``created_at``, ...) are kept in
-``extra`` and otherwise ignored. Files are JSON Lines (one object a line) or JSON (a
+``extra``; SWE-bench's evaluation fields there (``version``, ``eval_script``,
+``log_parser``, ``eval_type``) let the ``swebench`` package grade the instance
+(swebench_harness.py). Files are JSON Lines (one object a line) or JSON (a
 list of objects, or an object with an ``instances`` list); every error names the file,
 the line and the field.
 """
@@ -40,7 +45,7 @@ from typing import Any
 from orchard_async import ConfigError
 
 REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
-OPTIONAL = ("image", "repo_path", "setup_commands", "test_command", "env")
+OPTIONAL = ("image", "repo_path", "setup_commands", "test_command", "env", "activate")
 _HEX = re.compile(r"^[0-9a-f]{7,64}$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DIFF_FILES = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
@@ -63,6 +68,7 @@ class Instance:
     setup_commands: tuple[str, ...] = ()
     test_command: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    activate: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     where: str = ""  # "file:line", for messages
 
@@ -164,6 +170,9 @@ def parse_instance(data: Any, *, base_dir: Path | None = None, where: str = "") 
     env = data.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(v, str) and _ENV_KEY.match(k) for k, v in env.items()):
         raise _Bad("field 'env' must be an object of NAME: string (NAME a shell identifier)")
+    activate = data.get("activate", "")
+    if not isinstance(activate, str):
+        raise _Bad("field 'activate' must be a string (shell commands)")
     known = set(REQUIRED) | set(OPTIONAL)
     return Instance(
         instance_id=instance_id,
@@ -179,6 +188,7 @@ def parse_instance(data: Any, *, base_dir: Path | None = None, where: str = "") 
         setup_commands=setup,
         test_command=test_command.strip(),
         env=dict(env),
+        activate=activate.strip(),
         extra={k: v for k, v in data.items() if k not in known},
         where=where,
     )

@@ -12,8 +12,13 @@
    the test command runs with its output in ``.git/`` and only the ``-rA`` short
    summary comes back.
 3. Each FAIL_TO_PASS / PASS_TO_PASS id gets its status (``MISSING`` when pytest did not
-   report it); the instance is resolved when every one passed (PASSED or XFAIL, as
-   SWE-bench counts them).
+   report it; ids SWE-bench stores cut at their first space are matched as its grader
+   matches them, see ``status_of``); the instance is resolved when every one passed
+   (PASSED or XFAIL, as SWE-bench counts them).
+
+Two harnesses run and read the tests: ``PytestHarness`` (the recipe's own, pytest ``-rA``)
+and ``OfficialTests`` (SWE-bench's eval script, log parser and report, through the
+``swebench`` package: see swebench_harness.py).
 
 A verifier failure is never a reward. ``prove_harness`` runs once per environment at
 setup, before the agent acts: the test command must run on the base tree with the test
@@ -30,22 +35,29 @@ import time
 import uuid
 from typing import Any
 
+import anyio
+
 from orchard_async import ExecResult, Reward, Sandbox, SandboxLost, VerifierError
 
 from .instances import Instance, patch_files
+from .swebench_harness import Activation, OfficialHarness
 
 SUMMARY_BANNER = "short test summary info"
 _SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS)\s+(\S.*)$")
-_WORSE = {"PASSED": 0, "XFAIL": 0, "XPASS": 1, "FAILED": 2, "ERROR": 3}
+# "Worse" is the order pytest's -rA summary prints its sections in (PASSED first, FAILED
+# last), so keeping the worse status gives what SWE-bench's parser keeps (the last line
+# wins) on a real summary, and no line printed after the summary can turn a failure around.
+_WORSE = {"PASSED": 0, "XFAIL": 1, "XPASS": 2, "ERROR": 3, "FAILED": 4}
 PASSING = frozenset({"PASSED", "XFAIL"})
 TEST_LOG = ".git/orchard-tests.log"
+EVAL_SCRIPT = ".git/orchard-eval.sh"
 RC_MARK = "@@ORCHARD_TEST_RC="
 # Instances say `python -m pytest`; images with only python3 (Debian's) still run them.
 PYTHON_FALLBACK = 'command -v python >/dev/null 2>&1 || python() { python3 "$@"; }'
 PATCH_LIMIT = 256_000  # characters of the agent's patch kept in the trajectory
 PYCACHE = "/tmp/orchard-pycache"  # bytecode goes here while grading, never next to the sources
+# Plugin autoload is the instance's business (its sandbox env, see task.py), not the test run's.
 TEST_ENV = {
-    "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",  # third-party plugins must not change outcomes
     "PYTHONDONTWRITEBYTECODE": "1",
     "PYTHONPYCACHEPREFIX": PYCACHE,  # and no .pyc in the tree is ever read
     "PYTHONHASHSEED": "0",
@@ -106,14 +118,52 @@ def parse_test_outcomes(output: str) -> dict[str, str]:
             continue
         status, rest = match.groups()
         nodeid = rest.split(" - ", 1)[0].strip()
-        if _WORSE[status] >= _WORSE.get(outcomes.get(nodeid, "PASSED"), 0):
-            outcomes[nodeid] = status
+        outcomes[nodeid] = _worse(outcomes.get(nodeid), status)
     return outcomes
+
+
+def _worse(old: str | None, new: str) -> str:
+    return new if old is None or _WORSE[new] >= _WORSE[old] else old
+
+
+def status_of(test: str, outcomes: dict[str, str], cut: dict[str, str] | None = None) -> str:
+    """The status of a listed test id among pytest's reported node ids, matched as SWE-bench's
+    grader matches them.
+
+    SWE-bench's pytest parser keys each result by the node id up to its first whitespace,
+    so its datasets store ids with spaces (``test_f[a b]``) cut there (``test_f[a``). An
+    exact match wins; else reported ids cut at their first whitespace are compared (several
+    that cut alike: the worse status, which is the later line in the summary, as SWE-bench
+    keeps it); else, for an id cut inside its parameters (more ``[`` than ``]``), reported
+    ids that start with it, when they agree on passing (swebench's ``_resolve_case``).
+    ``MISSING`` when nothing matches. ``cut`` is ``cut_at_space(outcomes)``, when the caller
+    looks up many ids."""
+    if test in outcomes:
+        return outcomes[test]
+    if cut is None:
+        cut = cut_at_space(outcomes)
+    if test in cut:
+        return cut[test]
+    if test.count("[") > test.count("]"):
+        matches = [status for key, status in cut.items() if key.startswith(test)]
+        if matches and len({status in PASSING for status in matches}) == 1:
+            return matches[0]
+    return "MISSING"
+
+
+def cut_at_space(outcomes: dict[str, str]) -> dict[str, str]:
+    """Reported node ids as SWE-bench's parser keys them: up to the first whitespace."""
+    cut: dict[str, str] = {}
+    for nodeid, status in outcomes.items():
+        key = nodeid.split(None, 1)[0]
+        cut[key] = _worse(cut.get(key), status)
+    return cut
 
 
 def grade(instance: Instance, outcomes: dict[str, str]) -> dict[str, Any]:
     """Per-test results and the SWE-bench-style report for one instance."""
-    tests = {test: outcomes.get(test, "MISSING") for test in (*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS)}
+    cut = cut_at_space(outcomes)
+    tests = {test: status_of(test, outcomes, cut) for test in (*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS)}
     report = {}
     for key, ids in (("FAIL_TO_PASS", instance.FAIL_TO_PASS), ("PASS_TO_PASS", instance.PASS_TO_PASS)):
         report[key] = {
@@ -180,29 +230,52 @@ def revert_script(base_commit: str, files: list[str]) -> str:
     return "\n".join(lines)
 
 
-def test_run_script(test_command: str) -> str:
-    """Run the tests with fresh bytecode, output to the log; print the summary and exit code."""
+FRESH_BYTECODE = f"find . -name __pycache__ -type d -prune -exec rm -rf {{}} + 2>/dev/null; rm -rf {PYCACHE}"
+
+
+def test_run_script(test_command: str, activation: Activation | None = None) -> str:
+    """Run the tests with fresh bytecode, output to the log; print the summary and exit code.
+    The activation runs inside the logged subshell: when it fails, the log says why."""
+    activate = activation.prefix if activation and activation.prefix else ":"
     return (
-        f"find . -name __pycache__ -type d -prune -exec rm -rf {{}} + 2>/dev/null; rm -rf {PYCACHE}\n"
-        f"( {PYTHON_FALLBACK}\n{test_command}\n) > {TEST_LOG} 2>&1; rc=$?; "
+        f"{FRESH_BYTECODE}\n"
+        f"( {activate} || exit 125\n{PYTHON_FALLBACK}\n{test_command}\n) > {TEST_LOG} 2>&1; rc=$?; "
         f"sed -n '/{SUMMARY_BANNER}/,$p' {TEST_LOG}; echo; echo '{RC_MARK}'$rc"
     )
 
 
-class TestRun:
-    """One run of the test command: exit code, per-test outcomes, the command's reason."""
+def official_run_script() -> str:
+    """Run SWE-bench's eval script (on stdin) with bash, as its harness does, output to the
+    log; ``ORCHARD_REPO`` is the repository (the script's ``cd``)."""
+    return (
+        f"{FRESH_BYTECODE}\n"
+        f"cat > {EVAL_SCRIPT} || exit 3\n"
+        f'ORCHARD_REPO="$(pwd -P)" bash {EVAL_SCRIPT} > {TEST_LOG} 2>&1 </dev/null; rc=$?; '
+        f"rm -f {EVAL_SCRIPT}; echo '{RC_MARK}'$rc"
+    )
 
-    def __init__(self, result: ExecResult, seconds: float):
+
+class TestRun:
+    """One run of the tests: exit code, per-test outcomes, the verdict, and whether it ran."""
+
+    def __init__(
+        self,
+        result: ExecResult,
+        seconds: float,
+        *,
+        exit_code: int | None,
+        outcomes: dict[str, str],
+        graded: dict[str, Any],
+        ran: bool,
+        runner: str,
+    ):
         self.result = result
         self.seconds = seconds
-        rc = re.search(re.escape(RC_MARK) + r"(\d+)\s*$", result.text)
-        self.exit_code = int(rc.group(1)) if rc else None
-        self.outcomes = parse_test_outcomes(result.text)
-
-    @property
-    def ran(self) -> bool:
-        """Did the harness run tests at all (whatever their outcome)?"""
-        return self.exit_code in HARNESS_RAN and bool(self.outcomes)
+        self.exit_code = exit_code
+        self.outcomes = outcomes
+        self.graded = graded
+        self.ran = ran  # did the harness run tests at all (whatever their outcome)?
+        self.runner = runner
 
     def why_not(self) -> str:
         if self.result.reason.value == "timeout":
@@ -211,16 +284,98 @@ class TestRun:
             return f"the test command ended without an exit code ({self.result.reason.value})"
         if self.exit_code in NOT_FOUND:
             return f"the test runner was not found (exit {self.exit_code})"
+        if self.exit_code == 125 and self.runner == "pytest":
+            return "the environment's activation failed (exit 125)"
+        if self.runner == "swebench":
+            return f"swebench found no test run in the log (the test command's exit {self.exit_code})"
         if self.exit_code not in HARNESS_RAN:
             return f"pytest could not run the tests (exit {self.exit_code})"
         return "pytest reported no test outcomes"
 
 
-async def run_tests(sandbox: Sandbox, test_command: str, time_limit: float) -> TestRun:
-    mark = time.monotonic()
-    result = await sandbox.exec(test_run_script(test_command), env=TEST_ENV, timeout=time_limit)
-    _infra(result, "running the tests")
-    return TestRun(result, time.monotonic() - mark)
+def _exit_code(text: str) -> int | None:
+    rc = re.search(re.escape(RC_MARK) + r"(\d+)\s*$", text)
+    return int(rc.group(1)) if rc else None
+
+
+class PytestHarness:
+    """The recipe's own: the test command (pytest ``-rA``) after the activation; outcomes
+    from the short summary, which is all that comes back from the sandbox."""
+
+    name = "pytest"
+
+    def __init__(self, test_command: str, activation: Activation | None = None):
+        self.test_command = test_command
+        self.activation = activation or Activation()
+
+    @property
+    def key(self) -> tuple:
+        return ("pytest", self.test_command, self.activation.prefix)
+
+    async def run(self, sandbox: Sandbox, instance: Instance, time_limit: float, patch: str = "") -> TestRun:
+        mark = time.monotonic()
+        result = await sandbox.exec(test_run_script(self.test_command, self.activation), env=TEST_ENV, timeout=time_limit)
+        _infra(result, "running the tests")
+        exit_code = _exit_code(result.text)
+        outcomes = parse_test_outcomes(result.text)
+        ran = exit_code in HARNESS_RAN and bool(outcomes)
+        return TestRun(
+            result,
+            time.monotonic() - mark,
+            exit_code=exit_code,
+            outcomes=outcomes,
+            graded=grade(instance, outcomes),
+            ran=ran,
+            runner=self.name,
+        )
+
+
+class OfficialTests:
+    """SWE-bench's eval script, run with bash; its whole log comes back and swebench's parser
+    and report judge it (swebench_harness.OfficialHarness)."""
+
+    name = "swebench"
+
+    def __init__(self, official: OfficialHarness, activation: Activation | None = None):
+        self.official = official
+        self.activation = activation or Activation()  # the eval script activates itself; kept for the env check
+
+    @property
+    def key(self) -> tuple:
+        return self.official.key
+
+    async def run(self, sandbox: Sandbox, instance: Instance, time_limit: float, patch: str = "") -> TestRun:
+        mark = time.monotonic()
+        result = await sandbox.exec(
+            official_run_script(), stdin=self.official.script.encode(), env=TEST_ENV, timeout=time_limit
+        )
+        _infra(result, "running the tests")
+        seconds = time.monotonic() - mark
+        try:
+            log = (await sandbox.read_file(TEST_LOG)).decode("utf-8", "replace")
+        except SandboxLost:
+            raise
+        except Exception:  # no log: the script never ran (its exit code says why)
+            log = ""
+        judged = await anyio.to_thread.run_sync(self.official.judge, log, patch)
+        script_rc = _exit_code(result.text)
+        exit_code = judged.exit_code if judged.exit_code is not None else script_rc
+        return TestRun(
+            result,
+            seconds,
+            exit_code=exit_code,
+            outcomes=judged.status_map,
+            graded=judged.graded,
+            ran=judged.found and exit_code not in NOT_FOUND,
+            runner=self.name,
+        )
+
+
+Harness = PytestHarness | OfficialTests
+
+
+async def run_tests(sandbox: Sandbox, harness: Harness, instance: Instance, time_limit: float, patch: str = "") -> TestRun:
+    return await harness.run(sandbox, instance, time_limit, patch)
 
 
 async def log_tail(sandbox: Sandbox, time_limit: float) -> str:
@@ -239,11 +394,50 @@ async def apply_test_patch(sandbox: Sandbox, instance: Instance, time_limit: flo
         )
 
 
-async def prove_harness(sandbox: Sandbox, instance: Instance, *, test_command: str, time_limit: float) -> float:
-    """Show the test command runs on the base tree with the test patch, in a throwaway
-    copy of the repository (nothing of the hidden tests stays behind for the agent).
-    Returns the seconds it took; raises VerifierError with the reason when it does not."""
+def _check_proof(instance: Instance, run: TestRun, tail: str) -> None:
+    if not run.ran:
+        raise VerifierError(f"{instance.instance_id}: {run.why_not()} on the base tree: {tail.strip()[-800:]}")
+    maintained = set(run.graded["tests_status"]["PASS_TO_PASS"]["success"])
+    broken = [t for t in instance.PASS_TO_PASS if t not in maintained]
+    if broken:
+        shown = ", ".join(f"{t} {run.graded['tests'].get(t, 'MISSING')}" for t in broken[:5])
+        raise VerifierError(f"{instance.instance_id}: PASS_TO_PASS tests do not pass on the base tree: {shown}")
+
+
+async def check_activation(sandbox: Sandbox, activation: Activation, time_limit: float) -> None:
+    """The agent's commands (the sandbox's environment) and the recipe's (after the activation
+    prefix) must find the same ``python``; else the agent would work in another environment
+    than the one its tests run in."""
+    if not activation.prefix:
+        return
+    probe = "command -v python || command -v python3 || true"
+    plain = await sandbox.exec(probe, timeout=time_limit)
+    activated = await sandbox.exec(f"{activation.prefix} >/dev/null 2>&1 || exit 125\n{probe}", timeout=time_limit)
+    _infra(plain, "probing the environment")
+    _infra(activated, "probing the activated environment")
+    if activated.exit_code == 125:
+        raise RuntimeError(f"the environment's activation failed: {activation.prefix}")
+    if plain.text.strip() != activated.text.strip():
+        raise RuntimeError(
+            f"the agent's commands would run {plain.text.strip() or 'no python'}, the tests "
+            f"{activated.text.strip() or 'no python'} (after {activation.prefix!r}): give the activated "
+            "environment's variables (PATH, ...) in the instance's env"
+        )
+
+
+async def prove_harness(sandbox: Sandbox, instance: Instance, *, harness: Harness, time_limit: float) -> float:
+    """Show the tests run on the base tree with the test patch and every PASS_TO_PASS test
+    passes, leaving nothing of the hidden tests behind for the agent. Returns the seconds
+    it took; raises VerifierError with the reason when it does not.
+
+    The recipe's harness runs in a throwaway copy of the repository. SWE-bench's runs in
+    place, as its eval script expects (its install step, e.g. ``pip install -e .``, must
+    not point the environment at a copy), and the tree is then put back as it was."""
     start = time.monotonic()
+    await check_activation(sandbox, harness.activation, min(60.0, time_limit))
+    if isinstance(harness, OfficialTests):
+        await _prove_in_place(sandbox, instance, harness, time_limit)
+        return time.monotonic() - start
     copy = f"/tmp/orchard-harness-proof-{uuid.uuid4().hex[:12]}"
     prepared = await sandbox.exec(f"rm -rf {copy} && cp -a . {copy}", timeout=time_limit)
     _infra(prepared, "copying the repository for the harness proof")
@@ -251,17 +445,33 @@ async def prove_harness(sandbox: Sandbox, instance: Instance, *, test_command: s
         raise VerifierError(f"could not copy the repository to prove the test harness: {prepared.error_text.strip()}")
     try:
         await apply_test_patch(_At(sandbox, copy), instance, time_limit)
-        run = await run_tests(_At(sandbox, copy), test_command, time_limit)
-        if not run.ran:
-            tail = await log_tail(_At(sandbox, copy), 10.0)
-            raise VerifierError(f"{instance.instance_id}: {run.why_not()} on the base tree: {tail.strip()[-800:]}")
-        broken = [t for t in instance.PASS_TO_PASS if run.outcomes.get(t, "MISSING") not in PASSING]
-        if broken:
-            shown = ", ".join(f"{t} {run.outcomes.get(t, 'MISSING')}" for t in broken[:5])
-            raise VerifierError(f"{instance.instance_id}: PASS_TO_PASS tests do not pass on the base tree: {shown}")
+        run = await harness.run(_At(sandbox, copy), instance, time_limit)
+        _check_proof(instance, run, "" if run.ran else await log_tail(_At(sandbox, copy), 10.0))
     finally:
         await sandbox.exec(f"rm -rf {copy} {PYCACHE}", timeout=30.0)
     return time.monotonic() - start
+
+
+_STATUS = "git status --porcelain --untracked-files=all"
+
+
+async def _prove_in_place(sandbox: Sandbox, instance: Instance, harness: OfficialTests, time_limit: float) -> None:
+    before = await sandbox.exec(f"{REPO_GUARD}\n{_STATUS}", timeout=60.0)
+    _infra(before, "reading the tree's state")
+    try:
+        await apply_test_patch(sandbox, instance, time_limit)
+        run = await harness.run(sandbox, instance, time_limit)
+        _check_proof(instance, run, "" if run.ran else await log_tail(sandbox, 10.0))
+    finally:
+        cleanup = (
+            f"{revert_script(instance.base_commit, instance.test_files)}\n"
+            f"rm -rf {TEST_LOG} {EVAL_SCRIPT} {PYCACHE} .pytest_cache .hypothesis\n{_STATUS}"
+        )
+        after = await sandbox.exec(cleanup, timeout=60.0)
+        _infra(after, "putting the tree back after the harness proof")
+    if not after.ok or after.text != before.text:
+        changed = sorted(set(after.text.splitlines()) ^ set(before.text.splitlines()))
+        raise VerifierError(f"{instance.instance_id}: the test run changed the tree it ran in: {changed[:5]}")
 
 
 class _At:
@@ -276,7 +486,7 @@ class _At:
 
 
 async def score(
-    sandbox: Sandbox, instance: Instance, patch: str, *, test_command: str, budget: float, strict: bool = True
+    sandbox: Sandbox, instance: Instance, patch: str, *, harness: Harness, budget: float, strict: bool = True
 ) -> Reward:
     """Grade ``patch`` in ``sandbox``, a clean checkout at ``base_commit``, within ``budget`` s."""
     start = time.monotonic()
@@ -291,6 +501,7 @@ async def score(
         "patch_bytes": len(patch.encode()),
         "empty_patch": not patch.strip(),
         "strict": strict,
+        "harness": harness.name,
     }
     if len(patch) > PATCH_LIMIT:
         info["patch_truncated"] = True
@@ -316,14 +527,16 @@ async def score(
             info["test_config_reverted"] = True
 
     await apply_test_patch(sandbox, instance, min(60.0, left()))
-    run = await run_tests(sandbox, test_command, left(reserve=5.0))
+    run = await run_tests(sandbox, harness, instance, left(reserve=5.0), patch)
     info["test_s"] = round(run.seconds, 3)
     info["test_exit_code"] = run.exit_code
     if run.result.reason.value == "timeout":
         info["test_timeout"] = True
-    graded = grade(instance, run.outcomes)
+    graded = run.graded
     info.update(graded)
-    all_missing = all(status == "MISSING" for status in graded["tests"].values())
+    # swebench's own verdict on whether tests ran is its get_logs_eval (a fail-only eval type
+    # counts tests it did not see as passing); pytest's summary names every test it ran.
+    all_missing = run.runner == "pytest" and all(status == "MISSING" for status in graded["tests"].values())
     if not run.ran or all_missing or run.exit_code in NOT_FOUND:
         tail = await log_tail(sandbox, min(10.0, left(0.5)))
         if info["empty_patch"] or run.exit_code in NOT_FOUND:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,9 +14,11 @@ from orchard_async.images import ImageSpec
 
 from . import repo as repos
 from . import scoring
+from . import swebench_harness as swebench
 from .agent import INSTANCE_TEMPLATE
 from .builtin import INSTANCES_PATH
 from .instances import Instance, load_instances
+from .swebench_harness import Activation
 
 # Defaults sized for real repositories; the bundled set's suites take about a second.
 MAX_STEPS = 50
@@ -34,8 +37,23 @@ IMAGE = ImageSpec(
 SANDBOX_ENV = {
     **repos.environ_for_git(),
     "PYTHONDONTWRITEBYTECODE": "1",
-    "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
     "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+}
+# Third-party pytest plugins stay off where the recipe prepares the repository (the local
+# adapter's interpreter is the controller's, with whatever plugins it has), unless the
+# instance's env says otherwise: PYTEST_DISABLE_PLUGIN_AUTOLOAD set to "" (or "0") lets
+# pytest load them. Instances in SWE-bench's images follow SWE-bench's spec, which leaves
+# autoload on.
+AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
+PLUGINS_OFF = {AUTOLOAD: "1"}
+HARNESSES = ("auto", "swebench", "pytest")
+# load_tasks' image and harness options, for the CLI (`--tasks` names only the file).
+ENV_OPTIONS = {
+    "image_namespace": "ORCHARD_SWE_IMAGE_NAMESPACE",  # "" = SWE-bench's local names (no namespace)
+    "image_registry": "ORCHARD_SWE_IMAGE_REGISTRY",
+    "image_tag": "ORCHARD_SWE_IMAGE_TAG",
+    "pull": "ORCHARD_SWE_PULL",
+    "harness": "ORCHARD_SWE_HARNESS",
 }
 
 
@@ -73,6 +91,8 @@ class SWETask:
     exec_timeout: float = EXEC_TIMEOUT
     strict: bool = True
     proofs: HarnessProofs = field(default_factory=HarnessProofs, repr=False)
+    activation: Activation = field(default_factory=Activation)
+    official: swebench.OfficialHarness | None = None  # SWE-bench's own grading, when it applies
     id: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -83,13 +103,20 @@ class SWETask:
             )
 
     @property
+    def harness(self) -> scoring.Harness:
+        """What runs and reads the tests: SWE-bench's harness, or the recipe's pytest one."""
+        if self.official is not None:
+            return scoring.OfficialTests(self.official, self.activation)
+        return scoring.PytestHarness(self.test_command, self.activation)
+
+    @property
     def test_command(self) -> str:
         return self.instance.test_command or self.instance.default_test_command()
 
     @property
     def environment(self) -> tuple:
         inst = self.instance
-        return (self.spec.image, inst.repo, inst.repo_path, tuple(inst.setup_commands), self.test_command)
+        return (self.spec.image, inst.repo, inst.repo_path, tuple(inst.setup_commands), self.harness.key)
 
     async def prepare(self, sandbox: Sandbox) -> None:
         """The repository at ``base_commit`` with the instance's setup done: the agent's
@@ -108,7 +135,7 @@ class SWETask:
                 f"is only used by container adapters) and the instance has no repo_path to prepare one from"
             )
         for command in inst.setup_commands:
-            result = await sandbox.exec(command, timeout=timeout)
+            result = await sandbox.exec(self.activation.wrap(command), timeout=timeout)
             if result.reason.is_infra or not result.ok:
                 repos.check_result(result, f"setup command {command!r}")
 
@@ -117,7 +144,7 @@ class SWETask:
 
         async def prove() -> float:
             return await scoring.prove_harness(
-                sandbox, self.instance, test_command=self.test_command, time_limit=self.score_timeout
+                sandbox, self.instance, harness=self.harness, time_limit=self.score_timeout
             )
 
         await self.proofs.ensure(self.environment, prove)
@@ -160,7 +187,7 @@ class SWETask:
             info = {"instance_id": self.id, **scoring.grade(self.instance, {}), "error": "no diff"}
             return Reward(value=0.0, success=False, info={**info, "detail": submission[len(NO_DIFF) :]})
         return await scoring.score(
-            sandbox, self.instance, submission, test_command=self.test_command, budget=budget, strict=self.strict
+            sandbox, self.instance, submission, harness=self.harness, budget=budget, strict=self.strict
         )
 
 
@@ -176,6 +203,13 @@ def _select(instances: list[Instance], wanted: list[str]) -> list[Instance]:
     return [i for i in instances if i.instance_id in wanted or i.repo in wanted]
 
 
+def _option(value, name: str, default):
+    """A load_tasks option: the argument, else its environment variable, else the default."""
+    if value is not None:
+        return value
+    return os.environ.get(ENV_OPTIONS[name], default)
+
+
 def load_tasks(
     source: str = "builtin",
     *,
@@ -186,14 +220,39 @@ def load_tasks(
     exec_timeout: float = EXEC_TIMEOUT,
     base_image: str | None = IMAGE.tag,
     strict: bool = True,
+    image_namespace: str | None = None,
+    image_registry: str | None = None,
+    image_tag: str | None = None,
+    pull: str | None = None,
+    harness: str | None = None,
 ) -> list[SWETask]:
     """The recipe's task loader (``--tasks``).
 
     ``source`` is ``builtin`` (the bundled set), ``builtin:ID,REPO,...`` (a subset by
     instance id or repo name), or a ``.jsonl``/``.json`` file of SWE-bench-style
-    instances. ``base_image`` is the image for instances that name none (container
-    adapters need one with sh, git and the project's toolchain; local ignores it).
+    instances. ``base_image`` is the image for instances the recipe checks out itself
+    (container adapters need one with sh, git and the project's toolchain; local ignores it).
+
+    An instance that names no image and has no repository source here (no ``repo_path``,
+    no ``repos/<name>`` next to the file, no bundled repo of that name) runs in SWE-bench's
+    image for its id (``swebench_harness.image_name``): ``image_namespace`` (default
+    ``swebench``; ``""`` for SWE-bench's local names), ``image_registry`` (in front, none by
+    default), ``image_tag`` (``latest``); ``pull`` is the sandboxes' pull policy (missing,
+    never, always). Instances in SWE-bench's images get its environment (conda env
+    ``testbed``) activated for the agent and the scorer, the repository at /testbed.
+
+    ``harness``: ``auto`` (default) grades instances that carry SWE-bench's evaluation
+    fields with the ``swebench`` package when it is installed, the rest with the recipe's
+    pytest parser; ``swebench`` requires the package for them; ``pytest`` never uses it.
+    Each option not given is read from its ``ORCHARD_SWE_*`` variable (``ENV_OPTIONS``).
     """
+    namespace = _option(image_namespace, "image_namespace", swebench.NAMESPACE) or None
+    registry = _option(image_registry, "image_registry", "") or None
+    tag = _option(image_tag, "image_tag", swebench.TAG) or swebench.TAG
+    pull = _option(pull, "pull", "missing")
+    harness = _option(harness, "harness", "auto")
+    if harness not in HARNESSES:
+        raise ConfigError(f"unknown SWE harness {harness!r}; choose one of: {', '.join(HARNESSES)}")
     if source == "builtin" or source.startswith("builtin:"):
         instances = load_instances(INSTANCES_PATH)
         search_dir = None
@@ -211,6 +270,7 @@ def load_tasks(
     # The bundled suites run in about a second: shorter limits find a hung episode sooner.
     deadline = deadline or (600.0 if builtin else DEADLINE)
     score_timeout = score_timeout or (120.0 if builtin else SCORE_TIMEOUT)
+    use_swebench = harness == "swebench" or (harness == "auto" and swebench.usable())
     sources: dict[tuple[str, str | None], repos.RepoSource | None] = {}
     proofs = HarnessProofs()
     tasks = []
@@ -219,17 +279,19 @@ def load_tasks(
         if key not in sources:
             sources[key] = repos.find_source(inst.repo, inst.repo_path, search_dir)
         source_of = sources[key]
-        if source_of is None and not inst.image:
-            raise ConfigError(
-                f"{inst.where}: instance {inst.instance_id!r}: no repository source for repo {inst.repo!r}: give "
-                f"repo_path, put a git checkout or bundle at repos/{inst.repo.replace('/', '__')}[.bundle] next to "
-                f"the instances file, or name an image with the repository at {TESTBED}"
-            )
+        image = inst.image
+        if image is None and source_of is None:
+            image = swebench.image_name(inst.instance_id, namespace=namespace, registry=registry, tag=tag)
+        activation = _activation(inst, image)
+        official = None
+        if use_swebench and harness != "pytest" and swebench.has_official_fields(inst):
+            official = swebench.OfficialHarness.build(inst, image)
         spec = SandboxSpec(
-            image=inst.image or base_image,
-            workdir=TESTBED if inst.image else None,
-            env={**SANDBOX_ENV, **inst.env},
+            image=image or base_image,
+            workdir=TESTBED if image else None,
+            env=_sandbox_env(inst, activation, plugins_off=not swebench.is_official_image(image)),
             labels={"orchard.recipe": "swe"},
+            pull=pull,
         )
         tasks.append(
             SWETask(
@@ -242,6 +304,24 @@ def load_tasks(
                 exec_timeout=exec_timeout,
                 strict=strict,
                 proofs=proofs,
+                activation=activation,
+                official=official,
             )
         )
     return tasks
+
+
+def _activation(inst: Instance, image: str | None) -> Activation:
+    """The instance's own ``activate`` prefix; else SWE-bench's conda env in its images."""
+    if inst.activate:
+        return Activation(prefix=inst.activate)
+    if swebench.is_official_image(image):
+        return swebench.CONDA_TESTBED
+    return Activation()
+
+
+def _sandbox_env(inst: Instance, activation: Activation, *, plugins_off: bool) -> dict[str, str]:
+    env = {**SANDBOX_ENV, **(PLUGINS_OFF if plugins_off else {}), **activation.env, **inst.env}
+    if env.get(AUTOLOAD, "").strip() in ("", "0"):  # pytest reads any non-empty value as "off"
+        env.pop(AUTOLOAD, None)
+    return env

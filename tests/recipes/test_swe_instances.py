@@ -73,7 +73,7 @@ def test_jsonl_and_json_files_with_swe_bench_conventions(tmp_path):
         (lambda r: r.update(test_patch="just text"), "field 'test_patch' is not a unified diff"),
         (lambda r: r.update(setup_commands=[1]), "field 'setup_commands' must be a string or a list"),
         (lambda r: r.update(repo_path="does/not/exist"), "field 'repo_path': .* does not exist"),
-        (lambda r: r.update(repo="someone/else"), "no repository source for repo 'someone/else'"),
+        (lambda r: r.update(activate=["conda activate x"]), "field 'activate' must be a string"),
     ],
     ids=lambda value: value.split("'")[1] if isinstance(value, str) and "'" in value else None,
 )
