@@ -189,7 +189,7 @@ class LocalAdapter:
         cgroup = iso.make_pids_cgroup(sandbox_id, spec.pids) if spec.pids and self.namespaces else ""
         inner = iso.sandbox_argv(self.isolation, plan, self._probe.user_namespace)
         supervisor = ["sh", "-c", SUPERVISOR, "supervisor", str(int(spec.ttl) + 1), "ns" if self.namespaces else ""]
-        argv = ["sh", "-c", iso.LAUNCHER, "launcher", str(base), cgroup, *inner, *supervisor]
+        argv = ["sh", "-c", iso.LAUNCHER, "launcher", str(base), cgroup, self.isolation, *inner, *supervisor]
         env = {
             "PATH": f"{base / 'bin'}:{iso.SYSTEM_PATH}",
             "HOME": str(work),
@@ -281,7 +281,7 @@ class LocalAdapter:
 
     async def reap(self, older_than: float = 0.0) -> list[str]:
         removed = await anyio.to_thread.run_sync(reap_local, self.root, older_than, set(self._live))
-        await anyio.to_thread.run_sync(iso.reap_cgroups, set(self._live))
+        await anyio.to_thread.run_sync(iso.reap_cgroups, set(removed), set(self._live))
         return removed
 
     async def close(self) -> None:

@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,13 +46,21 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ADAPTER_PROCESSES = 6
 PER_NAMESPACE_NPROC = (5, 14)  # RLIMIT_NPROC counted per user namespace since Linux 5.14
 
-# Host side of every sandbox (`$1` the sandbox dir, `$2` a cgroup dir or ""): joins the cgroup
-# in a child that becomes the sandbox, waits for it, then removes what the sandbox leaves
-# behind. It stays outside the cgroup so it can remove it.
+# Host side of every sandbox (`$1` the sandbox dir, `$2` a cgroup dir or "", `$3` "none" when
+# the sandbox has no PID namespace to end its processes): joins the cgroup in a child that
+# becomes the sandbox, waits for it, then removes what the sandbox leaves behind. It stays
+# outside the cgroup so it can remove it. Without a PID namespace, the processes that carry
+# the sandbox's marker are killed by hand (a process that dropped the marker escapes that:
+# isolation "none" is no boundary).
 LAUNCHER = r"""
-base=$1 cg=$2; shift 2
+base=$1 cg=$2 mode=$3; shift 3
 if [ -n "$cg" ]; then (echo 0 >"$cg/cgroup.procs" && exec "$@"); else (exec "$@"); fi
 rc=$?
+if [ "$mode" = none ]; then
+  for f in $(grep -lzx "ORCHARD_SANDBOX=$base" /proc/[0-9]*/environ 2>/dev/null); do
+    p=${f#/proc/}; p=${p%/environ}; if [ "$p" != $$ ]; then kill -KILL "$p" 2>/dev/null; fi
+  done
+fi
 rm -rf -- "$base" 2>/dev/null
 if [ -n "$cg" ]; then
   n=0; until rmdir "$cg" 2>/dev/null || [ $n -ge 50 ]; do sleep 0.1; n=$((n+1)); done
@@ -393,14 +402,22 @@ def remove_cgroup(path: str) -> None:
             pass
 
 
-def reap_cgroups(live_ids: set[str]) -> None:
-    """Remove empty sandbox cgroups whose sandbox is gone (their launcher was killed)."""
+def reap_cgroups(reaped: set[str], live_ids: set[str]) -> None:
+    """Remove the cgroups of sandboxes just reaped (their processes may take a moment to go),
+    and any other empty sandbox cgroup whose launcher was killed before it could."""
     parent, _ = pids_cgroup_parent()
     if not parent:
         return
+    deadline = time.monotonic() + 5
+    for name in sorted(reaped):
+        path = os.path.join(parent, name)
+        while os.path.isdir(path) and time.monotonic() < deadline:
+            remove_cgroup(path)
+            if os.path.isdir(path):
+                time.sleep(0.05)
     for entry in os.scandir(parent):
         if entry.is_dir() and entry.name.startswith("lo-") and entry.name not in live_ids:
-            remove_cgroup(entry.path)
+            remove_cgroup(entry.path)  # a live sandbox's cgroup is busy: rmdir leaves it alone
 
 
 # -- the interpreter ---------------------------------------------------------------------------

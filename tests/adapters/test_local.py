@@ -14,17 +14,23 @@ from pathlib import Path
 import pytest
 
 import orchard_async as oa
+from orchard_async.adapters import local_isolation as iso
 from orchard_async.adapters.local import SANDBOX_ENV, LocalAdapter, _sandbox_processes
-from orchard_async.adapters.local_isolation import resolve
+from tests.conftest import backend_missing
 
 SEEN: set[str] = set()  # ids of sandboxes these tests created (teammates' runs may share the host)
 
 
 def leftovers(root: Path) -> tuple[list[str], list[str]]:
-    """Sandbox dirs under root, and ids of this root's sandboxes that still have processes."""
+    """Sandbox dirs under root, and ids of this root's sandboxes that still have processes
+    or a pids cgroup."""
     dirs = sorted(p.name for p in root.iterdir()) if root.exists() else []
     SEEN.update(dirs)
-    return dirs, sorted(Path(d).name for d in _sandbox_processes() if Path(d).name in SEEN)
+    busy = {Path(d).name for d in _sandbox_processes() if Path(d).name in SEEN}
+    cgroup_parent, _ = iso.pids_cgroup_parent()
+    if cgroup_parent:
+        busy |= {name for name in os.listdir(cgroup_parent) if name in SEEN}
+    return dirs, sorted(busy)
 
 
 def wait_for(condition, timeout: float, what: str) -> None:
@@ -41,16 +47,29 @@ def root(tmp_path: Path) -> Path:
     return tmp_path / "sandboxes"
 
 
-async def test_destroy_removes_dir_and_every_process(root: Path) -> None:
-    adapter = LocalAdapter(root=root)
-    box = await adapter.create(oa.SandboxSpec(ttl=60))
+@pytest.fixture(params=["bwrap", "unshare", "none"])
+def isolation(request: pytest.FixtureRequest) -> str:
+    """Lifecycle holds in every isolation mode."""
+    mode = request.param
+    if mode != "none" and not iso.probe(mode).ok:
+        backend_missing(f"isolation {mode}: {iso.probe(mode).why}")
+    return mode
+
+
+def isolated() -> bool:
+    return iso.resolve("auto")[0] != "none"
+
+
+async def test_destroy_removes_dir_and_every_process(root: Path, isolation: str) -> None:
+    adapter = LocalAdapter(root=root, isolation=isolation)
+    box = await adapter.create(oa.SandboxSpec(ttl=60, pids=64))
     await box.exec("sleep 300 >/dev/null 2>&1 &  (sleep 301 &) ; true")
     assert leftovers(root) == ([box.id], [box.id])
     await adapter.destroy(box)
     assert leftovers(root) == ([], [])
 
 
-@pytest.mark.skipif(resolve("auto")[0] == "none", reason="no isolation here")
+@pytest.mark.skipif(not isolated(), reason="no isolation here")
 async def test_network_off_blocks_connections_and_on_allows_them(root: Path) -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -70,7 +89,7 @@ async def test_network_off_blocks_connections_and_on_allows_them(root: Path) -> 
         await adapter.close()
 
 
-@pytest.mark.skipif(resolve("auto")[0] == "none", reason="no isolation here")
+@pytest.mark.skipif(not isolated(), reason="no isolation here")
 async def test_pid_namespace_hides_host_processes(root: Path) -> None:
     adapter = LocalAdapter(root=root)
     box = await adapter.create(oa.SandboxSpec(ttl=60))
@@ -81,8 +100,8 @@ async def test_pid_namespace_hides_host_processes(root: Path) -> None:
         await adapter.close()
 
 
-async def test_memory_limit_applies(root: Path) -> None:
-    adapter = LocalAdapter(root=root)
+async def test_memory_limit_applies(root: Path, isolation: str) -> None:
+    adapter = LocalAdapter(root=root, isolation=isolation)
     box = await adapter.create(oa.SandboxSpec(ttl=60, memory="200Mi"))
     try:
         over = await box.exec(f"{sys.executable} -c 'x = bytearray(400 * 2**20)'", timeout=30)
@@ -93,14 +112,24 @@ async def test_memory_limit_applies(root: Path) -> None:
         await adapter.close()
 
 
-async def test_environment_is_clean_and_spec_env_is_set(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_environment_is_clean_and_spec_env_is_set(
+    root: Path, isolation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "secret-from-the-controller")
-    adapter = LocalAdapter(root=root)
+    adapter = LocalAdapter(root=root, isolation=isolation)
     box = await adapter.create(oa.SandboxSpec(ttl=60, env={"TASK_MODE": "eval"}))
     try:
-        env = (await box.exec("env")).text
-        assert "secret-from-the-controller" not in env
-        assert "TASK_MODE=eval" in env and f"{SANDBOX_ENV}={root / box.id}" in env
+        env = dict(line.split("=", 1) for line in (await box.exec("env -0")).stdout.decode().split("\0") if line)
+        env.pop("PWD", None)  # the shell's own
+        env.pop("OLDPWD", None)
+        assert env == {
+            "PATH": f"{root / box.id / 'bin'}:{iso.SYSTEM_PATH}",
+            "HOME": box.workdir,
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "TASK_MODE": "eval",
+            SANDBOX_ENV: str(root / box.id),
+        }
     finally:
         await adapter.close()
 
@@ -117,9 +146,9 @@ async def test_paths_outside_the_sandbox_are_refused(root: Path) -> None:
         await adapter.close()
 
 
-async def test_ttl_watchdog_ends_a_forgotten_sandbox(root: Path) -> None:
-    adapter = LocalAdapter(root=root)
-    box = await adapter.create(oa.SandboxSpec(ttl=1))
+async def test_ttl_watchdog_ends_a_forgotten_sandbox(root: Path, isolation: str) -> None:
+    adapter = LocalAdapter(root=root, isolation=isolation)
+    box = await adapter.create(oa.SandboxSpec(ttl=1, pids=64))
     await box.exec("sleep 300 >/dev/null 2>&1 &")
     wait_for(lambda: leftovers(root) == ([], []), 15, "the TTL watchdog")
     assert (await box.exec("true")).reason is oa.ExitReason.SANDBOX_LOST
@@ -133,8 +162,8 @@ CONTROLLER = textwrap.dedent(
     from orchard_async.adapters.local import LocalAdapter
 
     async def main():
-        adapter = LocalAdapter(root=sys.argv[1])
-        boxes = [await adapter.create(oa.SandboxSpec(ttl=float(sys.argv[2]))) for _ in range(3)]
+        adapter = LocalAdapter(root=sys.argv[1], isolation=sys.argv[3])
+        boxes = [await adapter.create(oa.SandboxSpec(ttl=float(sys.argv[2]), pids=64)) for _ in range(3)]
         for box in boxes:
             await box.exec("sleep 300 >/dev/null 2>&1 &")
         print("ready", flush=True)
@@ -145,25 +174,25 @@ CONTROLLER = textwrap.dedent(
 )
 
 
-def start_controller(root: Path, ttl: float) -> subprocess.Popen:
+def start_controller(root: Path, ttl: float, isolation: str) -> subprocess.Popen:
     controller = subprocess.Popen(
-        [sys.executable, "-c", CONTROLLER, str(root), str(ttl)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", CONTROLLER, str(root), str(ttl), isolation], stdout=subprocess.PIPE, text=True
     )
     assert controller.stdout is not None and controller.stdout.readline().strip() == "ready"
     assert len(leftovers(root)[0]) == 3
     return controller
 
 
-def test_sigkilled_controller_leaves_nothing(root: Path) -> None:
-    controller = start_controller(root, ttl=600)
+def test_sigkilled_controller_leaves_nothing(root: Path, isolation: str) -> None:
+    controller = start_controller(root, ttl=600, isolation=isolation)
     os.kill(controller.pid, signal.SIGKILL)
     controller.wait()
     # The shells see EOF on their pipes and end themselves, taking their processes along.
     wait_for(lambda: leftovers(root) == ([], []), 15, "sandboxes of a killed controller to end")
 
 
-def test_reap_removes_sandboxes_of_dead_runs_at_once(root: Path) -> None:
-    controller = start_controller(root, ttl=600)
+def test_reap_removes_sandboxes_of_dead_runs_at_once(root: Path, isolation: str) -> None:
+    controller = start_controller(root, ttl=600, isolation=isolation)
     dirs, _ = leftovers(root)
     # Freeze the sandboxes' shells so they cannot clean up after themselves; reap must.
     frozen = [pid for sdir, pids in _sandbox_processes().items() if Path(sdir).name in dirs for pid in pids]
@@ -183,8 +212,8 @@ def test_reap_removes_sandboxes_of_dead_runs_at_once(root: Path) -> None:
                 pass
 
 
-def test_reap_leaves_live_runs_alone(root: Path) -> None:
-    controller = start_controller(root, ttl=600)
+def test_reap_leaves_live_runs_alone(root: Path, isolation: str) -> None:
+    controller = start_controller(root, ttl=600, isolation=isolation)
     try:
         assert oa.run(lambda: LocalAdapter(root=root).reap()) == []
         assert len(leftovers(root)[0]) == 3
