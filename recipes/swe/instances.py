@@ -44,7 +44,16 @@ from typing import Any
 
 from orchard_async import ConfigError
 
-REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
+REQUIRED = (
+    "instance_id",
+    "repo",
+    "base_commit",
+    "problem_statement",
+    "patch",
+    "test_patch",
+    "FAIL_TO_PASS",
+    "PASS_TO_PASS",
+)
 OPTIONAL = ("image", "repo_path", "setup_commands", "test_command", "env", "activate")
 _HEX = re.compile(r"^[0-9a-f]{7,64}$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -86,7 +95,9 @@ def patch_files(patch: str) -> list[str]:
     """Paths a unified diff touches, in order of appearance, without /dev/null."""
     found: list[str] = []
     pairs = _DIFF_FILES.findall(patch)
-    names = [name for pair in pairs for name in pair] if pairs else _MINUS_FILES.findall(patch) + _PLUS_FILES.findall(patch)
+    names = (
+        [name for pair in pairs for name in pair] if pairs else _MINUS_FILES.findall(patch) + _PLUS_FILES.findall(patch)
+    )
     for name in names:
         if name not in found and name != "dev/null":
             found.append(name)

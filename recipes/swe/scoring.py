@@ -314,7 +314,9 @@ class PytestHarness:
 
     async def run(self, sandbox: Sandbox, instance: Instance, time_limit: float, patch: str = "") -> TestRun:
         mark = time.monotonic()
-        result = await sandbox.exec(test_run_script(self.test_command, self.activation), env=TEST_ENV, timeout=time_limit)
+        result = await sandbox.exec(
+            test_run_script(self.test_command, self.activation), env=TEST_ENV, timeout=time_limit
+        )
         _infra(result, "running the tests")
         exit_code = _exit_code(result.text)
         outcomes = parse_test_outcomes(result.text)
@@ -374,7 +376,9 @@ class OfficialTests:
 Harness = PytestHarness | OfficialTests
 
 
-async def run_tests(sandbox: Sandbox, harness: Harness, instance: Instance, time_limit: float, patch: str = "") -> TestRun:
+async def run_tests(
+    sandbox: Sandbox, harness: Harness, instance: Instance, time_limit: float, patch: str = ""
+) -> TestRun:
     return await harness.run(sandbox, instance, time_limit, patch)
 
 

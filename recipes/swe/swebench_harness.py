@@ -40,7 +40,9 @@ EXIT_CODE_MARK = ">>>>> Test Exit Code"
 _EXIT_CODE = re.compile(rf"{re.escape(EXIT_CODE_MARK)}:\s*(-?\d+)")
 # The eval script's test-patch steps: `git apply ... <<'EOF_x'` + the patch + `EOF_x`, and
 # `git checkout <base_commit> <test files>` before (reset) and after (revert) the run.
-_APPLY_HEREDOC = re.compile(r"^git apply\b[^\n]*<<-?[ \t]*(['\"]?)(?P<tag>\w+)\1[^\n]*\n.*?^(?P=tag)[ \t]*(?:\n|\Z)", re.M | re.S)
+_APPLY_HEREDOC = re.compile(
+    r"^git apply\b[^\n]*<<-?[ \t]*(['\"]?)(?P<tag>\w+)\1[^\n]*\n.*?^(?P=tag)[ \t]*(?:\n|\Z)", re.M | re.S
+)
 _CD_TESTBED = re.compile(r"^cd /testbed/?[ \t]*$", re.M)
 
 # -- SWE-bench's images ---------------------------------------------------------------------
@@ -54,7 +56,12 @@ CONDA_ENV = "testbed"
 
 
 def image_name(
-    instance_id: str, *, namespace: str | None = NAMESPACE, registry: str | None = None, tag: str = TAG, arch: str = ARCH
+    instance_id: str,
+    *,
+    namespace: str | None = NAMESPACE,
+    registry: str | None = None,
+    tag: str = TAG,
+    arch: str = ARCH,
 ) -> str:
     """SWE-bench's name for an instance's image, as swebench's ``ImageSpec.name`` makes it:
     ``sweb.eval.<arch>.<id>:<tag>``; under a namespace (a remote image) ``__`` is written
@@ -221,10 +228,17 @@ class OfficialHarness:
             with open(path, "w", encoding="utf-8") as out:
                 out.write(log)
             status_map, found = api["get_logs_eval"](self.test_spec, path)
-            prediction = {"instance_id": self.instance.instance_id, "model_name_or_path": "orchard", "model_patch": patch}
+            prediction = {
+                "instance_id": self.instance.instance_id,
+                "model_name_or_path": "orchard",
+                "model_patch": patch,
+            }
             report = api["get_eval_report"](self.test_spec, prediction, path, True)[self.instance.instance_id]
         exit_code = _EXIT_CODE.search(log)
-        tests = {test: self.status_of(test, status_map) for test in (*self.instance.FAIL_TO_PASS, *self.instance.PASS_TO_PASS)}
+        tests = {
+            test: self.status_of(test, status_map)
+            for test in (*self.instance.FAIL_TO_PASS, *self.instance.PASS_TO_PASS)
+        }
         tests_status = report.get("tests_status") or {
             key: {"success": [], "failure": list(ids)}
             for key, ids in (("FAIL_TO_PASS", self.instance.FAIL_TO_PASS), ("PASS_TO_PASS", self.instance.PASS_TO_PASS))

@@ -28,7 +28,9 @@ def test_builtin_loads_and_selects():
     assert len(tasks) == 17 and len({t.instance.repo for t in tasks}) == 3
     assert all(isinstance(t, oa.Task) for t in tasks)
     assert {t.source.kind for t in tasks} == {"builtin"}
-    assert [t.id for t in swe.load_tasks("builtin:textkit__2,datespan")] == ["textkit__2"] + [f"datespan__{i}" for i in range(1, 6)]
+    assert [t.id for t in swe.load_tasks("builtin:textkit__2,datespan")] == ["textkit__2"] + [
+        f"datespan__{i}" for i in range(1, 6)
+    ]
     assert [t.id for t in swe.load_tasks("builtin", ids=["minicalc__3"])] == ["minicalc__3"]
     with pytest.raises(oa.ConfigError, match="no instance or repo named 'nope'"):
         swe.load_tasks("builtin:nope")
@@ -57,7 +59,10 @@ def test_jsonl_and_json_files_with_swe_bench_conventions(tmp_path):
         assert [t.id for t in swe.load_tasks(str(tmp_path / "b.json"))] == ["minicalc__1", "minicalc__2"]
     assert task.test_command == BUILTIN[0]["test_command"]
     bare = swe.Instance(**{**task.instance.__dict__, "test_command": ""})
-    assert bare.default_test_command() == "python -m pytest -rA -p no:cacheprovider tests/test_evaluator.py tests/test_parser.py"
+    assert (
+        bare.default_test_command()
+        == "python -m pytest -rA -p no:cacheprovider tests/test_evaluator.py tests/test_parser.py"
+    )
 
 
 @pytest.mark.parametrize(
@@ -90,7 +95,9 @@ def test_malformed_files(tmp_path):
     with pytest.raises(oa.ConfigError, match=r"t\.jsonl:2: invalid JSON"):
         swe.load_tasks(str(path))
     path = write_jsonl(tmp_path / "d.jsonl", [BUILTIN[0], BUILTIN[0]])
-    with pytest.raises(oa.ConfigError, match=r"d\.jsonl:2: instance 'minicalc__1': duplicate instance_id \(first on line 1\)"):
+    with pytest.raises(
+        oa.ConfigError, match=r"d\.jsonl:2: instance 'minicalc__1': duplicate instance_id \(first on line 1\)"
+    ):
         swe.load_tasks(str(path))
     path = write_jsonl(tmp_path / "l.jsonl", ["[1, 2]"])
     with pytest.raises(oa.ConfigError, match=r"l\.jsonl:1: an instance must be a JSON object, got list"):
@@ -109,8 +116,15 @@ def test_malformed_files(tmp_path):
 
 
 def _git(cwd: Path, *args: str, stdin: str | None = None) -> str:
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
-           "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "PATH": "/usr/bin:/bin"}
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "PATH": "/usr/bin:/bin",
+    }
     done = subprocess.run(["git", *args], cwd=cwd, env=env, input=stdin, capture_output=True, text=True, check=True)
     return done.stdout.strip()
 
@@ -133,8 +147,15 @@ def test_checkout_from_local_git_repo_and_bundle_hides_later_history(tmp_path):
         "@@ -0,0 +1,5 @@\n+from calc import add\n+\n+\n+def test_add():\n+    assert add(2, 2) == 4\n"
     )
     gold = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n"
-    common = dict(repo="me/calc", base_commit=base, problem_statement="add() subtracts", patch=gold, test_patch=test_patch,
-                  FAIL_TO_PASS=["tests/test_calc.py::test_add"], PASS_TO_PASS=[])
+    common = dict(
+        repo="me/calc",
+        base_commit=base,
+        problem_statement="add() subtracts",
+        patch=gold,
+        test_patch=test_patch,
+        FAIL_TO_PASS=["tests/test_calc.py::test_add"],
+        PASS_TO_PASS=[],
+    )
     rows = [
         dict(common, instance_id="from-dir", repo_path="calc"),
         dict(common, instance_id="from-bundle", repo_path="calc.bundle"),

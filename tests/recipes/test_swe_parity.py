@@ -162,7 +162,9 @@ def test_ids_with_spaces_graded_as_swebench_grades_them(tmp_path):
         FAIL_TO_PASS=["test_words.py::test_upper[a", "test_words.py::test_upper[c", "test_words.py::test_pair[p"],
         PASS_TO_PASS=["test_words.py::test_upper[x]"],
     )
-    (task,) = swe.load_tasks(write_rows(tmp_path / "spaces.jsonl", [official_row(row, conda=False)]), harness="swebench")
+    (task,) = swe.load_tasks(
+        write_rows(tmp_path / "spaces.jsonl", [official_row(row, conda=False)]), harness="swebench"
+    )
     theirs = swebench_verdict(task, log, "x", tmp_path)
     ours = recipe_verdict(task, log)
     assert ours["tests"] == {
