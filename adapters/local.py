@@ -224,8 +224,9 @@ class LocalAdapter:
             server.pid = _host_pid(process.pid, client.server_pid, nested=self.namespaces)
         except (SandboxLost, OSError, anyio.BrokenResourceError) as exc:
             await client.aclose()
+            log_tail = _tail(ctl / "shell.log")
             await self._stop(process, base, cgroup)
-            raise CreateFailed(f"the sandbox shell did not start ({exc}); see {ctl / 'shell.log'}") from exc
+            raise CreateFailed(f"the sandbox shell did not start ({exc}): {log_tail or 'no output'}") from exc
 
         async def teardown() -> None:
             self._live.pop(sandbox_id, None)
@@ -288,6 +289,14 @@ class LocalAdapter:
         async with anyio.create_task_group() as tg:
             for sandbox, _ in list(self._live.values()):
                 tg.start_soon(sandbox.close)
+
+
+def _tail(path: Path, size: int = 400) -> str:
+    """The end of a log, on one line."""
+    try:
+        return " | ".join(path.read_bytes()[-size:].decode(errors="replace").split("\n")).strip(" |")
+    except OSError:
+        return ""
 
 
 class _ServerPid:

@@ -141,14 +141,15 @@ def ancestors(path: str) -> list[str]:
 def hidden_dirs(root: Path) -> list[str]:
     """Dirs replaced by empty read-only ones: the caller's home, /root, and the adapter root
     (where the other sandboxes live) unless a private /tmp or a hidden home covers it."""
-    dirs = []
-    for candidate in (os.path.expanduser("~"), "/root"):
+    private = ["/tmp", "/run"]  # replaced by empty ones anyway
+    dirs: list[str] = []
+    for candidate in (os.path.expanduser("~"), "/root", str(root)):
         real = os.path.realpath(candidate)
-        if os.path.isdir(real) and real != "/" and real not in dirs:
-            dirs.append(real)
-    root_real = os.path.realpath(root)
-    if not any(under(root_real, d) for d in [*dirs, "/tmp"]):
-        dirs.append(root_real)
+        if candidate == str(root) and not os.path.isdir(real):
+            real = os.path.realpath(os.path.dirname(real))  # not made yet: hide where it will be
+        if real == "/" or not os.path.isdir(real) or any(under(real, d) for d in [*private, *dirs]):
+            continue
+        dirs = [d for d in dirs if not under(d, real)] + [real]
     return dirs
 
 
