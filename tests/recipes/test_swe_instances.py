@@ -228,3 +228,157 @@ def test_generator_edits_reproduce_the_patches(tmp_path):
     assert gen.diff_of(root) == inst["test_patch"]
     gen.apply_edits(root, task["gold"])
     assert gen.diff_of(root) == inst["patch"]
+
+
+# -- test ids as SWE-bench stores them ------------------------------------------------------
+
+
+def test_status_of_matches_ids_cut_at_the_first_space_as_swebench_does():
+    outcomes = {
+        "t.py::test_f[a b]": "PASSED",
+        "t.py::test_f[c d e]": "FAILED",
+        "t.py::test_g[p q]": "PASSED",
+        "t.py::test_g[p r]": "FAILED",  # cuts like the one above: the worse (later in -rA) wins
+        "t.py::test_h[long-param-one]": "PASSED",
+        "t.py::test_h[long-param-two]": "PASSED",
+        "t.py::test_k[x-1]": "PASSED",
+        "t.py::test_k[x-2]": "ERROR",
+        "t.py::test_plain": "XFAIL",
+    }
+    status_of = swe.scoring.status_of
+    assert status_of("t.py::test_plain", outcomes) == "XFAIL"  # exact
+    assert status_of("t.py::test_f[a b]", outcomes) == "PASSED"  # exact, spaces and all
+    assert status_of("t.py::test_f[a", outcomes) == "PASSED"  # SWE-bench's cut id
+    assert status_of("t.py::test_f[c", outcomes) == "FAILED"
+    assert status_of("t.py::test_g[p", outcomes) == "FAILED"
+    # an id cut inside its parameters (swebench's truncated ids): a prefix, when all agree
+    assert status_of("t.py::test_h[long-param", outcomes) == "PASSED"
+    assert status_of("t.py::test_k[x", outcomes) == "MISSING"  # they disagree: no verdict
+    assert status_of("t.py::test_f[z", outcomes) == "MISSING"
+    assert status_of("t.py::test_plai", outcomes) == "MISSING"  # balanced brackets: exact ids only
+
+
+def test_a_node_reported_twice_keeps_the_later_section_of_the_summary():
+    summary = "\n".join(
+        [
+            "=========================== short test summary info ============================",
+            "PASSED t.py::test_a",
+            "ERROR t.py::test_a - RuntimeError: teardown",
+            "ERROR t.py::test_b - RuntimeError: teardown",
+            "FAILED t.py::test_b - AssertionError",
+            "PASSED t.py::test_c",
+            "XFAIL t.py::test_c - reason",
+        ]
+    )
+    outcomes = swe.scoring.parse_test_outcomes(summary + "\nPASSED t.py::test_b\n")  # a line after cannot undo it
+    assert outcomes == {"t.py::test_a": "ERROR", "t.py::test_b": "FAILED", "t.py::test_c": "XFAIL"}
+
+
+def small_repo(tmp_path: Path, name: str, files: dict[str, str]) -> tuple[Path, str]:
+    repo = tmp_path / name
+    for path, text in files.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "base")
+    return repo, _git(repo, "rev-parse", "HEAD")
+
+
+def new_file_patch(path: str, text: str) -> str:
+    lines = text.splitlines()
+    body = "".join(f"+{line}\n" for line in lines)
+    return f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1,{len(lines)} @@\n{body}"
+
+
+def test_ids_with_spaces_resolve_end_to_end(tmp_path):
+    _, base = small_repo(tmp_path, "words", {"words.py": "def shout(text):\n    return text\n"})
+    tests = (
+        "import pytest\n\nfrom words import shout\n\n\n"
+        '@pytest.mark.parametrize("text", ["a b", "hello world", "x"])\n'
+        "def test_shout(text):\n    assert shout(text) == text.upper()\n"
+    )
+    gold = (
+        "diff --git a/words.py b/words.py\n--- a/words.py\n+++ b/words.py\n"
+        "@@ -1,2 +1,2 @@\n def shout(text):\n-    return text\n+    return text.upper()\n"
+    )
+    row = dict(
+        instance_id="words__1", repo="me/words", repo_path="words", base_commit=base, problem_statement="shout",
+        patch=gold, test_patch=new_file_patch("tests/test_words.py", tests), PASS_TO_PASS=[],
+        FAIL_TO_PASS=["tests/test_words.py::test_shout[a", "tests/test_words.py::test_shout[hello", "tests/test_words.py::test_shout[x]"],
+    )  # fmt: skip
+    tasks = swe.load_tasks(str(write_jsonl(tmp_path / "words.jsonl", [row])), harness="pytest")
+    gold_run = anyio.run(run_rollout, tasks, swe.make_policy("oracle"), tmp_path / "gold")
+    empty_run = anyio.run(run_rollout, tasks, swe.make_policy("empty"), tmp_path / "empty")
+    (resolved,), (unresolved,) = gold_run.trajectories, empty_run.trajectories
+    assert resolved.success and set(resolved.info["tests"].values()) == {"PASSED"}, resolved.info
+    assert not unresolved.success
+    assert unresolved.info["tests"] == dict.fromkeys(row["FAIL_TO_PASS"], "FAILED"), unresolved.info["tests"]
+
+
+# -- pytest plugins: the instance's own choice -----------------------------------------------
+
+
+def plugin_instance(tmp_path: Path, **extra) -> dict:
+    """A repository whose new test uses a fixture of an installed plugin (anyio's, installed
+    with orchard-async), which pytest only has when it autoloads plugins."""
+    _, base = small_repo(
+        tmp_path, "backend", {"backend.py": "def name():\n    return None\n", "tests/test_plain.py": "def test_ok():\n    pass\n"}
+    )
+    tests = "from backend import name\n\n\ndef test_name(anyio_backend_name):\n    assert name() == 'asyncio'\n"
+    gold = (
+        "diff --git a/backend.py b/backend.py\n--- a/backend.py\n+++ b/backend.py\n"
+        "@@ -1,2 +1,2 @@\n def name():\n-    return None\n+    return 'asyncio'\n"
+    )
+    return dict(
+        instance_id="backend__1", repo="me/backend", repo_path="backend", base_commit=base, problem_statement="name",
+        patch=gold, test_patch=new_file_patch("tests/test_backend.py", tests),
+        FAIL_TO_PASS=["tests/test_backend.py::test_name[asyncio]"], PASS_TO_PASS=["tests/test_plain.py::test_ok"],
+        test_command="python -m pytest -rA -p no:cacheprovider tests", **extra,
+    )  # fmt: skip
+
+
+def test_a_plugin_fixture_resolves_when_the_instance_allows_autoload(tmp_path):
+    for allow in ("", "0"):  # "0" too: pytest would read any non-empty value as "off"
+        row = plugin_instance(tmp_path / allow, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": allow})
+        (task,) = swe.load_tasks(str(write_jsonl(tmp_path / allow / "plugin.jsonl", [row])))
+        assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in task.spec.env
+    run = anyio.run(run_rollout, [task], swe.make_policy("oracle"), tmp_path / "sbx")
+    (trajectory,) = run.trajectories
+    assert trajectory.success, trajectory.info.get("test_output_tail", trajectory.error)
+
+
+def test_plugins_stay_off_by_default_where_the_recipe_prepares_the_repository(tmp_path):
+    (task,) = swe.load_tasks(str(write_jsonl(tmp_path / "plugin.jsonl", [plugin_instance(tmp_path)])))
+    assert task.spec.env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1"
+    assert all(t.spec.env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1" for t in swe.load_tasks("builtin"))
+    run = anyio.run(run_rollout, [task], swe.make_policy("oracle"), tmp_path / "sbx")
+    (trajectory,) = run.trajectories
+    # without the plugin the fixture is unknown: the parametrized test never exists
+    assert not trajectory.success and trajectory.info["tests"]["tests/test_backend.py::test_name[asyncio]"] == "MISSING"
+
+
+# -- real SWE-bench rows: the image by SWE-bench's naming convention --------------------------
+
+
+def test_a_row_with_no_image_and_no_repository_runs_in_swebench_image(tmp_path, monkeypatch):
+    row = dict(BUILTIN[2], instance_id="someone__else-3", repo="someone/else")
+    path = str(write_jsonl(tmp_path / "real.jsonl", [row]))
+    (task,) = swe.load_tasks(path)
+    assert task.source is None
+    assert (task.spec.image, task.spec.workdir, task.spec.pull) == (
+        "swebench/sweb.eval.x86_64.someone_1776_else-3:latest", "/testbed", "missing"
+    )  # fmt: skip
+    assert task.activation == swe.swebench_harness.CONDA_TESTBED
+    assert task.spec.env["PATH"].startswith("/opt/miniconda3/envs/testbed/bin:")
+    assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in task.spec.env  # SWE-bench's spec leaves autoload on
+    (task,) = swe.load_tasks(path, image_registry="mirror.local:5000", image_namespace="team", image_tag="v2", pull="never")
+    assert (task.spec.image, task.spec.pull) == ("mirror.local:5000/team/sweb.eval.x86_64.someone_1776_else-3:v2", "never")
+    monkeypatch.setenv("ORCHARD_SWE_IMAGE_NAMESPACE", "")  # SWE-bench's local names, from the environment (CLI)
+    monkeypatch.setenv("ORCHARD_SWE_PULL", "always")
+    (task,) = swe.load_tasks(path)
+    assert (task.spec.image, task.spec.pull) == ("sweb.eval.x86_64.someone__else-3:latest", "always")
+    with pytest.raises(oa.ConfigError, match="pull"):
+        swe.load_tasks(path, pull="sometimes")
+    with pytest.raises(oa.ConfigError, match="unknown SWE harness 'official'"):
+        swe.load_tasks(path, harness="official")
