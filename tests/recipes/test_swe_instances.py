@@ -323,7 +323,9 @@ def plugin_instance(tmp_path: Path, **extra) -> dict:
     """A repository whose new test uses a fixture of an installed plugin (anyio's, installed
     with orchard-async), which pytest only has when it autoloads plugins."""
     _, base = small_repo(
-        tmp_path, "backend", {"backend.py": "def name():\n    return None\n", "tests/test_plain.py": "def test_ok():\n    pass\n"}
+        tmp_path,
+        "backend",
+        {"backend.py": "def name():\n    return None\n", "tests/test_plain.py": "def test_ok():\n    pass\n"},
     )
     tests = "from backend import name\n\n\ndef test_name(anyio_backend_name):\n    assert name() == 'asyncio'\n"
     gold = (
@@ -372,8 +374,13 @@ def test_a_row_with_no_image_and_no_repository_runs_in_swebench_image(tmp_path, 
     assert task.activation == swe.swebench_harness.CONDA_TESTBED
     assert task.spec.env["PATH"].startswith("/opt/miniconda3/envs/testbed/bin:")
     assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in task.spec.env  # SWE-bench's spec leaves autoload on
-    (task,) = swe.load_tasks(path, image_registry="mirror.local:5000", image_namespace="team", image_tag="v2", pull="never")
-    assert (task.spec.image, task.spec.pull) == ("mirror.local:5000/team/sweb.eval.x86_64.someone_1776_else-3:v2", "never")
+    (task,) = swe.load_tasks(
+        path, image_registry="mirror.local:5000", image_namespace="team", image_tag="v2", pull="never"
+    )
+    assert (task.spec.image, task.spec.pull) == (
+        "mirror.local:5000/team/sweb.eval.x86_64.someone_1776_else-3:v2",
+        "never",
+    )
     monkeypatch.setenv("ORCHARD_SWE_IMAGE_NAMESPACE", "")  # SWE-bench's local names, from the environment (CLI)
     monkeypatch.setenv("ORCHARD_SWE_PULL", "always")
     (task,) = swe.load_tasks(path)
