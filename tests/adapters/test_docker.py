@@ -362,7 +362,7 @@ CONTROLLER = textwrap.dedent(
             return await super().act(observation)
 
     class DiesBeforeAttaching(DockerAdapter):
-        async def _open_shell(self, container, spec):
+        async def _open_shell(self, *args):
             os.kill(os.getpid(), signal.SIGKILL)
 
     async def main():
