@@ -16,8 +16,7 @@ import sys
 import time
 from collections import Counter
 
-from orchard_async import SandboxSpec, get_adapter, rollout
-from orchard_async.runtime import run
+from orchard_async import SandboxSpec, get_adapter, rollout, run
 
 from .common import LoopLag, current_rss_mb, peak_rss_mb
 from .tasks import RepeatPolicy, steps_tasks

@@ -16,9 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from orchard_async.errors import ConfigError
-from orchard_async.paths import check_output_file
-from orchard_async.runtime import run
+from orchard_async import ConfigError, check_output_file, run
 
 from .report import Result, load_average, machine_info, print_result, to_markdown, write_json
 
@@ -51,6 +49,12 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
+
+
+def add_command(parser: argparse.ArgumentParser) -> None:
+    """Fill the core CLI's ``bench`` subcommand (built only when it is the command run)."""
+    add_arguments(parser)
+    parser.set_defaults(func=main)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,9 +12,7 @@ from typing import Any
 
 import anyio
 
-from orchard_async import get_adapter
-from orchard_async.protocols import Adapter
-from orchard_async.summary import percentile
+from orchard_async import Adapter, get_adapter, percentile
 
 Op = Callable[[], Awaitable[object]]
 

@@ -13,7 +13,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from orchard_async.errors import ConfigError
+from orchard_async import ConfigError
 
 from .report import Result, Row, read_json
 

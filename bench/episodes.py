@@ -15,18 +15,11 @@ from collections import Counter
 
 import anyio
 
-from orchard_async import Trajectory, rollout
-from orchard_async.summary import summarize
+from orchard_async import Trajectory, load_recipe, rollout, summarize
 
 from .common import TrackingAdapter, close_and_count, open_adapter
 from .report import Row, ms_percentiles
 from .scenario import Outcome
-
-
-def load_recipe(name: str):  # noqa: ANN201 - a module
-    from orchard_async.cli import load_recipe as load
-
-    return load(name)
 
 
 async def run_episodes(

@@ -14,8 +14,7 @@ from typing import Any
 
 import anyio
 
-from orchard_async import SandboxSpec
-from orchard_async.protocols import Adapter, Sandbox
+from orchard_async import Adapter, Sandbox, SandboxSpec
 
 from .common import Op, close_and_count, measure, open_adapter
 from .floors import FLOORS, PEERS, Baseline, Context

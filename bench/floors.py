@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import shutil
 import subprocess
 import uuid
@@ -183,15 +184,52 @@ def _kubernetes_available(ctx: Context) -> str | None:
     return None
 
 
+def _kubeconfig_path(options: dict[str, Any]) -> str | None:
+    """The kubeconfig to load, or None for the in-cluster service account."""
+    path = options.get("kubeconfig") or os.environ.get("KUBECONFIG")
+    default = os.path.expanduser("~/.kube/config")
+    if options.get("in_cluster") or not (path or os.path.exists(default)):
+        return None
+    return path or default
+
+
+async def _kubernetes_configuration(options: dict[str, Any]) -> Any:
+    """The cluster configuration for the same adapter options (``kubeconfig``, ``context``,
+    ``in_cluster``), found as kubectl finds it: KUBECONFIG, ~/.kube/config, in-cluster."""
+    from kubernetes_asyncio import client as k8s
+    from kubernetes_asyncio import config as k8s_config
+
+    configuration = k8s.Configuration()
+    path = _kubeconfig_path(options)
+    if path is None:
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    else:
+        await k8s_config.load_kube_config(
+            config_file=path, context=options.get("context"), client_configuration=configuration, persist_config=False
+        )
+    configuration.connection_pool_maxsize = 0  # one websocket per loop at once: no pool limit (aiohttp: 0)
+    return configuration
+
+
+def _kubernetes_namespace(options: dict[str, Any]) -> str:
+    """Where the adapter puts its pods, as its options document it."""
+    return options.get("namespace") or os.environ.get("ORCHARD_K8S_NAMESPACE") or "orchard"
+
+
 @asynccontextmanager
 async def _kubernetes_exec(ctx: Context, loops: int) -> AsyncIterator[list[Op]]:
-    """A fresh exec websocket per command (connect, run, read the status channel, close),
-    on pods made by the adapter: what a client without a persistent session pays."""
+    """A fresh exec websocket per command (connect, run, read the status channel, close)
+    through the API server with kubernetes-asyncio alone, on pods made by the adapter:
+    what a client without a persistent session pays."""
+    from kubernetes_asyncio import client as k8s
+    from kubernetes_asyncio.stream import WsApiClient
+
     from orchard_async import SandboxSpec, get_adapter
-    from orchard_async.adapters.kubernetes import PodRef
 
     adapter = get_adapter("kubernetes", **ctx.adapter_options)
+    namespace = _kubernetes_namespace(ctx.adapter_options)
     boxes: list[Any] = []
+    ws_client: Any = None
     try:
 
         async def one() -> None:
@@ -200,21 +238,34 @@ async def _kubernetes_exec(ctx: Context, loops: int) -> AsyncIterator[list[Op]]:
         async with anyio.create_task_group() as group:
             for _ in range(loops):
                 group.start_soon(one)
+        ws_client = WsApiClient(configuration=await _kubernetes_configuration(ctx.adapter_options))
+        core = k8s.CoreV1Api(ws_client)
         argv = _argv(ctx.command)
 
-        def make(box: Any) -> Op:
-            pod = PodRef(adapter.namespace, box.id)  # type: ignore[attr-defined]
-
+        def make(pod: str) -> Op:
             async def op() -> None:
-                code, _, err = await adapter.transport.run(pod, argv, DOCKER_CALL_TIMEOUT)  # type: ignore[attr-defined]
-                if code != 0:
-                    raise RuntimeError(f"exec failed ({code}): {err[-200:]!r}")
+                status = ""
+                with anyio.fail_after(DOCKER_CALL_TIMEOUT):
+                    connecting = await core.connect_get_namespaced_pod_exec(
+                        pod, namespace, command=argv, stdout=True, stderr=True, tty=False, _preload_content=False
+                    )
+                    async with connecting as ws:
+                        async for message in ws:  # a channel byte, then data; channel 3: the final status
+                            data = message.data
+                            if isinstance(data, str):
+                                data = data.encode()
+                            if isinstance(data, bytes) and data[:1] == b"\x03":
+                                status = data[1:].decode(errors="replace")
+                if '"Success"' not in status:  # {"status": "Success"}, or a Failure naming the exit code
+                    raise RuntimeError(f"exec in pod {pod} failed: {status[-200:] or 'no status'!r}")
 
             return op
 
-        yield [make(box) for box in boxes]
+        yield [make(box.id) for box in boxes]
     finally:
         with anyio.CancelScope(shield=True):
+            if ws_client is not None:
+                await ws_client.close()
             await adapter.close()
 
 

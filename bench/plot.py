@@ -10,7 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from orchard_async.errors import ConfigError
+from orchard_async import ConfigError
 
 from .report import Result, Row
 

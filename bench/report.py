@@ -15,8 +15,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from orchard_async.runtime import loop_choice
-from orchard_async.summary import percentile
+from orchard_async import loop_choice, percentile
 
 # Version 1: `bench exec` of the foundation. Version 2 adds p95/wall/error fields, time
 # shares, comparisons, details and the burst/episodes/scale/chaos scenarios; every field

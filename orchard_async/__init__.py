@@ -17,17 +17,31 @@ from .errors import (
     SandboxLost,
     VerifierError,
 )
+from .paths import check_output_file
 from .pool import Pool
-from .protocols import Adapter, Sandbox, Session
+from .protocols import DEFAULT_EXEC_TIMEOUT, Adapter, GradedApart, Policy, Recipe, Sandbox, Session, Task
 from .rollout import collect, plan, rollout
-from .runtime import get_adapter, run
-from .task import GradedApart, Observation, Policy, Reward, Task
-from .trajectory import Action, Op, Retry, Step, Trajectory, TrajectoryWriter, read_trajectories
+from .runtime import get_adapter, load_recipe, loop_choice, recipe_names, run
+from .summary import Summary, percentile, summarize
+from .task import Observation, Reward
+from .trajectory import (
+    Action,
+    EndReason,
+    Op,
+    Retry,
+    Step,
+    Trajectory,
+    TrajectoryWriter,
+    check_trajectory_file,
+    read_run_header,
+    read_trajectories,
+)
 from .types import ExecResult, ExitReason, FileInfo, SandboxSpec
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_EXEC_TIMEOUT",
     "Action",
     "Adapter",
     "AdapterUnavailable",
@@ -35,6 +49,7 @@ __all__ = [
     "ConfigError",
     "ContextExhausted",
     "CreateFailed",
+    "EndReason",
     "Episode",
     "ExecResult",
     "ExitReason",
@@ -48,6 +63,7 @@ __all__ = [
     "PathOutsideSandbox",
     "Policy",
     "Pool",
+    "Recipe",
     "Retry",
     "Reward",
     "Sandbox",
@@ -55,15 +71,24 @@ __all__ = [
     "SandboxSpec",
     "Session",
     "Step",
+    "Summary",
     "Task",
     "Trajectory",
     "TrajectoryWriter",
     "VerifierError",
+    "check_output_file",
+    "check_trajectory_file",
     "collect",
     "get_adapter",
+    "load_recipe",
+    "loop_choice",
+    "percentile",
     "plan",
+    "read_run_header",
     "read_trajectories",
+    "recipe_names",
     "render",
     "rollout",
     "run",
+    "summarize",
 ]

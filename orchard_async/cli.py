@@ -1,16 +1,21 @@
-"""The `orchard-async` command: demo, run, export, inspect, reap, doctor, images, bench.
+"""The `orchard-async` command: demo, run, inspect, reap, doctor, images, bench, and the recipes' own.
 
 Bad input is one line on stderr and exit status 2, never a traceback: every check that
 can fail runs before the first sandbox is created.
+
+Building the parser imports no recipe and no bench module: recipes are found by name
+(their entry points), and a command whose code lives elsewhere (``bench``, a recipe's
+``export``) is listed by name and built in full only when it is the command being run.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import time
+from collections.abc import Sequence
+from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -24,12 +29,28 @@ from .errors import AdapterUnavailable, ConfigError, OrchardError
 from .paths import check_output_dir, check_output_file
 from .protocols import Adapter
 from .rollout import collect, plan
-from .runtime import ADAPTERS, get_adapter, loop_choice, run
+from .runtime import (
+    ADAPTERS,
+    COMMAND_GROUP,
+    get_adapter,
+    load_entry_point,
+    load_recipe,
+    loop_choice,
+    recipe_commands,
+    recipe_names,
+    recipe_of,
+    run,
+)
 from .summary import Summary, summarize, to_json
 from .trajectory import Trajectory, check_trajectory_file, check_trajectory_path, read_trajectories
 
 console = Console(stderr=True)
-RECIPES = {"swe": "orchard_async.recipes.swe", "toy": "orchard_async.recipes.toy"}
+
+# The core's own commands whose code is not in the core: name -> ("module:add_command", help).
+# ``add_command(parser)`` adds the command's arguments and sets ``func``.
+OUTSIDE_COMMANDS = {
+    "bench": ("orchard_async.bench.cli:add_command", "measure sandbox latency and throughput against baselines"),
+}
 
 # Adapter options that say where and how to reach the backend, not what an episode sees:
 # they may change between a run and its --resume. Every other option is part of the run.
@@ -69,12 +90,6 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
-
-
-def load_recipe(name: str) -> Any:
-    if name not in RECIPES:
-        raise ConfigError(f"unknown recipe {name!r}; choose one of: {', '.join(RECIPES)}")
-    return importlib.import_module(RECIPES[name])
 
 
 def parse_adapter_options(options: str | None) -> dict[str, Any]:
@@ -158,7 +173,7 @@ async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, re
             if adapter is not None:
                 leaked = len(await adapter.list_owned())
                 await adapter.close()
-            aclose = getattr(policy, "aclose", None)  # model policies hold an HTTP client
+            aclose = getattr(policy, "aclose", None)  # optional (protocols.Policy): a model's HTTP client
             if aclose is not None:
                 await aclose()
     summary = summarize(finished, wall_s=time.perf_counter() - started, leaked=leaked)
@@ -218,23 +233,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 # -- other commands ------------------------------------------------------------------------
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    from orchard_async.recipes.swe.export import run_export
-
-    given = args.trajectories if isinstance(args.trajectories, list) else [args.trajectories]
-    given += getattr(args, "more_trajectories", None) or []
-    sources = [check_trajectory_file(path) for path in given]
-    out = check_output_file(args.out)
-    if out.exists() and any(out.resolve() == source.resolve() for source in sources):
-        raise ConfigError(f"--out {out} is a trajectory file being exported; write the export elsewhere")
-    summary = run_export(args)
-    console.print(
-        f"{args.format}: {summary.records} records ({summary.episodes} episodes, {summary.skipped} skipped), "
-        f"resolved {summary.resolved_rate:.1%}, reward mean {summary.mean_reward:.3f} -> {summary.path}"
-    )
-    return 0
-
-
 def cmd_inspect(args: argparse.Namespace) -> int:
     path = check_trajectory_file(args.file)
     summary = summarize(read_trajectories(path))
@@ -275,7 +273,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             table.add_row(name, "no", str(exc))
     out = Console()
     out.print(table)
-    from orchard_async.adapters.local import isolation_report
+    from .adapters.local import isolation_report  # only here: the local adapter is not the core's
 
     isolation = Table(title="local adapter isolation in force")
     isolation.add_column("what", style="bold")
@@ -293,12 +291,6 @@ def cmd_images(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ConfigError(f"image building is not available in this install ({exc})") from None
     return build_images(args.names, adapter=args.adapter, force=args.force)
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from orchard_async.bench.cli import main as bench_main
-
-    return bench_main(args)
 
 
 # -- parser --------------------------------------------------------------------------------
@@ -328,7 +320,31 @@ def _seconds(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The command named on the command line: its first word that is not an option (the
+    top level takes no option but --help)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def outside_commands() -> dict[str, tuple[EntryPoint, str]]:
+    """Commands built by code outside the core, by name: the entry point of their
+    ``add_command`` and their help line. Listing them imports nothing."""
+    commands = {
+        name: (EntryPoint(name, target, COMMAND_GROUP), help_line)
+        for name, (target, help_line) in OUTSIDE_COMMANDS.items()
+    }
+    for name, point in recipe_commands().items():
+        recipe = recipe_of(point)
+        owner = f"the {recipe} recipe" if recipe else point.value
+        commands.setdefault(name, (point, f"a command of {owner} (orchard-async {name} --help)"))
+    return commands
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for ``argv`` (default: this process's arguments). Every command is
+    listed; one built outside the core is filled in only when ``argv`` names it."""
+    chosen = _command_in(sys.argv[1:] if argv is None else argv)
+    recipes = recipe_names()
     parser = OneLineParser(prog="orchard-async", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -342,12 +358,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the main job: the bundled SWE tasks solved by the oracle policy")
     rollout_options(demo, episodes=32, concurrency=8)
-    demo.add_argument("--recipe", default="swe", choices=sorted(RECIPES), help="recipe to demo (default swe)")
+    demo.add_argument("--recipe", default="swe", choices=recipes, help="recipe to demo (default swe)")
     demo.add_argument("--out", default="out/demo", help="directory for trajectories.jsonl (default out/demo)")
     demo.set_defaults(func=cmd_demo, tasks="builtin", policy="oracle")
 
     run_p = sub.add_parser("run", help="collect rollouts into a trajectory file")
-    run_p.add_argument("recipe", nargs="?", default="toy", help=f"one of {', '.join(RECIPES)} (default toy)")
+    run_p.add_argument("recipe", nargs="?", default="toy", help=f"one of {', '.join(recipes)} (default toy)")
     run_p.add_argument(
         "--tasks",
         default="builtin",
@@ -366,12 +382,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", action="store_true", help="continue the same run in --out (refused if its settings differ)"
     )
     run_p.set_defaults(func=cmd_run)
-
-    export = sub.add_parser("export", help="trajectories -> SFT chats or GRPO groups (JSONL)")
-    from orchard_async.recipes.swe.export import add_arguments as add_export_arguments
-
-    add_export_arguments(export)
-    export.set_defaults(func=cmd_export)
 
     inspect = sub.add_parser("inspect", help="summarise a trajectory file")
     inspect.add_argument("file")
@@ -395,11 +405,12 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--force", action="store_true", help="rebuild even when the image exists")
     build.set_defaults(func=cmd_images)
 
-    bench = sub.add_parser("bench", help="measure sandbox latency and throughput against baselines")
-    from orchard_async.bench.cli import add_arguments
-
-    add_arguments(bench)
-    bench.set_defaults(func=cmd_bench)
+    for name, (point, help_line) in outside_commands().items():
+        if name in sub.choices:
+            continue  # a plugin cannot take over a core command
+        command = sub.add_parser(name, help=help_line)
+        if name == chosen:
+            load_entry_point(point, f"the {name} command")(command)
     return parser
 
 
@@ -443,7 +454,7 @@ def _interrupted(error: BaseException) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(argv).parse_args(argv)
         return args.func(args)
     except BaseException as error:
         if _interrupted(error):

@@ -21,7 +21,7 @@ from .errors import ContextExhausted, InfraError, SandboxLost, VerifierError
 from .pool import Pool
 from .protocols import Sandbox
 from .task import GradedApart, Observation, Policy, Reward, Task
-from .trajectory import Op, Step, Trajectory
+from .trajectory import EndReason, Op, Step, Trajectory
 from .types import ExecResult, ExitReason
 
 TTL_MARGIN = 120.0  # the sandbox lives this much past the episode deadline
@@ -122,7 +122,8 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
             "orchard.attempt": str(attempt),
         },
     )
-    status, end_reason, error, instruction = "finished", "max_steps", "", ""
+    status, error, instruction = "finished", "", ""
+    end_reason = EndReason.MAX_STEPS
     reward = Reward(value=0.0, success=False)
 
     start = time.monotonic()
@@ -160,16 +161,16 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
                     raise
                 except ContextExhausted:  # the agent cannot go on; what it left is still scored
                     timings["agent"] += time.monotonic() - mark
-                    end_reason = "context_exhausted"
+                    end_reason = EndReason.CONTEXT_EXHAUSTED
                     break
                 except Exception as exc:  # the policy's own failure: recorded, never retried
-                    status, end_reason, error = "failed", "policy_error", f"{type(exc).__name__}: {exc}"
+                    status, end_reason, error = "failed", EndReason.POLICY_ERROR, f"{type(exc).__name__}: {exc}"
                     break
                 agent_s = time.monotonic() - mark
                 timings["agent"] += agent_s
                 if action.kind == "submit":
                     steps.append(Step(index=index, action=action, agent_s=agent_s))
-                    end_reason = "submitted"
+                    end_reason = EndReason.SUBMITTED
                     break
                 if action.kind == "invalid":
                     steps.append(
@@ -196,7 +197,7 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
                     )
                 )
         if agent_phase.cancelled_caught:
-            end_reason = "deadline"
+            end_reason = EndReason.DEADLINE
         if status == "finished":
             mark = time.monotonic()
             try:
@@ -209,7 +210,7 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
     except InfraError:
         raise
     except Exception as exc:  # setup or evaluate failed for a reason of the task's own
-        status, end_reason, error = "failed", "task_error", f"{type(exc).__name__}: {exc}"
+        status, end_reason, error = "failed", EndReason.TASK_ERROR, f"{type(exc).__name__}: {exc}"
     finally:
         await release_agent_sandbox()
     timings["total"] = time.monotonic() - t0

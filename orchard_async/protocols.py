@@ -1,22 +1,54 @@
-"""The whole backend contract on one screen. Every adapter implements these; nothing else."""
+"""The whole contract on one screen: what an adapter, a task, a policy and a recipe provide.
+
+Backends implement ``Adapter`` and ``Sandbox`` (and ``Session``); recipes provide ``Task``s
+(optionally ``GradedApart``) and ``Policy``s, and register as a ``Recipe`` module. Nothing
+else is asked of them. The plain data they exchange is in ``types`` (``SandboxSpec``,
+``ExecResult``), ``task`` (``Reward``, ``Observation``) and ``trajectory`` (``Action``).
+
+Command timeouts (``timeout=`` of ``Sandbox.exec`` and ``Session.exec``), one meaning for
+every adapter:
+
+* a number: seconds until the command's whole process group is killed; the result then
+  has ``reason == ExitReason.TIMEOUT``;
+* left out: ``DEFAULT_EXEC_TIMEOUT`` (600 s), so a forgotten timeout never pins a sandbox;
+* ``None``: no limit of its own; the command runs until it exits or the sandbox ends (its
+  TTL, or its loss: ``ExitReason.SANDBOX_LOST``).
+
+A value that is not a positive number is a ``ConfigError``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .types import ExecResult, FileInfo, SandboxSpec
+
+if TYPE_CHECKING:
+    from .task import Observation, Reward
+    from .trajectory import Action
+
+DEFAULT_EXEC_TIMEOUT = 600.0  # seconds: a command's limit when the caller names none (see above)
+
+
+# -- backends -----------------------------------------------------------------------------
 
 
 @runtime_checkable
 class Session(Protocol):
     """A stateful shell: working directory and variables carry over between commands."""
 
-    async def exec(self, cmd: str, *, timeout: float | None = None, stdin: bytes | None = None) -> ExecResult: ...
+    async def exec(
+        self, cmd: str, *, timeout: float | None = DEFAULT_EXEC_TIMEOUT, stdin: bytes | None = None
+    ) -> ExecResult: ...
 
 
 @runtime_checkable
 class Sandbox(Protocol):
+    """One isolated machine. A command's failure is an ``ExecResult`` (its ``reason`` says
+    why), never an exception; a sandbox that died answers ``ExitReason.SANDBOX_LOST``."""
+
     id: str
     workdir: str
     labels: dict[str, str]
@@ -25,7 +57,7 @@ class Sandbox(Protocol):
         self,
         cmd: str,
         *,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_EXEC_TIMEOUT,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         stdin: bytes | None = None,
@@ -57,6 +89,13 @@ class SandboxRecord(Protocol):
 
 @runtime_checkable
 class Adapter(Protocol):
+    """A backend connection that makes sandboxes. Found by name with ``get_adapter``.
+
+    Optional: ``async def doctor(self) -> str``, one line saying what this backend is and
+    what isolation it gives here (``orchard-async doctor`` prints it; an adapter without
+    one is reported as "ready"). It raises ``AdapterUnavailable`` when the backend cannot
+    be used on this machine."""
+
     name: str
 
     async def create(self, spec: SandboxSpec) -> Sandbox: ...
@@ -72,3 +111,98 @@ class Adapter(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+# -- tasks and policies ---------------------------------------------------------------------
+
+
+@runtime_checkable
+class Task(Protocol):
+    """One problem. ``deadline`` bounds the whole episode; ``score_timeout`` of it is kept
+    for scoring, so the sandbox never dies before its verifier runs.
+
+    A task scores in one of two ways: ``evaluate(sandbox)`` judges the agent's own sandbox
+    (fine for toy chores), or, as ``GradedApart``, ``submission`` + ``grade`` judge the
+    agent's output in a clean sandbox (what any reward a policy could learn to forge needs).
+    """
+
+    id: str
+    spec: SandboxSpec
+    max_steps: int
+    deadline: float
+    score_timeout: float
+    exec_timeout: float
+
+    async def setup(self, sandbox: Sandbox) -> str:
+        """Prepare the sandbox; return the instruction the agent sees."""
+        ...
+
+    async def evaluate(self, sandbox: Sandbox) -> Reward:
+        """The verdict on the agent's sandbox as it was left (not called for GradedApart tasks)."""
+        ...
+
+
+@runtime_checkable
+class GradedApart(Protocol):
+    """A task whose verdict the agent cannot touch. ``submission`` reads what the agent
+    produced out of its sandbox (a patch, an answer): the only thing that crosses over.
+    The agent's sandbox is then destroyed, with whatever it left running, and ``grade``
+    judges the submission in a fresh sandbox of the same spec. The episode loop prefers
+    this over ``evaluate`` whenever a task has both."""
+
+    async def submission(self, sandbox: Sandbox) -> str: ...
+
+    async def grade(self, submission: str, sandbox: Sandbox) -> Reward: ...
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Decides the next action from what the episode has seen so far.
+
+    ``act`` raising ``ModelUnavailable`` (an ``InfraError``) has the episode retried;
+    ``ContextExhausted`` ends it and scores what the agent left; any other exception ends
+    it as ``policy_error``.
+
+    Optional: ``async def aclose(self) -> None``, for a policy that holds resources (a
+    model policy's HTTP client). Whoever made the policy calls it once when done with it
+    (the CLI does, after the run); the rollout engine never does, since one policy serves
+    every episode."""
+
+    name: str
+
+    async def act(self, observation: Observation) -> Action: ...
+
+
+# -- recipes -----------------------------------------------------------------------------
+
+
+class Recipe(Protocol):
+    """What a recipe module provides. A recipe registers under the ``orchard_async.recipes``
+    entry-point group (name = the recipe's name, value = the module), and the CLI imports
+    it only when a command uses it (``load_recipe``)::
+
+        [project.entry-points."orchard_async.recipes"]
+        swe = "orchard_async.recipes.swe"
+
+    * ``load_tasks(source)``: the tasks for ``--tasks SOURCE`` (``"builtin"`` by default);
+      a source it does not know is a ``ConfigError``.
+    * ``make_policy(name)``: the policy for ``--policy NAME``; an unknown one is a ``ConfigError``.
+    * ``POLICIES``: the policy names ``make_policy`` takes.
+    * optional ``IMAGES``: the ``ImageSpec``s of the images its sandboxes run
+      (``orchard-async images build`` builds them).
+
+    A recipe's own commands register under ``orchard_async.commands`` (name = the command,
+    value = a function ``add_command(parser: argparse.ArgumentParser) -> None`` that adds
+    the command's arguments and sets ``func``, called with the parsed arguments and
+    returning the exit status). The CLI lists the name in ``--help`` without importing
+    anything, and imports the function only when that command runs::
+
+        [project.entry-points."orchard_async.commands"]
+        export = "orchard_async.recipes.swe.cli:add_export_command"
+    """
+
+    POLICIES: Collection[str]
+
+    def load_tasks(self, source: str) -> Sequence[Task]: ...
+
+    def make_policy(self, name: str) -> Policy: ...

@@ -1,4 +1,8 @@
-"""Choosing the event loop and the adapter by name.
+"""Choosing the event loop, the adapter and the recipe by name.
+
+Recipes and their commands are plugins: entry points in the ``orchard_async.recipes``
+and ``orchard_async.commands`` groups (see ``protocols.Recipe``). Only their names are read
+until one is used, so listing them imports no recipe.
 
 The loop: ``ORCHARD_LOOP`` = ``asyncio`` | ``uvloop`` | ``auto`` (uvloop when installed).
 The default is ``asyncio``. Measured on the 2-core reference machine: uvloop spawns child
@@ -10,6 +14,7 @@ up for that (see README, "Event loop").
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import inspect
 import os
 import typing
@@ -20,7 +25,7 @@ import anyio
 import msgspec
 
 from .errors import AdapterUnavailable, ConfigError
-from .protocols import Adapter
+from .protocols import Adapter, Recipe
 
 T = TypeVar("T")
 
@@ -31,6 +36,8 @@ ADAPTERS = {
     "docker": "orchard_async.adapters.docker:DockerAdapter",
     "kubernetes": "orchard_async.adapters.kubernetes:KubernetesAdapter",
 }
+RECIPE_GROUP = "orchard_async.recipes"  # entry point: name = recipe, value = its module
+COMMAND_GROUP = "orchard_async.commands"  # entry point: name = command, value = "module:add_command"
 
 
 def loop_choice(loop: str | None = None) -> str:
@@ -116,3 +123,64 @@ def get_adapter(name: str, **options: Any) -> Adapter:
         return adapter_class(**options)
     except msgspec.ValidationError as exc:  # options of the wrong type, where a struct checks them
         raise ConfigError(f"bad option for the {name} adapter: {exc}") from None
+
+
+# -- recipes ---------------------------------------------------------------------------------
+
+
+def _entry_points(group: str) -> dict[str, importlib.metadata.EntryPoint]:
+    """The group's entry points by name (the first of each name, when two packages clash)."""
+    found: dict[str, importlib.metadata.EntryPoint] = {}
+    for point in importlib.metadata.entry_points(group=group):
+        found.setdefault(point.name, point)
+    return found
+
+
+def recipe_names() -> list[str]:
+    """The installed recipes' names, sorted. Imports none of them."""
+    return sorted(_entry_points(RECIPE_GROUP))
+
+
+def recipe_commands() -> dict[str, importlib.metadata.EntryPoint]:
+    """The commands recipes add to ``orchard-async``, by name. Imports none of them."""
+    return _entry_points(COMMAND_GROUP)
+
+
+def recipe_of(point: importlib.metadata.EntryPoint) -> str | None:
+    """The name of the recipe an entry point's module belongs to, if it belongs to one."""
+    for name, recipe in _entry_points(RECIPE_GROUP).items():
+        if point.module == recipe.module or point.module.startswith(recipe.module + "."):
+            return name
+    return None
+
+
+def load_entry_point(point: importlib.metadata.EntryPoint, what: str) -> Any:
+    """Import what an entry point names; a module it needs that is missing is a ConfigError."""
+    try:
+        return point.load()
+    except ModuleNotFoundError as exc:
+        if exc.name and (point.module + ".").startswith(exc.name + "."):  # the plugin itself is gone: stale metadata
+            raise ConfigError(
+                f"{what} is registered as {point.value} but that module is not installed; reinstall its package"
+            ) from None
+        raise ConfigError(f"{what} needs the module {exc.name}, which is not installed") from None
+
+
+def load_recipe(name: str) -> Recipe:
+    """A recipe module by name (its ``orchard_async.recipes`` entry point), checked for the
+    ``Recipe`` shape: ``load_tasks`` and ``make_policy``."""
+    points = _entry_points(RECIPE_GROUP)
+    if name not in points:
+        if not points:
+            raise ConfigError(
+                f"no recipe is registered (entry-point group {RECIPE_GROUP}); reinstall orchard-async "
+                "(in a checkout: pip install -e .)"
+            )
+        raise ConfigError(f"unknown recipe {name!r}; choose one of: {', '.join(sorted(points))}")
+    module = load_entry_point(points[name], f"the {name} recipe")
+    missing = [attr for attr in ("load_tasks", "make_policy") if not callable(getattr(module, attr, None))]
+    if missing:
+        raise ConfigError(
+            f"the {name} recipe ({points[name].value}) has no {' or '.join(missing)}; see orchard_async.Recipe"
+        )
+    return module

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from .trajectory import Trajectory
+from .trajectory import EndReason, Trajectory
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -27,7 +27,7 @@ class Summary(msgspec.Struct, kw_only=True):
     success_rate: float  # 0..1 over all episodes
     mean_reward: float
     steps: int
-    exit_reasons: dict[str, int]  # why episodes ended: submitted, max_steps, sandbox_lost, ...
+    exit_reasons: dict[str, int]  # why episodes ended: EndReason values, most common first
     command_reasons: dict[str, int]  # ExitReason of every command
     retries: int
     exec_p50_ms: float
@@ -60,7 +60,7 @@ def summarize(trajectories: Iterable[Trajectory], *, wall_s: float | None = None
         success_rate=sum(t.success for t in items) / len(items) if items else 0.0,
         mean_reward=sum(t.reward for t in items) / len(items) if items else 0.0,
         steps=steps,
-        exit_reasons=dict(Counter(t.end_reason for t in items).most_common()),
+        exit_reasons=dict(Counter(str(t.end_reason) for t in items).most_common()),
         command_reasons=dict(Counter(step.reason for t in items for step in t.steps if step.reason).most_common()),
         retries=sum(len(t.retries) for t in items),
         exec_p50_ms=percentile(exec_times, 50) * 1000,
@@ -70,8 +70,8 @@ def summarize(trajectories: Iterable[Trajectory], *, wall_s: float | None = None
         episodes_per_s=len(items) / wall_s if wall_s else None,
         time_share={phase: round(total / spent, 4) for phase, total in phase_totals.items()},
         leaked=leaked,
-        verifier_errors=sum(t.end_reason == "verifier_error" for t in items),
-        model_unavailable=sum(t.end_reason == "model_unavailable" for t in items),
+        verifier_errors=sum(t.end_reason == EndReason.VERIFIER_ERROR for t in items),
+        model_unavailable=sum(t.end_reason == EndReason.MODEL_UNAVAILABLE for t in items),
     )
 
 

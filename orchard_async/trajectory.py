@@ -14,6 +14,7 @@ refuse to mix two different runs in one file. ``read_trajectories`` skips it;
 
 from __future__ import annotations
 
+import enum
 import os
 import struct
 import sys
@@ -23,9 +24,81 @@ from typing import Any, Literal
 
 import msgspec
 
-from .errors import ConfigError
+from .errors import ConfigError, CreateFailed, InfraError, ModelUnavailable, SandboxLost, VerifierError
 
 FORMAT_VERSION = 1
+
+
+class EndReason(enum.StrEnum):
+    """Why an episode ended: ``Trajectory.end_reason`` (and ``Retry.reason``). The one list.
+
+    A StrEnum, so files hold plain strings; the field is read back as ``str`` (any value
+    reads, old files too), and compares equal to the members.
+
+    Scored ends (``status == "finished"``; the scorer judged what the agent left, so the
+    reward means something):
+
+    * ``submitted``: the policy said it was done.
+    * ``max_steps``: the task's step budget ran out.
+    * ``deadline``: the agent's share of the task's deadline ran out.
+    * ``context_exhausted``: the policy could not go on (``ContextExhausted``, e.g. its
+      model's context is full).
+
+    The episode's own failures (``status == "failed"``, never retried, reward 0 and not
+    judged):
+
+    * ``policy_error``: the policy raised (a bug, or a request the model server rejected).
+    * ``task_error``: the task's ``setup`` (or its scoring code, outside the verifier) raised.
+
+    The infrastructure's failures (``status == "failed"`` once retries are spent; each
+    retried attempt is a ``Retry`` with one of these reasons). Never a reward:
+
+    * ``create_failed``: no sandbox could be made (``CreateFailed``).
+    * ``sandbox_lost``: the sandbox died or stopped answering (``SandboxLost``).
+    * ``verifier_error``: nobody could judge the episode (``VerifierError``).
+    * ``model_unavailable``: the model server could not answer (``ModelUnavailable``).
+    * ``infra_error``: any other ``InfraError`` (e.g. ``BackendUnavailable``).
+    """
+
+    SUBMITTED = "submitted"
+    MAX_STEPS = "max_steps"
+    DEADLINE = "deadline"
+    CONTEXT_EXHAUSTED = "context_exhausted"
+    POLICY_ERROR = "policy_error"
+    TASK_ERROR = "task_error"
+    CREATE_FAILED = "create_failed"
+    SANDBOX_LOST = "sandbox_lost"
+    VERIFIER_ERROR = "verifier_error"
+    MODEL_UNAVAILABLE = "model_unavailable"
+    INFRA_ERROR = "infra_error"
+
+    @property
+    def scored(self) -> bool:
+        """The scorer judged the episode: its reward is data."""
+        return self in _SCORED
+
+    @property
+    def is_infra(self) -> bool:
+        """The backend's fault (retried by the engine), not the policy's or the task's."""
+        return self in _INFRA_ENDS
+
+    @classmethod
+    def of_infra_error(cls, error: InfraError) -> EndReason:
+        """The end reason an infrastructure error gives an attempt (most specific class first)."""
+        for error_class, reason in _INFRA_ERROR_ENDS:
+            if isinstance(error, error_class):
+                return reason
+        return cls.INFRA_ERROR
+
+
+_SCORED = frozenset({EndReason.SUBMITTED, EndReason.MAX_STEPS, EndReason.DEADLINE, EndReason.CONTEXT_EXHAUSTED})
+_INFRA_ERROR_ENDS: tuple[tuple[type[InfraError], EndReason], ...] = (
+    (VerifierError, EndReason.VERIFIER_ERROR),
+    (ModelUnavailable, EndReason.MODEL_UNAVAILABLE),
+    (SandboxLost, EndReason.SANDBOX_LOST),
+    (CreateFailed, EndReason.CREATE_FAILED),
+)
+_INFRA_ENDS = frozenset({reason for _, reason in _INFRA_ERROR_ENDS} | {EndReason.INFRA_ERROR})
 
 
 class Action(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -63,7 +136,7 @@ class Retry(msgspec.Struct, kw_only=True):
     """An attempt that failed for infrastructure reasons and was retried in a fresh sandbox."""
 
     attempt: int
-    reason: str  # ExitReason value or error class
+    reason: str  # an EndReason value: one of its infrastructure reasons
     error: str
     duration: float
 
@@ -77,7 +150,7 @@ class Trajectory(msgspec.Struct, kw_only=True, omit_defaults=True):
     adapter: str
     run_id: str
     status: Literal["finished", "failed"]
-    end_reason: str  # submitted, max_steps, deadline, policy_error, task_error, infra_error, sandbox_lost, cancelled
+    end_reason: str  # an EndReason value (see EndReason for the list and what each means)
     reward: float = 0.0
     success: bool = False
     instruction: str = ""

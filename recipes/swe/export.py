@@ -1,12 +1,13 @@
 """Trajectories -> training data: chat-format JSONL for SFT, one record per sample for RL.
 
-Only episodes the scorer judged are training data: ``status == "finished"`` with an end
-reason of ``submitted``, ``max_steps``, ``deadline`` or ``context_exhausted``. Everything
-else is left out and counted by reason: the infrastructure's failures (``verifier_error``,
-``model_unavailable``, ``sandbox_lost``, ``create_failed``, ``infra_error``), a task's own
-bug (``task_error``) and a policy that raised (``policy_error``: a crash of the policy's
-code, or a request the model server rejected, says nothing about the model's skill, and
-scoring never ran, so its reward 0 would be invented).
+Only episodes the scorer judged are training data: ``status == "finished"`` with a scored
+end reason (``EndReason.scored``: ``submitted``, ``max_steps``, ``deadline`` or
+``context_exhausted``). Everything else is left out and counted by reason: the
+infrastructure's failures (``verifier_error``, ``model_unavailable``, ``sandbox_lost``,
+``create_failed``, ``infra_error``), a task's own bug (``task_error``) and a policy that
+raised (``policy_error``: a crash of the policy's code, or a request the model server
+rejected, says nothing about the model's skill, and scoring never ran, so its reward 0
+would be invented). ``orchard_async.EndReason`` documents every reason.
 
 SFT (``sft``), one line per episode whose reward clears the bar (default: resolved only;
 ``min_reward=x`` keeps ``reward >= x``), ending on the model's last reply::
@@ -48,13 +49,13 @@ from typing import Any, Literal
 
 import msgspec
 
-from orchard_async import ConfigError, Trajectory, read_trajectories
+from orchard_async import ConfigError, EndReason, Trajectory, read_run_header, read_trajectories
 
 from .agent import OBSERVATION_CHARS, SYSTEM_PROMPT, build_messages
 
 EPSILON = 1e-6
 # The episodes the scorer judged on what the agent did: the only ones that are data.
-SCORED_END_REASONS = frozenset({"submitted", "max_steps", "deadline", "context_exhausted"})
+SCORED_END_REASONS = frozenset(reason for reason in EndReason if reason.scored)
 FORMATS = ("sft", "rl", "grpo")
 
 Source = Iterable[Trajectory] | str | Path
@@ -97,11 +98,8 @@ class Sample:
 
 
 def _header_run_id(path: Path) -> str | None:
-    """The run id a file's run header names, where the file has one that does."""
-    try:  # the run header is newer than some trajectory files, and than some installs
-        from orchard_async.trajectory import read_run_header
-    except ImportError:
-        return None
+    """The run id a file's run header names, where the file has one that does (the run
+    header is newer than some trajectory files)."""
     header = read_run_header(path) or {}
     run_id = header.get("run_id")
     return run_id if isinstance(run_id, str) and run_id else None
