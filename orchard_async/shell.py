@@ -52,7 +52,7 @@ from .types import DEFAULT_OUTPUT_CAP, ExecResult, ExitReason, check_env, check_
 T = TypeVar("T")
 
 SERVER_SCRIPT = r"""
-_o_C=$1; _o_O=${2:-$1}; _o_busy=0; _o_p=; _o_t=0
+_o_C=$1; _o_O=${2:-$1}; _o_M=${3:-}; _o_busy=0; _o_p=; _o_t=0
 exec 2>>"$_o_C/shell.log"
 # Kill a process and all its descendants; each is frozen first so it cannot fork away.
 _o_tree() {
@@ -95,6 +95,7 @@ _o_x() {
   wait "$_o_p"; _o_rc=$?
   while [ "$_o_rc" -gt 128 ] && kill -0 "$_o_p" 2>/dev/null; do wait "$_o_p"; _o_rc=$?; done
   _o_busy=0
+  if [ -n "$_o_M" ]; then printf '@@EOO %s\n' "$1" >>"$_o_O/o"; printf '@@EOO %s\n' "$1" >>"$_o_O/e"; fi
   _o_size "$_o_O/o"; _o_os=$_o_n; _o_size "$_o_O/e"; _o_es=$_o_n
   printf '@@ORCH %s %s %s %s %s\n' "$1" "$_o_rc" "$_o_t" "$_o_os" "$_o_es"
   _o_send "$_o_O/o" "$_o_os" "$2" "$3"; _o_send "$_o_O/e" "$_o_es" "$2" "$3"
@@ -204,7 +205,11 @@ class PipeCapture:
             if len(self.last) > 2 * self.tail_max:
                 del self.last[: -self.tail_max]
 
-    async def pump(self) -> None:
+    def begin(self, head: int, tail: int) -> None:
+        self.drain()  # what background processes wrote since the last command
+        self.reset(head, tail)
+
+    async def pump(self, nonce: str) -> None:
         """Keep the FIFO flowing while the command runs (a full one would block it)."""
         try:
             while True:
@@ -212,6 +217,10 @@ class PipeCapture:
                 await anyio.wait_readable(self.fd)
         except OSError:
             return  # the FIFO is gone (the client is closing); the frame decides the outcome
+
+    async def finish(self) -> None:
+        """The command has ended, so all it wrote is in the FIFO now."""
+        self.drain()
 
     def result(self) -> tuple[bytes, int]:
         last = bytes(self.last[-self.tail_max :]) if self.tail_max else b""
@@ -226,6 +235,48 @@ class PipeCapture:
                 os.close(fd)
             except OSError:
                 pass
+
+
+class StreamCapture(PipeCapture):
+    """An output FIFO inside a sandbox the client cannot open itself (a container), relayed
+    by a process in the sandbox that copies it to a stream (``cat <>FIFO`` over an exec):
+    the server ends each command's output with ``@@EOO <nonce>``, so the client knows when
+    it has all of it."""
+
+    def __init__(self, stream: anyio.abc.ByteReceiveStream):
+        self.stream = stream
+        self.carry = bytearray()  # received past the last marker: the next command's
+        self.done = anyio.Event()
+        self.reset(0, 0)
+
+    def begin(self, head: int, tail: int) -> None:
+        self.reset(head, tail)
+        self.done = anyio.Event()
+
+    async def pump(self, nonce: str) -> None:
+        marker = b"@@EOO " + nonce.encode() + b"\n"
+        try:
+            while True:
+                found = self.carry.find(marker)
+                if found >= 0:
+                    self._keep(bytes(self.carry[:found]))
+                    del self.carry[: found + len(marker)]
+                    self.done.set()
+                    return
+                keep = len(marker) - 1  # the tail of the buffer may be a marker's beginning
+                if len(self.carry) > keep:
+                    self._keep(bytes(self.carry[:-keep]))
+                    del self.carry[:-keep]
+                self.carry += await self.stream.receive()
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return  # the relay is gone: finish() times out and the sandbox counts as lost
+
+    async def finish(self) -> None:
+        with anyio.fail_after(FRAME_GRACE):
+            await self.done.wait()
+
+    def close(self) -> None:
+        pass  # the adapter owns the relay streams
 
 
 STREAM_ERRORS = (
@@ -265,6 +316,7 @@ class ShellClient:
         interrupt: Callable[[ShellClient], Awaitable[None]],
         output_cap: int = DEFAULT_OUTPUT_CAP,
         output_pipes: str | None = None,
+        output_relays: tuple[anyio.abc.ByteReceiveStream, anyio.abc.ByteReceiveStream] | None = None,
     ):
         self._stream = stream
         self._interrupt = interrupt
@@ -277,13 +329,17 @@ class ShellClient:
         self.lost: str | None = None  # why the shell is unusable, once it is
         self.ctl_dir = ""
         self.output_pipes = output_pipes
+        self.output_relays = output_relays
         self._captures: list[PipeCapture] = []
 
     async def start(self, ctl_dir: str) -> None:
         """Send the server script to a waiting ``sh -s`` and wait for it to answer."""
         self.ctl_dir = ctl_dir
         args = f"set -- {quote(ctl_dir)}\n"
-        if self.output_pipes:
+        if self.output_pipes and self.output_relays:
+            self._captures = [StreamCapture(relay) for relay in self.output_relays]
+            args = f"set -- {quote(ctl_dir)} {quote(self.output_pipes)} mark\n"
+        elif self.output_pipes:
             self._captures = [PipeCapture(os.path.join(self.output_pipes, name)) for name in ("o", "e")]
             args = f"set -- {quote(ctl_dir)} {quote(self.output_pipes)}\n"
         await self._stream.send((args + SERVER_SCRIPT).encode())
@@ -335,23 +391,23 @@ class ShellClient:
                 return self._lost_result(started)
             try:
                 for capture in self._captures:
-                    capture.drain()  # what background processes wrote since the last command
-                    capture.reset(head, tail)
+                    capture.begin(head, tail)
                 await self._stream.send(data)
                 if self._captures:
                     async with anyio.create_task_group() as pumps:
                         for capture in self._captures:
-                            pumps.start_soon(capture.pump)
+                            pumps.start_soon(capture.pump, nonce)
                         outcome = await _caught(self._exchange(nonce, timeout, head, tail))
+                        if not isinstance(outcome, BaseException):
+                            finished = await _caught(self._finish_captures())
+                            outcome = finished if isinstance(finished, BaseException) else outcome
                         pumps.cancel_scope.cancel()
                 else:
                     outcome = await _caught(self._exchange(nonce, timeout, head, tail))
                 if isinstance(outcome, BaseException):
                     raise outcome
                 code, timed_out, out, out_cut, err, err_cut = outcome
-                if self._captures:  # the command has ended: all it wrote is in the FIFOs now
-                    for capture in self._captures:
-                        capture.drain()
+                if self._captures:
                     (out, out_cut), (err, err_cut) = (capture.result() for capture in self._captures)
             except TimeoutError:
                 self.lost = "the sandbox shell stopped answering"
@@ -374,6 +430,10 @@ class ShellClient:
                 stdout_cut=out_cut,
                 stderr_cut=err_cut,
             )
+
+    async def _finish_captures(self) -> None:
+        for capture in self._captures:
+            await capture.finish()
 
     async def _exchange(
         self, nonce: str, timeout: float | None, head: int, tail: int
