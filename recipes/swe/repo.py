@@ -80,7 +80,11 @@ class RepoSource:
 
 def _git(args: list[str], cwd: Path, *, check: bool = True) -> subprocess.CompletedProcess:
     done = subprocess.run(
-        ["git", "-c", "core.hooksPath=/dev/null", *args], cwd=cwd, env=make_repo.git_env(), capture_output=True, text=True
+        ["git", "-c", "core.hooksPath=/dev/null", *args],
+        cwd=cwd,
+        env=make_repo.git_env(),
+        capture_output=True,
+        text=True,
     )
     if check and done.returncode != 0:
         raise ConfigError(f"git {' '.join(args[:2])} failed: {done.stderr.strip() or done.stdout.strip()}")
@@ -137,7 +141,7 @@ async def existing_checkout(sandbox: Sandbox, time_limit: float) -> str | None:
 def _git_setup_lines() -> list[str]:
     excludes = " ".join(f"'{pattern}'" for pattern in EXCLUDES)
     return [
-        f"printf '%s\\n' {excludes} >> .git/info/exclude",
+        f"mkdir -p .git/info && printf '%s\\n' {excludes} >> .git/info/exclude",
         "git config user.name agent && git config user.email agent@orchard.invalid",
         "git config core.pager cat && git config advice.detachedHead false",
     ]
@@ -157,7 +161,9 @@ async def checkout(sandbox: Sandbox, bundle: bytes, commit: str, time_limit: flo
             "git rev-parse HEAD",
         ]
     )
-    head = check_result(await sandbox.exec(script, stdin=bundle, timeout=time_limit), "checking out the repository").strip()
+    head = check_result(
+        await sandbox.exec(script, stdin=bundle, timeout=time_limit), "checking out the repository"
+    ).strip()
     if head.splitlines()[-1:] != [commit]:
         raise RuntimeError(f"the checkout is at {head!r}, expected {commit}")
 
@@ -172,5 +178,3 @@ async def adopt_checkout(sandbox: Sandbox, head: str, commit: str, time_limit: f
 def environ_for_git() -> dict[str, str]:
     """Variables that keep git and pagers non-interactive inside the sandbox."""
     return {"GIT_PAGER": "cat", "PAGER": "cat", "GIT_TERMINAL_PROMPT": "0", "GIT_EDITOR": "true", "EDITOR": "true"}
-
-

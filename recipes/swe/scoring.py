@@ -419,8 +419,9 @@ async def check_activation(sandbox: Sandbox, activation: Activation, time_limit:
     activated = await sandbox.exec(f"{activation.prefix} >/dev/null 2>&1 || exit 125\n{probe}", timeout=time_limit)
     _infra(plain, "probing the environment")
     _infra(activated, "probing the activated environment")
-    if activated.exit_code == 125:
-        raise RuntimeError(f"the environment's activation failed: {activation.prefix}")
+    if not activated.ok:  # `||` catches a failing command; sh itself dies when `.` finds no file
+        detail = activated.error_text.strip()[-300:]
+        raise RuntimeError(f"the environment's activation failed: {activation.prefix}{': ' + detail if detail else ''}")
     if plain.text.strip() != activated.text.strip():
         raise RuntimeError(
             f"the agent's commands would run {plain.text.strip() or 'no python'}, the tests "

@@ -123,7 +123,8 @@ class SWETask:
         sandbox and the scorer's are prepared alike."""
         inst = self.instance
         timeout = SETUP_TIMEOUT
-        head = await repos.existing_checkout(sandbox, time_limit=60) if inst.image else None
+        # An instance with an image (its own, or SWE-bench's by convention) has the repository there.
+        head = await repos.existing_checkout(sandbox, time_limit=60) if self.spec.workdir == TESTBED else None
         if head is not None:
             await repos.adopt_checkout(sandbox, head, inst.base_commit, timeout)
         elif self.source is not None:
@@ -131,7 +132,7 @@ class SWETask:
             await repos.checkout(sandbox, bundle, inst.base_commit, timeout)
         else:  # an image instance on an adapter that runs no image (local): nothing to check out from
             raise RuntimeError(
-                f"{inst.instance_id}: the sandbox has no repository at its working directory (image {inst.image} "
+                f"{inst.instance_id}: the sandbox has no repository at its working directory (image {self.spec.image} "
                 f"is only used by container adapters) and the instance has no repo_path to prepare one from"
             )
         for command in inst.setup_commands:
