@@ -95,6 +95,23 @@ def test_without_the_docker_cli_it_says_what_to_install(capsys, monkeypatch, tmp
     assert "the docker CLI is not installed: install Docker" in one_line_error(capsys)
 
 
+def test_without_a_daemon_it_says_to_start_one(capsys, monkeypatch, tmp_path: Path) -> None:
+    if images.shutil.which("docker") is None:
+        pytest.skip("the docker CLI is not installed (that case is the test above)")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
+    assert build_images(["orchard/busybox:test"]) == 2
+    assert "no Docker daemon answers" in one_line_error(capsys)
+
+
+def test_without_debootstrap_it_says_what_to_install(monkeypatch, tmp_path: Path) -> None:
+    real_which = images.shutil.which
+    monkeypatch.setattr(images.shutil, "which", lambda name: None if name == "debootstrap" else real_which(name))
+    monkeypatch.setattr(images.os, "access", lambda path, mode: False)
+    builder = images.Builder(force=False, state=tmp_path)
+    with pytest.raises(images.ImageBuildError, match=r"needs debootstrap: apt-get install debootstrap$"):
+        builder._minbase(ImageSpec(tag="orchard/trixie:min", base="debian-minbase", suite="trixie"))
+
+
 def test_module_entry_point_adds_the_test_images(monkeypatch) -> None:
     calls: list[tuple] = []
     monkeypatch.setattr(images, "build_images", lambda names, **kw: calls.append((names, kw)) or 0)
