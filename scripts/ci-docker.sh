@@ -2,8 +2,11 @@
 # What CI runs before the docker tests: a Docker daemon that answers, and the test images.
 #
 #   1. scripts/docker-up.sh      install docker.io if missing, start dockerd unless one answers
-#   2. scripts/docker-images.sh  build orchard/busybox:test, orchard/bookworm:min,
-#                                orchard/python:test unless they exist (reused across runs)
+#   2. scripts/docker-images.sh  `python -m orchard_async.images build --test`: the test images
+#                                (orchard/busybox:test, orchard/python:test) and every recipe's
+#                                (orchard/swe-python:bookworm), on orchard/bookworm:min; each is
+#                                skipped while its spec is unchanged (reused across runs). Needs
+#                                the package installed (.ci/run installs it first)
 #   3. orchard-async reap        remove containers that earlier, killed runs left behind (only
 #                                those whose controller is dead or whose TTL passed), so the
 #                                tests' leak counts start from a clean daemon
