@@ -13,11 +13,12 @@
 # files: $ORCHARD_IMAGE_STATE (default /var/tmp/orchard-images).
 #
 # The package must be installed (pip install -e .): the Python used is $ORCHARD_PYTHON, else
-# the one behind the `orchard-async` command, else the first python3/python that imports it.
+# the active virtualenv's, else the one behind the `orchard-async` command, else the first
+# python3/python that imports it.
 set -euo pipefail
 die() { echo "docker-images: ERROR: $*" >&2; exit 1; }
 
-candidates=("${ORCHARD_PYTHON:-}")
+candidates=("${ORCHARD_PYTHON:-}" "${VIRTUAL_ENV:+$VIRTUAL_ENV/bin/python}")
 if command -v orchard-async >/dev/null 2>&1; then
   shebang=$(head -n 1 "$(command -v orchard-async)")
   candidates+=("${shebang#\#!}")
