@@ -124,9 +124,11 @@ if [ -e "$_o_pid" ]; then _o_nap "$2"; fi
 # connection goes, and a controller can also stop without closing anything (frozen,
 # stalled). So the wrapper also runs a watchdog (WATCHDOG) over the relay: the controller
 # sends a byte on an idle stream every second, and when the relay's read count (rchar in
-# /proc/<cat>/io) has not moved for $1 seconds, the watchdog kills every process the same
-# way. $1 = 0 turns it off. The watchdog's output goes nowhere: the shell's pipe has one
-# writer, the relay.
+# /proc/<cat>/io) has not moved for $1 milliseconds, the watchdog kills every process the
+# same way. $1 = 0 turns it off. The watchdog's output goes nowhere: the shell's pipe has
+# one writer, the relay. While a command runs the shell reads nothing, so heartbeats wait
+# in that pipe (64 KiB: one command may run about 18 hours before a full pipe stalls the
+# relay and the watchdog takes the silence for a dead controller; TTLs are far shorter).
 SHELL_WRAPPER = """
 { exec 3<&0 </dev/null
   cat <&3 3<&- & _o_c=$!
