@@ -91,6 +91,11 @@ async def run_episodes(
         with anyio.CancelScope(shield=True):
             await adapter.close()
         raise
+    finally:
+        aclose = getattr(agent, "aclose", None)  # optional (Policy): a model policy's HTTP client
+        if aclose is not None:
+            with anyio.CancelScope(shield=True):
+                await aclose()
     leftovers = await close_and_count(adapter, adapter_name, adapter_options or {}, adapter.created)
     outcome.lost = lost_total
     outcome.leaked = leftovers["leaked"]

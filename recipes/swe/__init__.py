@@ -7,9 +7,13 @@
 * policies: ``oracle`` (applies the gold patch with shell commands), ``empty`` (submits
   nothing), ``openai`` (a chat model over an OpenAI-compatible endpoint, configured from
   the environment: see ``openai_policy``);
-* data out: ``export_sft`` and ``export_rl`` (``orchard-async export sft|rl``; see docs/training-formats.md) (``python -m orchard_async.recipes.swe.export``).
+* data out: ``export_sft`` and ``export_rl`` (see docs/training-formats.md); on the command
+  line ``orchard-async export sft|rl|grpo`` (``cli.py``, this recipe's command) or
+  ``python -m orchard_async.recipes.swe.export``.
 
-Built only on the public core API, like every recipe. See README.md in this folder.
+Registered as the ``swe`` recipe and its ``export`` command through entry points (see
+``orchard_async.Recipe``). Built only on the public core API, like every recipe. See
+README.md in this folder.
 """
 
 from __future__ import annotations

@@ -61,6 +61,10 @@ def assert_accounted(results: list[oa.Trajectory], expected: int) -> None:
     assert len(ids) == expected and len(set(ids)) == expected, "an episode was lost or duplicated"
     for t in results:
         assert t.status == "finished" or (t.status == "failed" and t.end_reason and t.error)
+        # Every end the engine produces is one EndReason names; finished means scored.
+        assert t.end_reason in set(oa.EndReason), f"{t.end_reason!r} is not an EndReason"
+        assert oa.EndReason(t.end_reason).scored == (t.status == "finished"), t
+        assert all(oa.EndReason(retry.reason).is_infra for retry in t.retries), t.retries
 
 
 async def test_plan_groups_and_validation() -> None:

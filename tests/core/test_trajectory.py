@@ -152,3 +152,39 @@ def test_unknown_extension_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "d.jsonl").rmdir()
     oa.TrajectoryWriter(tmp_path / "sub" / "t.jsonl").close()  # nothing written: nothing made
     assert not os.listdir(tmp_path)
+
+
+def test_end_reasons_are_plain_strings_in_files_and_any_string_reads_back(tmp_path: Path) -> None:
+    written = [*oa.EndReason, "cancelled"]  # a value no EndReason names (an old or foreign file's) still reads
+    for suffix in (".jsonl", ".msgpack"):
+        path = tmp_path / f"t{suffix}"
+        with oa.TrajectoryWriter(path) as writer:
+            for index, reason in enumerate(written):
+                writer.write(
+                    oa.Trajectory(
+                        episode_id=f"e{index}", task_id="t", group_id="g", sample=0, policy="p", adapter="sim",
+                        run_id="r", status="finished" if reason in ("submitted", "deadline") else "failed",
+                        end_reason=reason,
+                    )
+                )  # fmt: skip
+        read = list(oa.read_trajectories(path, strict=True))
+        assert [t.end_reason for t in read] == [str(reason) for reason in written]
+        assert all(type(t.end_reason) is str for t in read)
+    assert b'"end_reason":"model_unavailable"' in (tmp_path / "t.jsonl").read_bytes()
+
+
+def test_every_end_reason_is_scored_infrastructure_or_the_episodes_own() -> None:
+    scored = {reason for reason in oa.EndReason if reason.scored}
+    infra = {reason for reason in oa.EndReason if reason.is_infra}
+    assert scored == {"submitted", "max_steps", "deadline", "context_exhausted"}
+    assert infra == {"create_failed", "sandbox_lost", "verifier_error", "model_unavailable", "infra_error"}
+    assert set(oa.EndReason) - scored - infra == {"policy_error", "task_error"}
+    errors = {
+        oa.CreateFailed: "create_failed",
+        oa.SandboxLost: "sandbox_lost",
+        oa.VerifierError: "verifier_error",
+        oa.ModelUnavailable: "model_unavailable",
+        oa.BackendUnavailable: "infra_error",
+        oa.InfraError: "infra_error",
+    }
+    assert {error: oa.EndReason.of_infra_error(error("x")) for error in errors} == errors
