@@ -51,7 +51,7 @@ async def client(tmp_path: Path) -> AsyncIterator[ShellClient]:
         await shell.aclose()
         for process in (server, *relays):
             process.kill()
-            await process.wait()
+            await process.aclose()  # closes its pipes too, inside the event loop
 
 
 async def test_output_and_exit_codes_arrive_through_the_relays(client: ShellClient) -> None:
