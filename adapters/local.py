@@ -105,8 +105,8 @@ def isolation_report(isolation: str = "auto") -> dict[str, str]:
         {
             "isolation": f"{mode}: own user, PID, mount, IPC, UTS and network namespaces per sandbox",
             "user": f"commands run as {user}, with no capabilities and no-new-privileges",
-            "filesystem": "host root read-only; writable: the sandbox's work dir and a private /tmp; "
-            "your home, /root and other sandboxes hidden",
+            "filesystem": "host root read-only; writable: the sandbox's work and control dirs and a private /tmp; "
+            "your home, /root and other sandboxes hidden (but for the interpreter's dirs, read-only)",
             "processes": "the sandbox sees only its own (own /proc); they all end with it",
             "environment": "clean: PATH, HOME, LANG, TERM, the spec's env and ORCHARD_SANDBOX only",
             "network": "off unless the spec asks (own network namespace with loopback only)",
