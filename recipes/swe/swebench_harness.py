@@ -144,15 +144,15 @@ _harness: dict[str, Any] = {}
 
 def _swebench() -> dict[str, Any]:
     """swebench's harness functions, imported once (the import takes seconds: load time only)."""
+    found = installed_version()
+    if found is None:
+        raise ConfigError("the swebench package is not installed: pip install 'orchard-async[swebench]'")
+    if _major(found) < MIN_VERSION:
+        raise ConfigError(
+            f"swebench {found} is installed; the SWE recipe grades with swebench>={MIN_VERSION}: "
+            "pip install -U 'orchard-async[swebench]'"
+        )
     if not _harness:
-        found = installed_version()
-        if found is None:
-            raise ConfigError("the swebench package is not installed: pip install 'orchard-async[swebench]'")
-        if _major(found) < MIN_VERSION:
-            raise ConfigError(
-                f"swebench {found} is installed; the SWE recipe grades with swebench>={MIN_VERSION}: "
-                "pip install -U 'orchard-async[swebench]'"
-            )
         from swebench.harness import grading
         from swebench.harness.log_parsers import PARSER_REGISTRY
         from swebench.harness.utils import make_test_spec

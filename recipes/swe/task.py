@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -308,6 +309,14 @@ def load_tasks(
                 activation=activation,
                 official=official,
             )
+        )
+    unofficial = [t.id for t in tasks if t.official is None and swebench.has_official_fields(t.instance)]
+    if unofficial and harness == "auto":
+        warnings.warn(
+            f"{len(unofficial)} instance(s) carry SWE-bench's evaluation fields ({unofficial[0]}, ...) but swebench>="
+            f"{swebench.MIN_VERSION} is not installed: the recipe's pytest harness grades them "
+            "(pip install 'orchard-async[swebench]' to grade them as SWE-bench does)",
+            stacklevel=2,
         )
     return tasks
 

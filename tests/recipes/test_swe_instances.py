@@ -389,3 +389,44 @@ def test_a_row_with_no_image_and_no_repository_runs_in_swebench_image(tmp_path, 
         swe.load_tasks(path, pull="sometimes")
     with pytest.raises(oa.ConfigError, match="unknown SWE harness 'official'"):
         swe.load_tasks(path, harness="official")
+
+
+# -- SWE-bench's evaluation fields, with and without the swebench package -------------------
+
+
+def test_the_eval_script_loses_its_test_patch_steps_and_keeps_the_rest():
+    from tests.recipes.swebench_rows import eval_script
+
+    row = BUILTIN[0]
+    script = swe.swebench_harness.strip_test_patch_steps(eval_script(row), row["base_commit"])
+    assert "git apply" not in script and "EOF_114329324912" not in script
+    assert f"git checkout {row['base_commit']}" not in script
+    assert row["test_patch"].splitlines()[0] not in script
+    kept = [line for line in script.splitlines() if line]
+    assert kept[:4] == [
+        "#!/bin/bash",
+        "set -uxo pipefail",
+        "source /opt/miniconda3/bin/activate",
+        "conda activate testbed",
+    ]
+    assert kept[4] == 'cd "$ORCHARD_REPO"' and f"git -c core.fileMode=false diff {row['base_commit']}" in kept
+    assert kept[-3:] == [": '>>>>> Start Test Output'", row["test_command"], ": '>>>>> End Test Output'"]
+    with pytest.raises(oa.ConfigError, match="applies the test patch 0 times"):
+        swe.swebench_harness.strip_test_patch_steps("cd /testbed\npytest\n", row["base_commit"], "x.jsonl:1")
+
+
+def test_rows_with_swebench_fields_fall_back_to_the_recipes_harness_without_the_package(tmp_path, monkeypatch):
+    from tests.recipes.swebench_rows import official_row
+
+    monkeypatch.setattr(swe.swebench_harness, "installed_version", lambda: None)
+    path = str(write_jsonl(tmp_path / "rows.jsonl", [official_row(BUILTIN[0])]))
+    with pytest.warns(UserWarning, match="1 instance.* carry SWE-bench's evaluation fields .*not installed"):
+        (task,) = swe.load_tasks(path)
+    assert isinstance(task.harness, swe.scoring.PytestHarness) and task.official is None
+    with pytest.raises(oa.ConfigError, match="swebench package is not installed"):
+        swe.load_tasks(path, harness="swebench")
+    monkeypatch.setattr(swe.swebench_harness, "installed_version", lambda: "4.1.0")
+    with pytest.raises(oa.ConfigError, match=r"swebench 4\.1\.0 is installed; the SWE recipe grades with swebench>=5"):
+        swe.load_tasks(path, harness="swebench")
+    (task,) = swe.load_tasks(path, harness="pytest")  # never asks for the package
+    assert task.official is None
