@@ -258,6 +258,17 @@ def cmd_reap(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _doctor(name: str) -> str:
+    """The adapter's own report (its optional ``doctor()``; see protocols.Adapter)."""
+    adapter = get_adapter(name)
+    try:
+        doctor = getattr(adapter, "doctor", None)
+        return await doctor() if doctor else "ready"
+    finally:
+        with anyio.CancelScope(shield=True):
+            await adapter.close()
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     table = Table(title="adapters")
     table.add_column("adapter", style="bold")
@@ -265,12 +276,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     table.add_column("why / notes")
     for name in ADAPTERS:
         try:
-            adapter = get_adapter(name)
-            doctor = getattr(adapter, "doctor", None)
-            notes = run(doctor) if doctor else "ready"
-            table.add_row(name, "yes", notes)
+            table.add_row(name, "yes", run(_doctor, name))
         except (AdapterUnavailable, OrchardError) as exc:
             table.add_row(name, "no", str(exc))
+        except Exception as exc:  # noqa: BLE001 - one adapter's bug must not hide the others' reports
+            table.add_row(name, "no", f"[red]its doctor failed (a bug):[/] {escape(f'{type(exc).__name__}: {exc}')}")
     out = Console()
     out.print(table)
     from .adapters.local import isolation_report  # only here: the local adapter is not the core's

@@ -267,6 +267,35 @@ def test_a_bug_inside_the_rollout_still_shows_its_traceback(
     assert caught.group_contains(ZeroDivisionError)
 
 
+class BrokenDoctorAdapter(MissingImageAdapter):
+    """An adapter whose doctor() has a bug; it counts its closes."""
+
+    name = "broken-doctor"
+    closed = 0
+
+    async def doctor(self) -> str:
+        raise KeyError("a bug in the doctor")
+
+    async def close(self) -> None:
+        BrokenDoctorAdapter.closed += 1
+
+
+def test_doctor_reports_every_adapter_when_one_doctor_has_a_bug(
+    work: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in [name for name in runtime.ADAPTERS if name not in ("local", "sim")]:
+        monkeypatch.delitem(runtime.ADAPTERS, name)  # only backends that are always here
+    monkeypatch.setitem(runtime.ADAPTERS, "broken-doctor", f"{__name__}:BrokenDoctorAdapter")
+    monkeypatch.setattr(BrokenDoctorAdapter, "closed", 0)
+    monkeypatch.setenv("COLUMNS", "500")  # no cell of the table wraps
+    capsys.readouterr()
+    assert cli.main(["doctor"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "its doctor failed (a bug): KeyError: 'a bug in the doctor'" in out
+    assert "│ sim │ yes │ ready" in out and "local adapter isolation in force" in out
+    assert BrokenDoctorAdapter.closed == 1
+
+
 def test_images_build_without_the_images_module_is_one_line(
     work: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
