@@ -348,11 +348,17 @@ def _sandbox_processes() -> dict[str, list[int]]:
     return found
 
 
-def _kill_sandbox_processes(dirs: set[str]) -> None:
-    for sandbox_dir, pids in _sandbox_processes().items():
-        if sandbox_dir in dirs:
-            for pid in pids:
-                _kill_quietly(pid)
+def _kill_sandbox_processes(dirs: set[str], settle: float = 2.0) -> None:
+    """Kill the processes of these sandboxes and wait (up to ``settle`` seconds) until they
+    are gone: a kill is delivered at once, but a process takes a moment to die."""
+    deadline = time.monotonic() + settle
+    while True:
+        left = [pid for sandbox_dir, pids in _sandbox_processes().items() if sandbox_dir in dirs for pid in pids]
+        if not left or time.monotonic() > deadline:
+            return
+        for pid in left:
+            _kill_quietly(pid)
+        time.sleep(0.01)
 
 
 def _lease_is_dead(lease: dict, now: float, older_than: float) -> bool:

@@ -80,11 +80,15 @@ exec 3<"$base"
 if [ -n "$resolv" ]; then exec 9<"$resolv"; fi
 n=4; for d in $expose; do eval "exec $n<\"\$d\""; n=$((n+1)); done
 # Every host mount read-only, keeping the flags it has (a user namespace may add, not drop).
+# One that cannot be made read-only here (an overlay, in a user namespace) is covered by an
+# empty read-only dir instead; what was mounted under it is then out of sight as well.
 while read -r _ _ _ _ mp opts _; do
   case "$mp" in *\\*) mp=$(printf '%b' "$mp") ;; esac
   case "$mp" in /proc|/proc/*|/dev/pts|/dev/pts/*) continue ;; esac
   case "$opts" in ro|ro,*) continue ;; esac
-  mount -o "remount,bind,ro${opts#rw}" "$mp"
+  [ -e "$mp" ] || continue
+  mount -o "remount,bind,ro${opts#rw}" "$mp" 2>/dev/null || mount -o remount,bind,ro "$mp" 2>/dev/null ||
+    mount -t tmpfs -o ro,mode=755,nosuid,nodev tmpfs "$mp"
 done </proc/self/mountinfo
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp
 if [ -d /run ]; then mount -t tmpfs -o mode=755,nosuid,nodev tmpfs /run; fi
@@ -97,7 +101,7 @@ fi
 mkdir -p "$base" && mount -c --bind /proc/self/fd/3 "$base"
 for d in work ctl; do mount -c --bind "$base/$d" "$base/$d" && mount -o remount,bind,rw "$base/$d"; done
 n=4; for d in $expose; do mkdir -p "$d" && mount -c --bind "/proc/self/fd/$n" "$d"; n=$((n+1)); done
-for d in $hide; do mount -o remount,ro "$d"; done
+for d in $hide; do mount -o remount,bind,ro,nosuid,nodev "$d"; done
 exec 3<&- 4<&- 5<&- 6<&- 7<&- 8<&- 9<&-
 if [ "$net" = net ] && command -v ip >/dev/null 2>&1; then ip link set lo up; fi
 cd "$base/work"
@@ -139,11 +143,12 @@ def ancestors(path: str) -> list[str]:
 
 
 def hidden_dirs(root: Path) -> list[str]:
-    """Dirs replaced by empty read-only ones: the caller's home, /root, and the adapter root
-    (where the other sandboxes live) unless a private /tmp or a hidden home covers it."""
+    """Dirs replaced by empty read-only ones: the caller's home, /root, /home (other users'
+    homes are often world-readable) and the adapter root (where the other sandboxes live),
+    each unless a private /tmp or another hidden dir covers it."""
     private = ["/tmp", "/run"]  # replaced by empty ones anyway
     dirs: list[str] = []
-    for candidate in (os.path.expanduser("~"), "/root", str(root)):
+    for candidate in (os.path.expanduser("~"), "/root", "/home", str(root)):
         real = os.path.realpath(candidate)
         if candidate == str(root) and not os.path.isdir(real):
             real = os.path.realpath(os.path.dirname(real))  # not made yet: hide where it will be
@@ -175,9 +180,12 @@ def layout(root: Path, base: Path, network: bool) -> Layout:
 
 
 def user_tail(root_caller: bool, user_namespace: bool) -> list[str]:
-    """After the mounts: become the sandbox's user, for good."""
+    """After the mounts: become the sandbox's user, for good. (The bounding set is emptied
+    only where a real uid switch follows: a root of a user namespace without it could not map
+    its uid into the next one; there the exec as a non-zero uid drops every capability.)"""
     uid, gid = sandbox_ids()
-    tail = ["--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--"]
+    bounding = ["--bounding-set=-all"] if root_caller or is_root() else []
+    tail = ["--no-new-privs", *bounding, "--inh-caps=-all", "--"]
     if root_caller:
         tail = [f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *tail]
     if user_namespace:

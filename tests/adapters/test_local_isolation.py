@@ -124,10 +124,12 @@ async def test_home_root_and_other_sandboxes_are_hidden(adapter: LocalAdapter, h
     home_view = await box.exec(f"ls -A {home}; cat {home}/secret.txt")
     assert home_view.stdout == b"" and b"home-secret" not in home_view.stdout
     assert (await box.exec(f"ls -A {adapter.root}")).text.split() == [box.id], "other sandboxes are visible"
+    allowed = {a for d in iso.python_dirs() for a in [*iso.ancestors(d), d]}  # the way to the interpreter
+    homes = (await box.exec("ls -A /home")).text.split()  # other users' homes, often world-readable
+    assert {f"/home/{name}" for name in homes} <= allowed, f"/home shows {homes}"
     assert (await box.exec(f"ls {other.workdir}")).exit_code != 0
     # /root shows nothing but the way to the interpreter's dirs.
     listing = await box.exec("find /root -mindepth 1 -maxdepth 4")
-    allowed = {a for d in iso.python_dirs() for a in [*iso.ancestors(d), d]}
     strays = [p for p in listing.text.split() if p not in allowed and not any(iso.under(p, d) for d in allowed)]
     assert not strays, f"visible under /root: {strays[:5]}"
 
