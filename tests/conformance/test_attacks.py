@@ -387,8 +387,8 @@ async def test_fork_bomb_stops_at_the_pids_limit(make_adapter: Callable[..., oa.
     adapter = make_adapter()
     if adapter.name == "kubernetes":
         pytest.skip(
-            "kubernetes: a pod spec has no per-pod pids field; the limit is the kubelet's podPidsLimit, "
-            "a node setting the CI cluster leaves at its default"
+            "kubernetes: a pod spec has no pids field, so spec.pids cannot be set per sandbox; the limit is the "
+            "kubelet's podPidsLimit, one node-wide setting (the CI cluster's is 1024 per pod)"
         )
     unlimited = await adapter.create(oa.SandboxSpec(ttl=300))
     try:
