@@ -168,11 +168,17 @@ async def checkout(sandbox: Sandbox, bundle: bytes, commit: str, time_limit: flo
         raise RuntimeError(f"the checkout is at {head!r}, expected {commit}")
 
 
+# Untracked files already there (an image's build products its .gitignore misses) are part of
+# the environment, not of anyone's patch: excluded from the diff, anchored at the root.
+EXCLUDE_UNTRACKED = "git ls-files --others --exclude-standard --directory | sed 's|^|/|' >> .git/info/exclude"
+
+
 async def adopt_checkout(sandbox: Sandbox, head: str, commit: str, time_limit: float) -> None:
     """Use the image's own checkout: it must be at ``commit`` (a prefix is enough)."""
     if not head.startswith(commit) and not commit.startswith(head):
         raise RuntimeError(f"the image's repository is at {head}, but the instance's base_commit is {commit}")
-    check_result(await sandbox.exec("\n".join(["set -e", *_git_setup_lines()]), timeout=time_limit), "configuring git")
+    script = "\n".join(["set -e", *_git_setup_lines(), EXCLUDE_UNTRACKED])
+    check_result(await sandbox.exec(script, timeout=time_limit), "configuring git")
 
 
 def environ_for_git() -> dict[str, str]:

@@ -457,10 +457,18 @@ async def prove_harness(sandbox: Sandbox, instance: Instance, *, harness: Harnes
     return time.monotonic() - start
 
 
-_STATUS = "git status --porcelain --untracked-files=all"
+_STATUS = "git status --porcelain -z --untracked-files=normal"
+
+
+def _status_entries(text: str) -> set[str]:
+    return {entry for entry in text.split("\0") if entry.strip()}
 
 
 async def _prove_in_place(sandbox: Sandbox, instance: Instance, harness: OfficialTests, time_limit: float) -> None:
+    """The proof where the repository is, then the tree put back: the test patch's files
+    reverted, logs and caches removed, tracked files the run changed (an install step's
+    doing) checked out again, untracked ones it made (build products) excluded from diffs
+    like those the image came with (repo.EXCLUDE_UNTRACKED)."""
     before = await sandbox.exec(f"{REPO_GUARD}\n{_STATUS}", timeout=60.0)
     _infra(before, "reading the tree's state")
     try:
@@ -474,9 +482,19 @@ async def _prove_in_place(sandbox: Sandbox, instance: Instance, harness: Officia
         )
         after = await sandbox.exec(cleanup, timeout=60.0)
         _infra(after, "putting the tree back after the harness proof")
-    if not after.ok or after.text != before.text:
-        changed = sorted(set(after.text.splitlines()) ^ set(before.text.splitlines()))
-        raise VerifierError(f"{instance.instance_id}: the test run changed the tree it ran in: {changed[:5]}")
+    made = sorted(_status_entries(after.text) - _status_entries(before.text))
+    tracked = [entry[3:] for entry in made if not entry.startswith("??")]
+    untracked = [entry[3:] for entry in made if entry.startswith("??")]
+    lines = [REPO_GUARD, "set -e"]
+    lines += [f"git checkout -q HEAD -- {shlex.quote(path)}" for path in tracked]
+    lines += [f"printf '/%s\\n' {shlex.quote(path)} >> .git/info/exclude" for path in untracked]
+    lines.append(_STATUS)
+    restored = await sandbox.exec("\n".join(lines), timeout=60.0)
+    _infra(restored, "putting the tree back after the harness proof")
+    left = sorted(_status_entries(restored.text) - _status_entries(before.text))
+    if not after.ok or not restored.ok or left:
+        detail = left[:5] or (after.error_text + restored.error_text).strip()[-300:]
+        raise VerifierError(f"{instance.instance_id}: the test run changed the tree it ran in: {detail}")
 
 
 class _At:

@@ -43,6 +43,7 @@ IMAGE_DIR = Path(__file__).parent / "swebench_image"
 SOURCE = next(row for row in BUILTIN if row["instance_id"] == "minicalc__1")
 INSTANCE_ID = "orchard__minicalc-1"  # a repository this machine has no source for: its image is the one
 IMAGE = official.image_name(INSTANCE_ID)
+BUILD_PRODUCT = "build-stamp.txt"  # untracked in the image: part of the environment, never of a patch
 PROBE = "command -v python && python -c 'import pytest; print(pytest.__file__)' && pwd && git rev-parse HEAD"
 
 
@@ -88,6 +89,7 @@ def swebench_style_image(tmp_path_factory):
     for name in ("Dockerfile", "activate"):
         shutil.copy(IMAGE_DIR / name, context / name)
     assert make_repo.materialize(SOURCE["repo"], context / "testbed") == SOURCE["base_commit"]
+    (context / "testbed" / BUILD_PRODUCT).write_text("left by the image's build, untracked, not ignored\n")
     built = subprocess.run(
         ["docker", "build", "-q", "-t", IMAGE, str(context)],
         env={**os.environ, "DOCKER_BUILDKIT": "0"},
@@ -130,6 +132,7 @@ def test_gold_resolves_and_empty_does_not_in_the_image_named_by_convention(tmp_p
     assert gold.status == "finished", gold.error
     assert gold.success and gold.info["harness"] == harness, gold.info.get("test_output_tail", gold.info)
     assert set(gold.info["tests"].values()) == {"PASSED"}
+    assert patch_files(gold.info["patch"]) == patch_files(task.instance.patch)  # no build product in it
     # the agent worked in the activated environment, in the image's repository at base
     python, pytest_module, cwd, head = gold.steps[0].observation.split()
     assert python == "/opt/miniconda3/envs/testbed/bin/python" and pytest_module.endswith("pytest/__init__.py")
