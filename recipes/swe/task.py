@@ -180,7 +180,9 @@ class SWETask:
         callers that have only this sandbox."""
         patch = await self.submission(sandbox)
         if not patch.startswith(NO_DIFF):
-            reset = f"{scoring.REPO_GUARD}\ngit reset -q --hard {self.instance.base_commit} && git clean -qfdx"
+            # An image's ignored files are its build products (compiled extensions, ...): kept there.
+            clean = "git clean -qfd" if self.spec.workdir == TESTBED else "git clean -qfdx"
+            reset = f"{scoring.REPO_GUARD}\ngit reset -q --hard {self.instance.base_commit} && {clean}"
             repos.check_result(await sandbox.exec(reset, timeout=60.0), "resetting the tree to base")
         return await self._score(patch, sandbox, self.score_timeout)
 
