@@ -19,8 +19,8 @@ import msgspec
 
 from .errors import ContextExhausted, InfraError, SandboxLost, VerifierError
 from .pool import Pool
-from .protocols import Sandbox
-from .task import GradedApart, Observation, Policy, Reward, Task
+from .protocols import GradedApart, Policy, Sandbox, Task
+from .task import Observation, Reward
 from .trajectory import EndReason, Op, Step, Trajectory
 from .types import ExecResult, ExitReason
 
