@@ -62,7 +62,7 @@ from orchard_async.images import ImageMissing, build_command, missing_image_hint
 from orchard_async.lease import controller_alive, controller_id
 from orchard_async.protocols import Sandbox
 from orchard_async.sandbox import ShellSandbox
-from orchard_async.shell import CgroupShellClient, quote
+from orchard_async.shell import READY_TIMEOUT, CgroupShellClient, quote
 from orchard_async.types import DEFAULT_OUTPUT_CAP, SandboxSpec
 
 T = TypeVar("T")
@@ -70,6 +70,7 @@ T = TypeVar("T")
 DEFAULT_IMAGE = "orchard/busybox:test"
 DEFAULT_WORKDIR = "/workspace"
 CTL_DIR = "/tmp/.orchard"  # the shell protocol's scratch files; a tmpfs on read-only roots
+OUT_DIR = f"{CTL_DIR}/out"  # the output FIFOs the relays copy to the controller
 WHERE = "the Docker daemon"
 
 API_TIMEOUT = 30.0  # any single daemon call
@@ -84,8 +85,8 @@ STDERR_KEPT = 4096  # bytes of the exec's own stderr kept to explain a shell tha
 # Processes the adapter itself runs in every container, added to spec.pids so that the
 # limit counts what commands may start: init, the timer and its sleep, the exec wrapper
 # with its two sides and cat, the keepalive watchdog and its sleep (where the image's
-# shell has no `read -t`), the shell, and the command's subshell.
-PIDS_OVERHEAD = 11
+# shell has no `read -t`), the two output relays, the shell, and the command's subshell.
+PIDS_OVERHEAD = 13
 KEEPALIVE = 6.0  # seconds without a byte from the controller before a container ends itself
 KEEPALIVE_CHECKS = 4  # the watchdog looks this many times per keepalive period
 
@@ -163,6 +164,18 @@ kill -KILL -1
 """
 SHELL_ONLY = ["sh", "-s"]
 
+# Command output never lands on the container's disk (a command printing 2 GB must not fill
+# it): the server points a command's stdout and stderr at two FIFOs, and one exec per FIFO
+# relays it to the controller (the shell protocol's relay mode, orchard_async.shell), which
+# keeps the head and tail and counts the rest. Each relay makes its FIFO, says it is ready,
+# and becomes `cat` holding the FIFO open read-write (so it never reads an end between
+# commands). It is read only while a command runs: between commands the daemon's socket
+# fills, the FIFO behind it fills, and a background writer blocks, using no memory here.
+# `$1` the FIFO's directory, `$2` its name.
+RELAY = (
+    'mkdir -p "$1" && { [ -p "$1/$2" ] || mkfifo -m 600 "$1/$2"; } && printf "@@RELAY %s\\n" "$2" && exec cat <>"$1/$2"'
+)
+
 
 def shell_command(keepalive: float) -> list[str]:
     """The exec's argv: the wrapped shell, with the watchdog after ``keepalive`` seconds
@@ -203,6 +216,10 @@ class ExecStream(anyio.abc.ByteStream):
         finally:
             self._send.close()  # the client's next receive sees EndOfStream
 
+    async def ended(self) -> None:
+        """Until the exec's output has ended (its shell exited, or the connection broke)."""
+        await asyncio.wait({self._reader})  # never raises; cancelling it leaves the reader alone
+
     async def receive(self, max_bytes: int = 65536) -> bytes:
         if not self._pending:
             self._pending = await self._receive.receive()
@@ -236,6 +253,46 @@ class ExecStream(anyio.abc.ByteStream):
         with contextlib.suppress(Exception):
             await self._stream.close()
         self._receive.close()
+
+
+class RelayStream(anyio.abc.ByteReceiveStream):
+    """The stdout of one output relay exec (see RELAY), read on demand: unread, it applies
+    backpressure all the way to the command writing the FIFO. Any failure of the
+    connection is the end of the stream."""
+
+    def __init__(self, stream: Stream):
+        self._stream = stream
+        self._pending = b""
+        self.stderr_tail = b""
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        while not self._pending:
+            try:
+                message = await self._stream.read_out()
+            except Exception as exc:  # noqa: BLE001 - a broken connection ends the relay
+                raise anyio.BrokenResourceError(f"the output relay is gone ({type(exc).__name__})") from exc
+            if message is None:
+                raise anyio.EndOfStream
+            if message.stream == 1:
+                self._pending = message.data
+            else:
+                self.stderr_tail = (self.stderr_tail + message.data)[-STDERR_KEPT:]
+        chunk, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
+        return chunk
+
+    async def ready(self, name: str) -> None:
+        """Wait for the relay's ready line; what follows it stays for the shell client."""
+        line = f"@@RELAY {name}\n".encode()
+        received = b""
+        while not received.startswith(line):
+            if len(received) >= len(line):
+                raise anyio.BrokenResourceError(f"the output relay said {received[:80]!r}")
+            received += await self.receive()
+        self._pending = received[len(line) :] + self._pending
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._stream.close()
 
 
 # -- the adapter ----------------------------------------------------------------------------
@@ -307,6 +364,7 @@ class DockerAdapter:
         self._images_missing: dict[tuple[str, str], ImageMissing] = {}
         self._live: dict[str, ShellSandbox] = {}
         self._streams: dict[str, ExecStream] = {}  # the heartbeat's round
+        self._relays: dict[str, list[RelayStream]] = {}  # each sandbox's output relays, closed with it
         self._heartbeat: asyncio.Task[None] | None = None
         self._unremoved: set[str] = set()  # destroyed, but the daemon did not confirm removal
 
@@ -386,6 +444,7 @@ class DockerAdapter:
             except BaseException:
                 self._streams.pop(name, None)
                 await self._remove(name)
+                await self._close_relays(name)
                 raise
 
         async def teardown() -> None:
@@ -395,6 +454,7 @@ class DockerAdapter:
             # (exit_with_shell) and race our removal with AutoRemove's.
             await self._remove(name)
             await client.aclose()
+            await self._close_relays(name)
 
         sandbox = ShellSandbox(
             id=name, client=client, root="/", labels=labels, on_close=teardown, expires_at=expires_at
@@ -522,41 +582,101 @@ class DockerAdapter:
             return ConfigError(f"the Docker daemon refused the sandbox spec: {exc.message}")
         return CreateFailed(f"the Docker daemon failed to create the container: {exc.message}")
 
-    async def _open_shell(self, container: DockerContainer, spec: SandboxSpec, name: str) -> CgroupShellClient:
-        """Start the one long-lived exec and the shell-session server on it."""
-        command = shell_command(self.keepalive) if self.exit_with_shell else SHELL_ONLY
+    async def _attach(self, container: DockerContainer, command: list[str], what: str, *, stdin: bool) -> Stream:
+        """Create and start an exec, attached (stdout and stderr; stdin when asked)."""
         try:
             execution = await self._call(
-                "exec create", container.exec(command, stdin=True, stdout=True, stderr=True, tty=False)
+                f"{what} exec create", container.exec(command, stdin=stdin, stdout=True, stderr=True, tty=False)
             )
             attach = execution.start(detach=False)
-            await self._call("exec start", attach.__aenter__())  # upgrades the HTTP connection
+            await self._call(f"{what} exec start", attach.__aenter__())  # upgrades the HTTP connection
         except aiodocker.DockerError as exc:
-            raise CreateFailed(f"could not start the sandbox shell: {exc.message}") from None
-        stream = ExecStream(attach)
+            raise CreateFailed(f"could not start the sandbox {what}: {exc.message}") from None
+        return attach
+
+    async def _open_relays(self, container: DockerContainer, name: str) -> tuple[RelayStream, RelayStream]:
+        """The two output relays (stdout, stderr; see RELAY), started at once, each ready."""
+        relays: dict[str, RelayStream] = {}
+        errors: list[Exception] = []
+
+        async def open_relay(fifo: str) -> None:
+            command = ["sh", "-c", RELAY, "orchard-relay", OUT_DIR, fifo]
+            try:
+                relay = RelayStream(await self._attach(container, command, "output relay", stdin=False))
+            except (CreateFailed, BackendUnavailable) as exc:
+                errors.append(exc)
+                return
+            relays[fifo] = relay
+            self._relays.setdefault(name, []).append(relay)
+            try:
+                with anyio.fail_after(READY_TIMEOUT):
+                    await relay.ready(fifo)
+            except (TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError) as exc:
+                why = relay.stderr_tail.decode(errors="replace").strip()
+                if why:  # it could not make its FIFO: the image's doing, not the daemon's
+                    errors.append(
+                        ConfigError(
+                            f"the sandbox could not create its output FIFO in {OUT_DIR}: {why}; "
+                            "the image's user must be able to write /tmp (read_only=True mounts a tmpfs there)"
+                        )
+                    )
+                else:
+                    errors.append(CreateFailed(f"the sandbox's output relay did not start ({type(exc).__name__})"))
+
+        # errors are collected, not raised, so that they do not come out of the task group
+        # wrapped in an exception group
+        async with anyio.create_task_group() as group:
+            for fifo in ("o", "e"):
+                group.start_soon(open_relay, fifo)
+        if errors:
+            raise errors[0]
+        return relays["o"], relays["e"]
+
+    async def _close_relays(self, name: str) -> None:
+        with anyio.CancelScope(shield=True):
+            for relay in self._relays.pop(name, []):
+                await relay.aclose()
+
+    async def _open_shell(self, container: DockerContainer, spec: SandboxSpec, name: str) -> CgroupShellClient:
+        """Start the long-lived shell exec, its output relays, and the shell-session server."""
+        command = shell_command(self.keepalive) if self.exit_with_shell else SHELL_ONLY
+        stream = ExecStream(await self._attach(container, command, "shell", stdin=True))
         if self.keepalive:  # from the first byte: the watchdog is already counting
             self._streams[name] = stream
             self._start_heartbeat()
-        client = CgroupShellClient(
-            stream,
-            workdir=self._workdir(spec),
-            interrupt=lambda _client: self._interrupt(container),
-            output_cap=self.output_cap,
-        )
+        workdir = self._workdir(spec)
         try:
-            await stream.send(self._preamble(client.workdir).encode())
+            await stream.send(self._preamble(workdir).encode())
+            try:
+                relays = await self._open_relays(container, name)
+            except (ConfigError, CreateFailed):
+                # A shell whose preamble failed ends the container, relays and all: its
+                # reason is the one to give.
+                with anyio.move_on_after(5):
+                    await stream.ended()
+                if SETUP_FAILED not in stream.stderr_tail.decode(errors="replace"):
+                    raise
+                raise SandboxLost("the sandbox shell did not start") from None
+            client = CgroupShellClient(
+                stream,
+                workdir=workdir,
+                interrupt=lambda _client: self._interrupt(container),
+                output_cap=self.output_cap,
+                output_pipes=OUT_DIR,
+                output_relays=relays,
+            )
             await client.start(CTL_DIR)
         except (SandboxLost, anyio.BrokenResourceError) as exc:
-            await client.aclose()
+            await stream.aclose()
             why = stream.stderr_tail.decode(errors="replace")
             if SETUP_FAILED in why:  # the image, not the daemon: retrying cannot help
                 raise ConfigError(
-                    f"the sandbox could not create {client.workdir} and {CTL_DIR}: {why.replace(SETUP_FAILED, '').strip()}; "
+                    f"the sandbox could not create {workdir} and {CTL_DIR}: {why.replace(SETUP_FAILED, '').strip()}; "
                     "choose a workdir the image's user can write (read_only=True mounts a tmpfs there)"
                 ) from None
             raise CreateFailed(f"the sandbox shell did not start: {why.strip() or exc}") from None
         except BaseException:
-            await client.aclose()
+            await stream.aclose()
             raise
         return client
 
