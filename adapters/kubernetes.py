@@ -91,13 +91,14 @@ from orchard_async.images import ImageMissing, build_command, missing_image_hint
 from orchard_async.lease import CONTROLLER_LABEL, process_start_time
 from orchard_async.protocols import Sandbox
 from orchard_async.sandbox import ShellSandbox
-from orchard_async.shell import CgroupShellClient, ShellClient, quote
+from orchard_async.shell import READY_TIMEOUT, CgroupShellClient, ShellClient, quote
 from orchard_async.types import DEFAULT_OUTPUT_CAP, SandboxSpec
 
 DEFAULT_NAMESPACE = "orchard"
 DEFAULT_IMAGE = "local/busybox:1"
 DEFAULT_WORKDIR = "/workspace"
 CTL_DIR = "/tmp/.orchard"  # the shell protocol's scratch files
+OUT_DIR = f"{CTL_DIR}/out"  # the output FIFOs the relays copy to the controller
 SHELL_PID = f"{CTL_DIR}/shell.pid"
 CONTAINER = "sandbox"
 DENY_POLICY = "orchard-deny-egress"
@@ -146,6 +147,17 @@ TIMER = 'sleep "$1"; if [ -e "$3" ]; then exec sleep "$2"; fi'
 # them, and the pod ends.
 SHELL_ENDS_POD = ["sh", "-c", "{ cat; kill -KILL -1; } | { sh -s; kill -KILL -1; }"]
 SHELL_ONLY = ["sh", "-s"]
+
+# Command output never lands on the pod's disk (a command printing 2 GB must not fill the
+# node's): the server points a command's stdout and stderr at two FIFOs, and one exec per
+# FIFO relays it to the controller (the shell protocol's relay mode, orchard_async.shell),
+# which keeps the head and tail and counts the rest. Each relay makes its FIFO, says it is
+# ready, and becomes `cat` holding the FIFO open read-write (no end between commands). It is
+# read only while a command runs: between commands the websocket's buffers fill, then the
+# FIFO, and a background writer blocks. `$1` the FIFO's directory, `$2` its name.
+RELAY = (
+    'mkdir -p "$1" && { [ -p "$1/$2" ] || mkfifo -m 600 "$1/$2"; } && printf "@@RELAY %s\\n" "$2" && exec cat <>"$1/$2"'
+)
 
 
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]")
@@ -437,6 +449,10 @@ class Transport(Protocol):
 
     async def open_shell(self, pod: PodRef, command: list[str]) -> anyio.abc.ByteStream: ...
 
+    # Optional: the stdout of a command, read on demand (the output relays). A transport
+    # without it runs the shell protocol in spool mode (output in files in the pod).
+    # async def open_output(self, pod: PodRef, command: list[str]) -> OutputStream: ...
+
     async def run(self, pod: PodRef, command: list[str], timeout: float) -> tuple[int | None, bytes, bytes]: ...
 
     async def aclose(self) -> None: ...
@@ -483,6 +499,10 @@ class ExecStream(anyio.abc.ByteStream):
         finally:
             self._send.close()  # the client's next receive sees EndOfStream
 
+    async def ended(self) -> None:
+        """Until the exec's output has ended (its shell exited, or the websocket closed)."""
+        await asyncio.wait({self._reader})  # never raises; cancelling it leaves the reader alone
+
     async def receive(self, max_bytes: int = 65536) -> bytes:
         if not self._pending:
             self._pending = await self._receive.receive()
@@ -508,6 +528,53 @@ class ExecStream(anyio.abc.ByteStream):
             with contextlib.suppress(Exception):
                 await self._ws.close()
         self._receive.close()
+
+
+class OutputStream(anyio.abc.ByteReceiveStream):
+    """The stdout of one exec websocket without stdin (an output relay, see RELAY), read on
+    demand: unread, the websocket's flow control holds the relay back. Any failure of the
+    connection is the end of the stream."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse):
+        self._ws = ws
+        self._pending = b""
+        self.stderr_tail = b""
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        while not self._pending:
+            try:
+                message = await self._ws.receive()
+            except Exception as exc:  # noqa: BLE001 - a broken connection ends the relay
+                raise anyio.BrokenResourceError(f"the output relay is gone ({type(exc).__name__})") from exc
+            if message.type == aiohttp.WSMsgType.BINARY:
+                data = message.data
+            elif message.type == aiohttp.WSMsgType.TEXT:
+                data = message.data.encode()
+            else:
+                raise anyio.EndOfStream
+            if len(data) < 2:
+                continue  # the empty per-channel greeting
+            if data[0] == 1:
+                self._pending = data[1:]
+            elif data[0] == 2:
+                self.stderr_tail = (self.stderr_tail + data[1:])[-STDERR_KEPT:]
+        chunk, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
+        return chunk
+
+    async def ready(self, name: str) -> None:
+        """Wait for the relay's ready line; what follows it stays for the shell client."""
+        line = f"@@RELAY {name}\n".encode()
+        received = b""
+        while not received.startswith(line):
+            if len(received) >= len(line):
+                raise anyio.BrokenResourceError(f"the output relay said {received[:80]!r}")
+            received += await self.receive()
+        self._pending = received[len(line) :] + self._pending
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+            with contextlib.suppress(Exception):
+                await self._ws.close()
 
 
 class ExecTransport:
@@ -564,6 +631,9 @@ class ExecTransport:
 
     async def open_shell(self, pod: PodRef, command: list[str]) -> anyio.abc.ByteStream:
         return ExecStream(await self._connect(pod, command, stdin=True))
+
+    async def open_output(self, pod: PodRef, command: list[str]) -> OutputStream:
+        return OutputStream(await self._connect(pod, command, stdin=False))
 
     async def run(self, pod: PodRef, command: list[str], timeout: float) -> tuple[int | None, bytes, bytes]:
         """A fresh exec websocket for one command: (exit code or None, stdout, stderr)."""
@@ -933,7 +1003,7 @@ class KubernetesAdapter:
             try:
                 with anyio.CancelScope() as scope:
                     scope.deadline = anyio.current_time() + self.create_timeout
-                    client = await self._create(name, spec, image, labels, allow)
+                    client, relays = await self._create(name, spec, image, labels, allow)
                 if scope.cancelled_caught:
                     raise CreateFailed(await self._explain_timeout(name, image))
             except BaseException:
@@ -948,12 +1018,13 @@ class KubernetesAdapter:
             self._live.pop(name, None)
             client.lost = client.lost or "the sandbox was closed"
             await self._remove(name, allow)
-            # The websocket's close handshake (up to seconds while the kubelet is busy
-            # killing the pod) is not the caller's to wait for: it runs in the background,
+            # The websockets' close handshakes (up to seconds while the kubelet is busy
+            # killing the pod) are not the caller's to wait for: they run in the background,
             # and close() waits for what is still running.
-            task = asyncio.get_running_loop().create_task(client.aclose())
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            for closing in (client.aclose(), self._close_streams(relays)):
+                task = asyncio.get_running_loop().create_task(closing)
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
 
         sandbox = ShellSandbox(
             id=name, client=client, root="/", labels=labels, on_close=teardown, expires_at=expires_at
@@ -963,7 +1034,7 @@ class KubernetesAdapter:
 
     async def _create(
         self, name: str, spec: SandboxSpec, image: str, labels: dict[str, str], allow: bool
-    ) -> CgroupShellClient:
+    ) -> tuple[CgroupShellClient, list[Any]]:
         manifest = self._pod_manifest(name, spec, image, labels)
         try:
             pod = await self._request("POST", self._path("pods"), body=manifest, what="pod create")
@@ -1113,34 +1184,104 @@ class KubernetesAdapter:
             return ""
         return f"{items[-1].get('reason')}: {items[-1].get('message')}"
 
-    async def _open_shell(self, name: str, spec: SandboxSpec) -> CgroupShellClient:
-        """The one long-lived exec and the shell-session server on it."""
+    async def _open_relays(self, pod: PodRef) -> tuple[Any, Any] | None:
+        """The two output relays (stdout, stderr; see RELAY), opened at once and each ready;
+        None when the transport has none (spool mode). Their websockets go with the pod."""
+        opener = getattr(self.transport, "open_output", None)
+        if opener is None:
+            return None
+        relays: dict[str, Any] = {}
+        errors: list[Exception] = []
+
+        async def open_relay(fifo: str) -> None:
+            try:
+                relay = await opener(pod, ["sh", "-c", RELAY, "orchard-relay", OUT_DIR, fifo])
+            except (CreateFailed, BackendUnavailable) as exc:
+                errors.append(exc)
+                return
+            relays[fifo] = relay
+            try:
+                with anyio.fail_after(READY_TIMEOUT):
+                    await relay.ready(fifo)
+            except (TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError) as exc:
+                why = relay.stderr_tail.decode(errors="replace").strip()
+                if why:  # it could not make its FIFO: the image's doing, not the cluster's
+                    errors.append(
+                        ConfigError(
+                            f"the sandbox could not create its output FIFO in {OUT_DIR}: {why}; "
+                            "the image's user must be able to write /tmp (read_only=True mounts an emptyDir there)"
+                        )
+                    )
+                else:
+                    errors.append(
+                        CreateFailed(f"the output relay of pod {pod.name} did not start ({type(exc).__name__})")
+                    )
+
+        # errors are collected, not raised, so that they do not leave the task group wrapped
+        # in an exception group
+        try:
+            async with anyio.create_task_group() as group:
+                for fifo in ("o", "e"):
+                    group.start_soon(open_relay, fifo)
+            if errors:
+                raise errors[0]
+        except BaseException:
+            await self._close_streams(list(relays.values()))
+            raise
+        return relays["o"], relays["e"]
+
+    async def _close_streams(self, streams: list[Any]) -> None:
+        with anyio.CancelScope(shield=True):
+            for stream in streams:
+                await stream.aclose()
+
+    async def _open_shell(self, name: str, spec: SandboxSpec) -> tuple[CgroupShellClient, list[Any]]:
+        """The long-lived shell exec, its output relays, and the shell-session server; the
+        client and the relay streams (the caller closes them with the pod)."""
         seen = self.informer.pods.get(name, {}) if self.informer else {}
         pod = PodRef(self.namespace, name, (seen.get("status") or {}).get("podIP"))
         command = SHELL_ENDS_POD if self.exit_with_shell else SHELL_ONLY
         stream = await self.transport.open_shell(pod, command)
-        client = CgroupShellClient(
-            stream,
-            workdir=spec.workdir or DEFAULT_WORKDIR,
-            interrupt=lambda shell: self._interrupt(pod, shell),
-            output_cap=self.output_cap,
-        )
+        workdir = spec.workdir or DEFAULT_WORKDIR
+        relays: tuple[Any, Any] | None = None
         try:
-            await stream.send(_preamble(client.workdir).encode())
+            await stream.send(_preamble(workdir).encode())
+            try:
+                relays = await self._open_relays(pod)
+            except (ConfigError, CreateFailed):
+                # A shell whose preamble failed ends the pod's processes, relays and all:
+                # its reason is the one to give.
+                ended = getattr(stream, "ended", None)
+                if ended is not None:
+                    with anyio.move_on_after(5):
+                        await ended()
+                if SETUP_FAILED not in getattr(stream, "stderr_tail", b"").decode(errors="replace"):
+                    raise
+                raise SandboxLost("the sandbox shell did not start") from None
+            client = CgroupShellClient(
+                stream,
+                workdir=workdir,
+                interrupt=lambda shell: self._interrupt(pod, shell),
+                output_cap=self.output_cap,
+                output_pipes=OUT_DIR if relays else None,
+                output_relays=relays,
+            )
             await client.start(CTL_DIR)
         except (SandboxLost, anyio.BrokenResourceError) as exc:
-            await client.aclose()
+            await stream.aclose()
+            await self._close_streams(list(relays or ()))
             why = getattr(stream, "stderr_tail", b"").decode(errors="replace")
             if SETUP_FAILED in why:
                 raise ConfigError(
-                    f"the sandbox could not create {client.workdir} and {CTL_DIR}: {why.replace(SETUP_FAILED, '').strip()}; "
+                    f"the sandbox could not create {workdir} and {CTL_DIR}: {why.replace(SETUP_FAILED, '').strip()}; "
                     "choose a workdir the image's user can write (read_only=True mounts an emptyDir there)"
                 ) from None
             raise CreateFailed(f"the sandbox shell in pod {name} did not start: {why.strip() or exc}") from None
         except BaseException:
-            await client.aclose()
+            await stream.aclose()
+            await self._close_streams(list(relays or ()))
             raise
-        return client
+        return client, list(relays or ())
 
     async def _interrupt(self, pod: PodRef, client: ShellClient) -> None:
         """The client's timeout: SIGUSR1 to the server shell, by a second short exec. If it
