@@ -70,7 +70,9 @@ def default_root() -> Path:
 
 def isolation_report(isolation: str = "auto") -> dict[str, str]:
     """What the local adapter enforces on this machine, for `orchard-async doctor`. Each line
-    is held to by tests/conformance/test_attacks.py and tests/adapters/test_local.py."""
+    is held to by a test: tests/adapters/test_local_isolation.py (one per line), with
+    tests/conformance/test_attacks.py, tests/adapters/test_local.py and, for a non-root
+    caller, tests/adapters/test_local_unprivileged.py."""
     try:
         mode, found = iso.resolve(isolation)
     except ConfigError as exc:
@@ -82,6 +84,7 @@ def isolation_report(isolation: str = "auto") -> dict[str, str]:
             {
                 "isolation": f"NONE ({found.why}): sandboxes without network are refused unless "
                 "isolation='none' is asked for, which runs commands as you, on your files, with your network",
+                "output": "not spooled to disk: read from pipes, capped at the output cap",
                 "pids": "not enforced (RLIMIT_NPROC would count every process of your user, not the sandbox's)",
                 "memory": "RLIMIT_AS (address space, per process) from spec.memory",
                 "cpu": "not limited (use docker or kubernetes for cpu quotas)",
@@ -106,7 +109,7 @@ def isolation_report(isolation: str = "auto") -> dict[str, str]:
             "isolation": f"{mode}: own user, PID, mount, IPC, UTS and network namespaces per sandbox",
             "user": f"commands run as {user}, with no capabilities and no-new-privileges",
             "filesystem": "host root read-only; writable: the sandbox's work and control dirs and a private /tmp; "
-            "your home, /root and other sandboxes hidden (but for the interpreter's dirs, read-only)",
+            "your home, /home, /root and the other sandboxes hidden (but for the interpreter's dirs, read-only)",
             "processes": "the sandbox sees only its own (own /proc); they all end with it",
             "environment": "clean: PATH, HOME, LANG, TERM, the spec's env and ORCHARD_SANDBOX only",
             "network": "off unless the spec asks (own network namespace with loopback only)",
@@ -165,10 +168,11 @@ class LocalAdapter:
         for name in ("work", "ctl", "out"):
             (base / name).mkdir()
         iso.write_python_shims(base / "bin")
+        (base / "ctl" / "shell.log").touch()
         owner = iso.sandbox_ids() if iso.is_root() and self.namespaces else None
-        if owner is not None:  # root's sandboxes run as nobody: their dirs are nobody's
-            for name in ("work", "ctl"):
-                os.chown(base / name, *owner)
+        if owner is not None:  # root's sandboxes run as nobody: what they write is nobody's
+            for path in (base / "work", base / "ctl", base / "ctl" / "shell.log"):
+                os.chown(path, *owner)
         make_output_pipes(str(base / "out"), owner)
 
     async def _create(self, spec: SandboxSpec) -> Sandbox:
@@ -205,8 +209,6 @@ class LocalAdapter:
                 shutil.rmtree(base, ignore_errors=True)
                 iso.remove_cgroup(cgroup)
                 raise CreateFailed(f"could not start the sandbox shell: {exc}") from exc
-        if iso.is_root() and self.namespaces:
-            os.chown(ctl / "shell.log", *iso.sandbox_ids())
         assert process.stdin is not None and process.stdout is not None
         server = _ServerPid()
         client = ShellClient(
