@@ -41,8 +41,8 @@ from orchard_async.errors import ConfigError
 MODES = ("auto", "bwrap", "unshare", "none")
 NOBODY = 65534
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Processes of the adapter's own in a sandbox (launcher, PID 1, supervisor, server, TTL timer
-# and its sleep): a pids limit counts them, so they are added to spec.pids.
+# Processes of the adapter's own in a sandbox (bwrap or unshare, PID 1, supervisor, server,
+# TTL timer and its sleep): a pids limit counts them, so they are added to spec.pids.
 ADAPTER_PROCESSES = 6
 PER_NAMESPACE_NPROC = (5, 14)  # RLIMIT_NPROC counted per user namespace since Linux 5.14
 
