@@ -28,6 +28,7 @@ attach stream, a Kubernetes exec websocket. Only ``sh``, ``head -c``, ``tail -c`
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import errno
 import fcntl
@@ -162,14 +163,42 @@ class PipeCapture:
     The client also holds the FIFO open for writing, so the FIFO never reads as ended between
     commands (no busy wakeups) and a command can open it without waiting."""
 
+    needs_pump = True  # a task must keep the FIFO flowing while a command runs
+
     def __init__(self, path: str):
         self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         self._hold = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        self._loop: asyncio.AbstractEventLoop | None = None
         try:
             fcntl.fcntl(self.fd, F_SETPIPE_SZ, PIPE_BUFFER)
         except OSError:
             pass  # the default 64 KiB buffer works, with more wakeups
         self.reset(0, 0)
+
+    def _watch(self) -> None:
+        """Under asyncio, the loop drains the FIFO whenever it has data, between commands
+        too: no task per command (the hot path), and a background writer never blocks.
+        Between commands the data is only counted (head and tail are zero then)."""
+        if self._loop is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()  # none under trio: there a task pumps per command
+            loop.add_reader(self.fd, self._on_readable)
+        except (RuntimeError, NotImplementedError):
+            return
+        self._loop = loop
+        self.needs_pump = False
+
+    def _on_readable(self) -> None:
+        try:
+            self.drain()
+        except OSError:
+            self._unwatch()
+
+    def _unwatch(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(self.fd)
+            self._loop = None
 
     def reset(self, head: int, tail: int) -> None:
         self.head_max, self.tail_max = head, tail
@@ -206,6 +235,7 @@ class PipeCapture:
                 del self.last[: -self.tail_max]
 
     def begin(self, head: int, tail: int) -> None:
+        self._watch()
         self.drain()  # what background processes wrote since the last command
         self.reset(head, tail)
 
@@ -223,13 +253,17 @@ class PipeCapture:
         self.drain()
 
     def result(self) -> tuple[bytes, int]:
-        last = bytes(self.last[-self.tail_max :]) if self.tail_max else b""
-        if self.size <= self.head_max + self.tail_max:
-            return bytes(self.first) + last, 0
-        dropped = self.size - len(self.first) - len(last)
-        return bytes(self.first) + cut_marker(dropped) + last, dropped
+        """The command's output; the capture keeps nothing more until the next command."""
+        first, last = bytes(self.first), bytes(self.last[-self.tail_max :]) if self.tail_max else b""
+        size, fits = self.size, self.size <= self.head_max + self.tail_max
+        self.reset(0, 0)
+        if fits:
+            return first + last, 0
+        dropped = size - len(first) - len(last)
+        return first + cut_marker(dropped) + last, dropped
 
     def close(self) -> None:
+        self._unwatch()
         for fd in (self.fd, self._hold):
             try:
                 os.close(fd)
@@ -393,7 +427,7 @@ class ShellClient:
                 for capture in self._captures:
                     capture.begin(head, tail)
                 await self._stream.send(data)
-                if self._captures:
+                if any(capture.needs_pump for capture in self._captures):
                     async with anyio.create_task_group() as pumps:
                         for capture in self._captures:
                             pumps.start_soon(capture.pump, nonce)
@@ -404,6 +438,9 @@ class ShellClient:
                         pumps.cancel_scope.cancel()
                 else:
                     outcome = await _caught(self._exchange(nonce, timeout, head, tail))
+                    if self._captures and not isinstance(outcome, BaseException):
+                        finished = await _caught(self._finish_captures())
+                        outcome = finished if isinstance(finished, BaseException) else outcome
                 if isinstance(outcome, BaseException):
                     raise outcome
                 code, timed_out, out, out_cut, err, err_cut = outcome
