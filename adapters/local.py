@@ -376,6 +376,13 @@ def reap_local(root: Path, older_than: float = 0.0, keep: set[str] | None = None
     """
     keep = keep or set()
     now = time.time()
+    # Processes first: a sandbox's dir exists before its first process, so one created while
+    # this runs is seen in the dir scan below and never mistaken for an orphan.
+    processes = {
+        Path(sandbox_dir).name: pids
+        for sandbox_dir, pids in _sandbox_processes().items()
+        if Path(sandbox_dir).parent == root  # other roots are other users' business
+    }
     doomed: set[str] = set()
     live_dirs: set[str] = set()
     if root.exists():
@@ -390,12 +397,6 @@ def reap_local(root: Path, older_than: float = 0.0, keep: set[str] | None = None
             live_dirs.add(base.name)
             if base.name not in keep and _lease_is_dead(lease, now, older_than):
                 doomed.add(base.name)
-    # Processes of this root's sandboxes, by id; other roots are other users' business.
-    processes = {
-        Path(sandbox_dir).name: pids
-        for sandbox_dir, pids in _sandbox_processes().items()
-        if Path(sandbox_dir).parent == root
-    }
     orphans = {sid for sid in processes if sid not in live_dirs and sid not in keep}
     for sandbox_id in doomed | orphans:
         for pid in processes.get(sandbox_id, []):
