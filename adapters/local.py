@@ -32,6 +32,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import BinaryIO
 
 import anyio
 from anyio.streams.stapled import StapledByteStream
@@ -202,10 +203,14 @@ class LocalAdapter:
             **spec.env,
             SANDBOX_ENV: str(base),
         }
+        # Read back through a handle kept open: a launcher that fails removes the sandbox dir,
+        # log included, before the error would be read by path.
+        log_reader = open(ctl / "shell.log", "a+b")  # noqa: SIM115 (closed below, on every path)
         with open(ctl / "shell.log", "ab") as log:
             try:
                 process = await anyio.open_process(argv, stderr=log, cwd=work, env=env, start_new_session=True)
             except OSError as exc:
+                log_reader.close()
                 shutil.rmtree(base, ignore_errors=True)
                 iso.remove_cgroup(cgroup)
                 raise CreateFailed(f"could not start the sandbox shell: {exc}") from exc
@@ -226,9 +231,13 @@ class LocalAdapter:
             server.pid = _host_pid(process.pid, client.server_pid, nested=self.namespaces)
         except (SandboxLost, OSError, anyio.BrokenResourceError) as exc:
             await client.aclose()
-            log_tail = _tail(ctl / "shell.log")
             await self._stop(process, base, cgroup)
-            raise CreateFailed(f"the sandbox shell did not start ({exc}): {log_tail or 'no output'}") from exc
+            log_tail = _tail(log_reader)
+            log_reader.close()
+            raise CreateFailed(
+                f"the sandbox shell did not start ({exc}; exit {process.returncode}): {log_tail or 'no output'}"
+            ) from exc
+        log_reader.close()
 
         async def teardown() -> None:
             self._live.pop(sandbox_id, None)
@@ -293,10 +302,11 @@ class LocalAdapter:
                 tg.start_soon(sandbox.close)
 
 
-def _tail(path: Path, size: int = 400) -> str:
+def _tail(log: BinaryIO, size: int = 400) -> str:
     """The end of a log, on one line."""
     try:
-        return " | ".join(path.read_bytes()[-size:].decode(errors="replace").split("\n")).strip(" |")
+        log.seek(0)
+        return " | ".join(log.read()[-size:].decode(errors="replace").split("\n")).strip(" |")
     except OSError:
         return ""
 
