@@ -69,6 +69,18 @@ async def test_destroy_removes_dir_and_every_process(root: Path, isolation: str)
     assert leftovers(root) == ([], [])
 
 
+async def test_a_shell_that_fails_to_start_is_reported_with_its_error(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The launcher removes the sandbox dir (its log too) when what it starts exits at once;
+    # the error must still reach the caller, and nothing may stay behind.
+    monkeypatch.setattr(iso, "LAUNCHER", "echo 'mount: permission denied' >&2; rm -rf -- \"$1\"; exit 3")
+    adapter = LocalAdapter(root=root, isolation="none")
+    with pytest.raises(oa.CreateFailed, match=r"exit 3\).*mount: permission denied"):
+        await adapter.create(oa.SandboxSpec(ttl=60))
+    assert leftovers(root) == ([], [])
+
+
 @pytest.mark.skipif(not isolated(), reason="no isolation here")
 async def test_network_off_blocks_connections_and_on_allows_them(root: Path) -> None:
     listener = socket.socket()
