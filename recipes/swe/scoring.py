@@ -55,11 +55,11 @@ RC_MARK = "@@ORCHARD_TEST_RC="
 # Instances say `python -m pytest`; images with only python3 (Debian's) still run them.
 PYTHON_FALLBACK = 'command -v python >/dev/null 2>&1 || python() { python3 "$@"; }'
 PATCH_LIMIT = 256_000  # characters of the agent's patch kept in the trajectory
-PYCACHE = "/tmp/orchard-pycache"  # bytecode goes here while grading, never next to the sources
 # Plugin autoload is the instance's business (its sandbox env, see task.py), not the test run's.
+# The tree's bytecode is removed before each run (FRESH_BYTECODE) and none is written; the
+# interpreter's own stays usable: a pycache prefix would recompile pytest on every run (+0.7 s).
 TEST_ENV = {
     "PYTHONDONTWRITEBYTECODE": "1",
-    "PYTHONPYCACHEPREFIX": PYCACHE,  # and no .pyc in the tree is ever read
     "PYTHONHASHSEED": "0",
     "COLUMNS": "200",
 }
@@ -230,7 +230,11 @@ def revert_script(base_commit: str, files: list[str]) -> str:
     return "\n".join(lines)
 
 
-FRESH_BYTECODE = f"find . -name __pycache__ -type d -prune -exec rm -rf {{}} + 2>/dev/null; rm -rf {PYCACHE}"
+# Every compiled file in the tree (cached or sourceless) goes: only the sources are judged.
+FRESH_BYTECODE = (
+    r"find . -path ./.git -prune -o \( -name __pycache__ -type d -prune -exec rm -rf {} + \)"
+    r" -o \( -name '*.py[co]' -type f -exec rm -f {} + \) 2>/dev/null"
+)
 
 
 def test_run_script(test_command: str, activation: Activation | None = None) -> str:
@@ -453,7 +457,7 @@ async def prove_harness(sandbox: Sandbox, instance: Instance, *, harness: Harnes
         run = await harness.run(_At(sandbox, copy), instance, time_limit)
         _check_proof(instance, run, "" if run.ran else await log_tail(_At(sandbox, copy), 10.0))
     finally:
-        await sandbox.exec(f"rm -rf {copy} {PYCACHE}", timeout=30.0)
+        await sandbox.exec(f"rm -rf {copy}", timeout=30.0)
     return time.monotonic() - start
 
 
@@ -478,7 +482,7 @@ async def _prove_in_place(sandbox: Sandbox, instance: Instance, harness: Officia
     finally:
         cleanup = (
             f"{revert_script(instance.base_commit, instance.test_files)}\n"
-            f"rm -rf {TEST_LOG} {EVAL_SCRIPT} {PYCACHE} .pytest_cache .hypothesis\n{_STATUS}"
+            f"rm -rf {TEST_LOG} {EVAL_SCRIPT} .pytest_cache .hypothesis\n{_STATUS}"
         )
         after = await sandbox.exec(cleanup, timeout=60.0)
         _infra(after, "putting the tree back after the harness proof")
