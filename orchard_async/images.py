@@ -32,7 +32,6 @@ import contextlib
 import fcntl
 import glob
 import hashlib
-import importlib
 import os
 import re
 import shutil
@@ -108,7 +107,6 @@ TEST_IMAGES = [
         check=PYTHON_CHECK,
     ),
 ]
-RECIPE_MODULES = ("orchard_async.recipes.swe", "orchard_async.recipes.toy")
 
 
 class ImageMissing(ConfigError):
@@ -121,13 +119,14 @@ class ImageBuildError(Exception):
 
 
 def recipe_images() -> list[ImageSpec]:
-    """Every image the bundled recipes declare (their ``IMAGES``), in order, without repeats."""
+    """Every image the installed recipes declare (their ``IMAGES``), in order, without repeats."""
+    from .runtime import load_recipe, recipe_names  # the recipes' entry points, read only when asked
+
     images: list[ImageSpec] = []
-    for module_name in RECIPE_MODULES:
-        module = importlib.import_module(module_name)
-        for spec in getattr(module, "IMAGES", []):
+    for name in recipe_names():
+        for spec in getattr(load_recipe(name), "IMAGES", []):
             if not isinstance(spec, ImageSpec):
-                raise ConfigError(f"{module_name}.IMAGES must hold ImageSpec values, got {type(spec).__name__}")
+                raise ConfigError(f"the {name} recipe's IMAGES must hold ImageSpec values, got {type(spec).__name__}")
             if spec.tag not in {known.tag for known in images}:
                 images.append(spec)
     return images

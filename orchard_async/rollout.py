@@ -24,13 +24,14 @@ import anyio
 import msgspec
 
 from .episode import Episode, run_attempt
-from .errors import ConfigError, CreateFailed, InfraError, ModelUnavailable, SandboxLost, VerifierError
+from .errors import ConfigError, InfraError
 from .paths import check_output_file
 from .pool import Pool
 from .protocols import Adapter
 from .task import Policy, Task
 from .trajectory import (
     FORMAT_VERSION,
+    EndReason,
     Retry,
     Trajectory,
     TrajectoryWriter,
@@ -70,18 +71,6 @@ def _episode_count(tasks: Sequence[Task], n: int | None, group_size: int) -> int
     return len(tasks) * group_size if n is None else n
 
 
-def _infra_reason(exc: InfraError) -> str:
-    if isinstance(exc, VerifierError):
-        return "verifier_error"
-    if isinstance(exc, ModelUnavailable):
-        return "model_unavailable"
-    if isinstance(exc, SandboxLost):
-        return "sandbox_lost"
-    if isinstance(exc, CreateFailed):
-        return "create_failed"
-    return "infra_error"
-
-
 async def run_with_retries(
     episode: Episode, policy: Policy, pool: Pool, *, run_id: str, max_retries: int, retry_backoff: float = RETRY_BACKOFF
 ) -> Trajectory:
@@ -92,7 +81,12 @@ async def run_with_retries(
             trajectory = await run_attempt(episode, policy, pool, run_id=run_id, attempt=attempt)
         except InfraError as exc:
             retries.append(
-                Retry(attempt=attempt, reason=_infra_reason(exc), error=str(exc), duration=time.monotonic() - started)
+                Retry(
+                    attempt=attempt,
+                    reason=EndReason.of_infra_error(exc),
+                    error=str(exc),
+                    duration=time.monotonic() - started,
+                )
             )
             if attempt < max_retries:
                 await anyio.sleep(retry_backoff * 2**attempt * random.uniform(0.5, 1.0))
