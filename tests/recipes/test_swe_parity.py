@@ -14,6 +14,7 @@ Skipped without swebench>=5 (``pip install 'orchard-async[swebench]'``).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,11 +29,14 @@ from tests.recipes.swe_support import run_rollout
 from tests.recipes.swebench_rows import BUILTIN, official_row
 
 if not official.usable():
-    pytest.skip(
+    # The dev extra installs swebench: in CI its absence is a failure, not a skip.
+    reason = (
         f"swebench>={official.MIN_VERSION} is not installed (found {official.installed_version()}): "
-        "pip install 'orchard-async[swebench]'",
-        allow_module_level=True,
+        "pip install 'orchard-async[swebench]'"
     )
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
 
 from swebench.harness.grading import get_eval_report, get_logs_eval  # noqa: E402
 from swebench.image_builder.image_spec import ImageSpec  # noqa: E402
