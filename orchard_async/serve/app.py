@@ -1,0 +1,413 @@
+"""The HTTP API of Orchard Env (see orchard-env-api.md), on aiohttp, over any adapter.
+
+Every answer, errors and DELETE included, is a JSON object with ``application/json``:
+Orchard's clients parse every body. Errors carry ``detail`` (one line) and ``reason`` (a
+fixed word). Sandboxes are driven through the public adapter API only, so every adapter
+works behind the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+import orchard_async as oa
+
+from . import pty
+from .jobs import Job, Jobs
+from .keys import ANONYMOUS, KeyStore, Tenant
+from .metrics import Metrics
+from .registry import Registry
+from .schema import ApiError, CreateRequest, ExecRequest, PatchRequest, UploadRequest, b64decode, b64encode, decode
+
+log = logging.getLogger("orchard_async.serve")
+access_log = logging.getLogger("orchard_async.serve.access")
+
+PUBLIC_PATHS = frozenset({"/", "/health"})
+MAX_WAIT = 3600  # seconds a /wait may block
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+REGISTRY = web.AppKey("registry", Registry)
+JOBS = web.AppKey("jobs", Jobs)
+KEYS = web.AppKey("keys", KeyStore)
+METRICS = web.AppKey("metrics", Metrics)
+
+
+def reply(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=msgspec.json.encode(payload), status=status, content_type="application/json", headers=headers
+    )
+
+
+async def deliver(request: web.Request, payload: Any) -> tuple[web.Response, bool]:
+    """Send a 200 answer now: (the response, for the handler to return; whether it was
+    handed to a live connection, the caller not having hung up first). What the retry
+    rules of jobs.py and of creates go by."""
+    response = reply(payload)
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        return response, False
+    try:
+        await response.prepare(request)
+        await response.write_eof()
+    except ConnectionResetError:
+        return response, False
+    return response, True
+
+
+# -- middlewares -------------------------------------------------------------------------------
+
+
+@web.middleware
+async def log_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """One structured line per request. The path only: a query may hold an API key (PTY)."""
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    finally:
+        tenant = request.get("tenant")
+        access_log.info(
+            json.dumps(
+                {
+                    "method": request.method,
+                    "path": request.path,
+                    "status": status,
+                    "ms": round((time.perf_counter() - started) * 1000, 2),
+                    "key": tenant.name if tenant else None,
+                }
+            )
+        )
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    metrics = request.app[METRICS]
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        metrics.errors[exc.reason] += 1
+        return reply({"detail": exc.detail, "reason": exc.reason}, exc.status, exc.headers)
+    except web.HTTPException as exc:  # aiohttp's own: unknown route, wrong method, body too large
+        if exc.status < 400:
+            raise
+        reason = {404: "no_route", 405: "method_not_allowed", 413: "too_large"}.get(exc.status, f"http_{exc.status}")
+        metrics.errors[reason] += 1
+        detail = exc.text if exc.status == 413 else f"{exc.reason}: {request.method} {request.path}"
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return reply({"detail": detail, "reason": reason}, exc.status, headers)
+    except Exception:
+        metrics.errors["internal"] += 1
+        log.exception("internal error on %s %s", request.method, request.path)
+        return reply({"detail": "internal error (see the service's log)", "reason": "internal"}, 500)
+
+
+def tenant_of(request: web.Request, key: str | None) -> Tenant:
+    keys = request.app[KEYS]
+    if not keys.required:
+        return ANONYMOUS
+    if not key:
+        raise ApiError(401, "an API key is required (X-API-Key header)", "no_key")
+    tenant = keys.authenticate(key)
+    if tenant is None:
+        raise ApiError(403, "the API key is not valid", "bad_key")
+    return tenant
+
+
+@web.middleware
+async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path not in PUBLIC_PATHS and not request.path.endswith("/exec/pty"):  # the PTY answers in-band
+        key = request.headers.get("X-API-Key")
+        if key is None and request.headers.get("Authorization", "").startswith("Bearer "):
+            key = request.headers["Authorization"][len("Bearer ") :]  # Prometheus scrapes send this
+        request["tenant"] = tenant_of(request, key)
+    return await handler(request)
+
+
+# -- sandboxes ----------------------------------------------------------------------------------
+
+
+async def root(request: web.Request) -> web.Response:
+    return reply({"service": "orchard-async", "version": oa.__version__, "api": "orchard-env"})
+
+
+async def health(request: web.Request) -> web.Response:
+    return reply({"status": "healthy", "adapter": request.app[REGISTRY].adapter.name})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(text=request.app[METRICS].render(), content_type="text/plain", charset="utf-8")
+
+
+async def create_sandbox(request: web.Request) -> web.StreamResponse:
+    registry = request.app[REGISTRY]
+    body = decode(await request.read(), CreateRequest)
+    box = registry.create(request["tenant"], body, request.transport)
+    response, delivered = await deliver(request, box.describe())
+    if delivered:
+        registry.answered(box)
+    return response
+
+
+async def list_sandboxes(request: web.Request) -> web.Response:
+    tenant = request["tenant"]
+    boxes = [box.describe() for (name, _), box in request.app[REGISTRY].boxes.items() if name == tenant.name]
+    return reply({"sandboxes": boxes})
+
+
+async def get_sandbox(request: web.Request) -> web.Response:
+    return reply(request.app[REGISTRY].get(request["tenant"], request.match_info["id"]).describe())
+
+
+def int_query(request: web.Request, name: str, default: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(422, f"query parameter {name} must be a whole number of seconds, got {raw!r}") from None
+    if value < 0:
+        raise ApiError(422, f"query parameter {name} must not be negative, got {value}")
+    return value
+
+
+async def wait_sandbox(request: web.Request) -> web.Response:
+    registry, tenant, sandbox_id = request.app[REGISTRY], request["tenant"], request.match_info["id"]
+    seconds = min(int_query(request, "timeout", 300), MAX_WAIT)
+    box = registry.get(tenant, sandbox_id)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(box.ready.wait(), timeout=seconds)
+    box = registry.get(tenant, sandbox_id)  # it may have been deleted meanwhile
+    if box.status == "pending":
+        raise ApiError(408, f"sandbox {sandbox_id} was not ready within {seconds}s", "not_ready_in_time")
+    return reply(box.describe())
+
+
+async def delete_sandbox(request: web.Request) -> web.Response:
+    sandbox_id = request.match_info["id"]
+    if not request.app[REGISTRY].delete(request["tenant"], sandbox_id):
+        raise ApiError(404, f"sandbox {sandbox_id} not found", "unknown_sandbox")
+    return reply({"status": "deleted", "sandbox_id": sandbox_id})
+
+
+async def heartbeat(request: web.Request) -> web.Response:
+    box = request.app[REGISTRY].get(request["tenant"], request.match_info["id"])
+    return reply({"status": "ok", "sandbox_id": box.id})
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+
+async def exec_command(request: web.Request) -> web.StreamResponse:
+    registry, jobs, tenant = request.app[REGISTRY], request.app[JOBS], request["tenant"]
+    body = decode(await request.read(), ExecRequest)
+    if body.command in ("", []):
+        raise ApiError(422, "command must not be empty")
+    if body.timeout_seconds is not None and not body.timeout_seconds > 0:
+        raise ApiError(422, f"timeout_seconds must be a positive number, got {body.timeout_seconds}")
+    try:
+        oa.types.check_env(body.env)
+    except oa.ConfigError as exc:
+        raise ApiError(422, str(exc)) from None
+    box, _ = registry.ready(tenant, request.match_info["id"], 404)
+    key = request.headers.get("Idempotency-Key")
+    job = jobs.original(tenant.name, box, body, key)
+    if job is None:
+        job = jobs.start(tenant.name, box, body, key, registry.spawn)
+        job.origin = request.transport
+    if body.wait is True or (body.mode == "native" and body.wait is not False):
+        await jobs.wait(job, jobs.wait_window(job))
+    return await _answer(request, job)
+
+
+async def _answer(request: web.Request, job: Job) -> web.StreamResponse:
+    response, delivered = await deliver(request, job.to_json())
+    job.delivered = job.delivered or delivered
+    return response
+
+
+async def get_job(request: web.Request) -> web.Response:
+    return reply(request.app[JOBS].get(request["tenant"].name, request.match_info["job_id"]).to_json())
+
+
+async def wait_job(request: web.Request) -> web.StreamResponse:
+    jobs = request.app[JOBS]
+    job = jobs.get(request["tenant"].name, request.match_info["job_id"])
+    await jobs.wait(job, min(int_query(request, "timeout", 300), MAX_WAIT))
+    return await _answer(request, job)
+
+
+async def apply_patch(request: web.Request) -> web.Response:
+    body = decode(await request.read(), PatchRequest)
+    box, sandbox = request.app[REGISTRY].ready(request["tenant"], request.match_info["id"], 400)
+    async with box.lock:
+        result = await sandbox.apply_patch(body.patch)
+    answer: dict[str, Any] = {
+        "success": result.ok,
+        "stdout": result.text,
+        "stderr": result.error_text,
+        "exit_code": result.exit_code,
+    }
+    if not result.ok:
+        answer["error"] = result.error_text.strip() or f"{result.reason} (exit code {result.exit_code})"
+    return reply(answer)
+
+
+# -- files --------------------------------------------------------------------------------------
+
+
+def _file_errors(path: str, exc: Exception) -> ApiError:
+    if isinstance(exc, oa.PathOutsideSandbox):
+        return ApiError(400, str(exc), "path_outside")
+    if isinstance(exc, FileNotFoundError):
+        return ApiError(404, f"{path}: no such file or directory", "no_such_file")
+    if isinstance(exc, oa.SandboxLost):
+        return ApiError(410, str(exc), "sandbox_lost")
+    if isinstance(exc, oa.ConfigError | OSError):
+        return ApiError(400, one_line(exc), "file_error")
+    raise exc
+
+
+def one_line(exc: BaseException) -> str:
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+
+
+def path_query(request: web.Request) -> str:
+    path = request.query.get("path")
+    if not path:
+        raise ApiError(422, "query parameter path is required")
+    return path
+
+
+async def upload(request: web.Request) -> web.Response:
+    body = decode(await request.read(), UploadRequest)
+    data = b64decode(body.content, "content")
+    box, sandbox = request.app[REGISTRY].ready(request["tenant"], request.match_info["id"], 400)
+    try:
+        await sandbox.write_file(box.path(body.path), data, mode=body.mode)
+    except Exception as exc:  # noqa: BLE001 - mapped to its answer, or raised again
+        raise _file_errors(body.path, exc) from None
+    return reply({"success": True, "path": body.path, "size": len(data)})
+
+
+async def download(request: web.Request) -> web.Response:
+    path = path_query(request)
+    box, sandbox = request.app[REGISTRY].ready(request["tenant"], request.match_info["id"], 400)
+    try:
+        data = await sandbox.read_file(box.path(path))
+    except Exception as exc:  # noqa: BLE001
+        raise _file_errors(path, exc) from None
+    return reply({"path": path, "content": b64encode(data), "size": len(data)})
+
+
+async def list_files(request: web.Request) -> web.Response:
+    path = path_query(request)
+    box, sandbox = request.app[REGISTRY].ready(request["tenant"], request.match_info["id"], 400)
+    try:
+        entries = await sandbox.list_dir(box.path(path))
+    except Exception as exc:  # noqa: BLE001
+        raise _file_errors(path, exc) from None
+    files = [
+        {
+            "name": entry.name,
+            "type": "directory" if entry.is_dir else "file",
+            "size": entry.size,
+            "modified": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(entry.mtime)),
+            "mode": entry.mode,  # extensions: what FileInfo needs
+            "mtime": entry.mtime,
+        }
+        for entry in entries
+    ]
+    return reply({"path": path, "files": files})
+
+
+# -- sessions (extension: the remote adapter's Sandbox.session()) -------------------------------
+
+
+async def open_session(request: web.Request) -> web.Response:
+    box, sandbox = request.app[REGISTRY].ready(request["tenant"], request.match_info["id"], 404)
+    stack = contextlib.AsyncExitStack()
+    session = await stack.enter_async_context(sandbox.session())
+    session_id = f"s{len(box.sessions) + 1}-{int(time.time() * 1000) % 100000}"
+    box.sessions[session_id] = (stack, session)
+    return reply({"session_id": session_id, "sandbox_id": box.id})
+
+
+async def close_session(request: web.Request) -> web.Response:
+    box = request.app[REGISTRY].get(request["tenant"], request.match_info["id"])
+    found = box.sessions.pop(request.match_info["session_id"], None)
+    if found is None:
+        raise ApiError(404, f"session {request.match_info['session_id']} not found", "unknown_session")
+    await found[0].aclose()
+    return reply({"status": "closed", "session_id": request.match_info["session_id"]})
+
+
+# -- the application ----------------------------------------------------------------------------
+
+
+def create_app(
+    adapter: oa.Adapter,
+    *,
+    keys: KeyStore | None = None,
+    max_body: int = 64 << 20,
+    max_sandboxes: int = 1000,
+    default_ttl: float = 3600.0,
+    max_ttl: float = 24 * 3600.0,
+    idle_timeout: float = 1800.0,
+    reap_interval: float = 5.0,
+    close_adapter: bool = True,
+) -> web.Application:
+    """The service over ``adapter``. On shutdown every sandbox it holds is destroyed (and
+    the adapter closed, unless ``close_adapter`` is False)."""
+    app = web.Application(middlewares=[log_requests, json_errors, authenticate], client_max_size=max_body)
+    metrics_ = Metrics(lambda: registry.live_counts())
+    registry = Registry(
+        adapter,
+        metrics_,
+        max_sandboxes=max_sandboxes,
+        default_ttl=default_ttl,
+        max_ttl=max_ttl,
+        idle_timeout=idle_timeout,
+    )
+    app[REGISTRY], app[JOBS], app[KEYS], app[METRICS] = registry, Jobs(metrics_), keys or KeyStore(), metrics_
+
+    async def lifetime(app: web.Application) -> Any:
+        reaper = registry.spawn(registry.reaper(reap_interval))
+        yield
+        reaper.cancel()
+        await registry.close()
+        if close_adapter:
+            await adapter.close()
+
+    app.cleanup_ctx.append(lifetime)
+    app.router.add_get("/", root)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/sandboxes", create_sandbox)
+    app.router.add_get("/sandboxes", list_sandboxes)
+    app.router.add_get("/sandboxes/{id}", get_sandbox)
+    app.router.add_delete("/sandboxes/{id}", delete_sandbox)
+    app.router.add_get("/sandboxes/{id}/wait", wait_sandbox)
+    app.router.add_post("/sandboxes/{id}/heartbeat", heartbeat)
+    app.router.add_post("/sandboxes/{id}/exec", exec_command)
+    app.router.add_get("/sandboxes/{id}/exec/pty", pty.handle)
+    app.router.add_post("/sandboxes/{id}/apply_patch", apply_patch)
+    app.router.add_post("/sandboxes/{id}/files", upload)
+    app.router.add_get("/sandboxes/{id}/files", download)
+    app.router.add_get("/sandboxes/{id}/files/list", list_files)
+    app.router.add_post("/sandboxes/{id}/sessions", open_session)
+    app.router.add_delete("/sandboxes/{id}/sessions/{session_id}", close_session)
+    app.router.add_get("/jobs/{job_id}", get_job)
+    app.router.add_get("/jobs/{job_id}/wait", wait_job)
+    return app
