@@ -39,6 +39,7 @@ REGISTRY = web.AppKey("registry", Registry)
 JOBS = web.AppKey("jobs", Jobs)
 KEYS = web.AppKey("keys", KeyStore)
 METRICS = web.AppKey("metrics", Metrics)
+TENANT = web.RequestKey("tenant", Tenant)
 
 
 def reply(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -76,7 +77,7 @@ async def log_requests(request: web.Request, handler: Handler) -> web.StreamResp
         status = response.status
         return response
     finally:
-        tenant = request.get("tenant")
+        tenant = request.get(TENANT)
         access_log.info(
             json.dumps(
                 {
@@ -130,7 +131,7 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
         key = request.headers.get("X-API-Key")
         if key is None and request.headers.get("Authorization", "").startswith("Bearer "):
             key = request.headers["Authorization"][len("Bearer ") :]  # Prometheus scrapes send this
-        request["tenant"] = tenant_of(request, key)
+        request[TENANT] = tenant_of(request, key)
     return await handler(request)
 
 
@@ -152,7 +153,7 @@ async def metrics(request: web.Request) -> web.Response:
 async def create_sandbox(request: web.Request) -> web.StreamResponse:
     registry = request.app[REGISTRY]
     body = decode(await request.read(), CreateRequest)
-    box = registry.create(request["tenant"], body, request.transport)
+    box = registry.create(request[TENANT], body, request.transport)
     response, delivered = await deliver(request, box.describe())
     if delivered:
         registry.answered(box)
@@ -160,13 +161,13 @@ async def create_sandbox(request: web.Request) -> web.StreamResponse:
 
 
 async def list_sandboxes(request: web.Request) -> web.Response:
-    tenant = request["tenant"]
+    tenant = request[TENANT]
     boxes = [box.describe() for (name, _), box in request.app[REGISTRY].boxes.items() if name == tenant.name]
     return reply({"sandboxes": boxes})
 
 
 async def get_sandbox(request: web.Request) -> web.Response:
-    return reply(request.app[REGISTRY].get(request["tenant"], request.match_info["id"]).describe())
+    return reply(request.app[REGISTRY].get(request[TENANT], request.match_info["id"]).describe())
 
 
 def int_query(request: web.Request, name: str, default: int) -> int:
@@ -183,7 +184,7 @@ def int_query(request: web.Request, name: str, default: int) -> int:
 
 
 async def wait_sandbox(request: web.Request) -> web.Response:
-    registry, tenant, sandbox_id = request.app[REGISTRY], request["tenant"], request.match_info["id"]
+    registry, tenant, sandbox_id = request.app[REGISTRY], request[TENANT], request.match_info["id"]
     seconds = min(int_query(request, "timeout", 300), MAX_WAIT)
     box = registry.get(tenant, sandbox_id)
     with contextlib.suppress(TimeoutError):
@@ -196,13 +197,13 @@ async def wait_sandbox(request: web.Request) -> web.Response:
 
 async def delete_sandbox(request: web.Request) -> web.Response:
     sandbox_id = request.match_info["id"]
-    if not request.app[REGISTRY].delete(request["tenant"], sandbox_id):
+    if not request.app[REGISTRY].delete(request[TENANT], sandbox_id):
         raise ApiError(404, f"sandbox {sandbox_id} not found", "unknown_sandbox")
     return reply({"status": "deleted", "sandbox_id": sandbox_id})
 
 
 async def heartbeat(request: web.Request) -> web.Response:
-    box = request.app[REGISTRY].get(request["tenant"], request.match_info["id"])
+    box = request.app[REGISTRY].get(request[TENANT], request.match_info["id"])
     return reply({"status": "ok", "sandbox_id": box.id})
 
 
@@ -210,7 +211,7 @@ async def heartbeat(request: web.Request) -> web.Response:
 
 
 async def exec_command(request: web.Request) -> web.StreamResponse:
-    registry, jobs, tenant = request.app[REGISTRY], request.app[JOBS], request["tenant"]
+    registry, jobs, tenant = request.app[REGISTRY], request.app[JOBS], request[TENANT]
     body = decode(await request.read(), ExecRequest)
     if body.command in ("", []):
         raise ApiError(422, "command must not be empty")
@@ -238,19 +239,19 @@ async def _answer(request: web.Request, job: Job) -> web.StreamResponse:
 
 
 async def get_job(request: web.Request) -> web.Response:
-    return reply(request.app[JOBS].get(request["tenant"].name, request.match_info["job_id"]).to_json())
+    return reply(request.app[JOBS].get(request[TENANT].name, request.match_info["job_id"]).to_json())
 
 
 async def wait_job(request: web.Request) -> web.StreamResponse:
     jobs = request.app[JOBS]
-    job = jobs.get(request["tenant"].name, request.match_info["job_id"])
+    job = jobs.get(request[TENANT].name, request.match_info["job_id"])
     await jobs.wait(job, min(int_query(request, "timeout", 300), MAX_WAIT))
     return await _answer(request, job)
 
 
 async def apply_patch(request: web.Request) -> web.Response:
     body = decode(await request.read(), PatchRequest)
-    box, sandbox = request.app[REGISTRY].ready(request["tenant"], request.match_info["id"], 400)
+    box, sandbox = request.app[REGISTRY].ready(request[TENANT], request.match_info["id"], 400)
     async with box.lock:
         result = await sandbox.apply_patch(body.patch)
     answer: dict[str, Any] = {
@@ -293,7 +294,7 @@ def path_query(request: web.Request) -> str:
 async def upload(request: web.Request) -> web.Response:
     body = decode(await request.read(), UploadRequest)
     data = b64decode(body.content, "content")
-    box, sandbox = request.app[REGISTRY].ready(request["tenant"], request.match_info["id"], 400)
+    box, sandbox = request.app[REGISTRY].ready(request[TENANT], request.match_info["id"], 400)
     try:
         await sandbox.write_file(box.path(body.path), data, mode=body.mode)
     except Exception as exc:  # noqa: BLE001 - mapped to its answer, or raised again
@@ -303,7 +304,7 @@ async def upload(request: web.Request) -> web.Response:
 
 async def download(request: web.Request) -> web.Response:
     path = path_query(request)
-    box, sandbox = request.app[REGISTRY].ready(request["tenant"], request.match_info["id"], 400)
+    box, sandbox = request.app[REGISTRY].ready(request[TENANT], request.match_info["id"], 400)
     try:
         data = await sandbox.read_file(box.path(path))
     except Exception as exc:  # noqa: BLE001
@@ -313,7 +314,7 @@ async def download(request: web.Request) -> web.Response:
 
 async def list_files(request: web.Request) -> web.Response:
     path = path_query(request)
-    box, sandbox = request.app[REGISTRY].ready(request["tenant"], request.match_info["id"], 400)
+    box, sandbox = request.app[REGISTRY].ready(request[TENANT], request.match_info["id"], 400)
     try:
         entries = await sandbox.list_dir(box.path(path))
     except Exception as exc:  # noqa: BLE001
@@ -336,7 +337,7 @@ async def list_files(request: web.Request) -> web.Response:
 
 
 async def open_session(request: web.Request) -> web.Response:
-    box, sandbox = request.app[REGISTRY].ready(request["tenant"], request.match_info["id"], 404)
+    box, sandbox = request.app[REGISTRY].ready(request[TENANT], request.match_info["id"], 404)
     stack = contextlib.AsyncExitStack()
     session = await stack.enter_async_context(sandbox.session())
     session_id = f"s{len(box.sessions) + 1}-{int(time.time() * 1000) % 100000}"
@@ -345,7 +346,7 @@ async def open_session(request: web.Request) -> web.Response:
 
 
 async def close_session(request: web.Request) -> web.Response:
-    box = request.app[REGISTRY].get(request["tenant"], request.match_info["id"])
+    box = request.app[REGISTRY].get(request[TENANT], request.match_info["id"])
     found = box.sessions.pop(request.match_info["session_id"], None)
     if found is None:
         raise ApiError(404, f"session {request.match_info['session_id']} not found", "unknown_session")

@@ -35,7 +35,7 @@ RUNNER = 'n=$1; shift; "$@" 2>&1; c=$?; printf "\\n@@EXIT %s %s\\n" "$n" "$c"'
 
 
 async def handle(request: web.Request) -> web.WebSocketResponse:
-    from .app import REGISTRY, tenant_of  # the app imports this module
+    from .app import REGISTRY, TENANT, tenant_of  # the app imports this module
 
     ws = web.WebSocketResponse(max_msg_size=MAX_FRAME, heartbeat=30)
     await ws.prepare(request)
@@ -45,7 +45,7 @@ async def handle(request: web.Request) -> web.WebSocketResponse:
     except ApiError as exc:
         await ws.close(code=4401, message=exc.detail.encode()[:120])
         return ws
-    request["tenant"] = tenant
+    request[TENANT] = tenant
     try:
         box = request.app[REGISTRY].get(tenant, request.match_info["id"])
     except ApiError:

@@ -43,8 +43,15 @@ def write_keys(path: Path, **quotas: Any) -> Path:
 async def start_service(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Service]]]:
     runners: list[web.AppRunner] = []
 
-    async def start(adapter: str = "local", *, keys: bool = False, quotas: dict | None = None, **options: Any):
-        made = oa.get_adapter(adapter, **({"isolation": "auto"} if adapter == "local" else {}))
+    async def start(
+        adapter: str = "local",
+        *,
+        adapter_options: dict | None = None,
+        keys: bool = False,
+        quotas: dict | None = None,
+        **options: Any,
+    ) -> Service:
+        made = oa.get_adapter(adapter, **(adapter_options or {}))
         store = KeyStore(load_keys(write_keys(tmp_path / "keys.json", **(quotas or {})))) if keys else None
         app = create_app(made, keys=store, **options)
         runner = web.AppRunner(app, access_log=None)
