@@ -1,0 +1,58 @@
+"""The Claw recipe: personal-assistant agents over mock services (mail, calendar, contacts,
+to-do, notes, documents, helpdesk, finance, chat, web search), in the spirit of Claw-Eval.
+
+    orchard-async run claw --tasks builtin --policy oracle --episodes 18 --out out/claw.jsonl
+
+* tasks: ``load_tasks("builtin")`` (the bundled YAML tasks), ``"builtin:ID,ID"``, a task file
+  or a directory of them (schema in ``task``);
+* services: one stdlib-only server per sandbox, started at setup, reached through commands
+  on the sandbox's PATH (``mail list --unread``) or HTTP on its loopback (``services``);
+* scoring: from the services' audit and final state, read with a MAC the agent cannot forge
+  (``grading``): ``safety x (0.8 completion + 0.2 robustness)``, passed at 0.75;
+* policies: ``oracle`` (each task's scripted solution), ``empty`` (does nothing), ``openai``
+  (function calling over an OpenAI-compatible endpoint, see ``openai_policy``);
+* reports: ``pass_at_k`` and ``pass_hat_k`` per task group (``passk``).
+"""
+
+from __future__ import annotations
+
+from orchard_async import ConfigError, Policy
+
+from .grading import PASS_THRESHOLD, score
+from .passk import pass_at_k, pass_hat_k, summarize_groups
+from .policies import EmptyPolicy, OraclePolicy
+from .task import IMAGE, ClawTask, load_task, load_tasks
+
+IMAGES = [IMAGE]  # what `orchard-async images build` builds for this recipe
+
+POLICIES = ("oracle", "empty", "openai")
+
+
+def make_policy(name: str) -> Policy:
+    """The recipe's policies by name (``--policy``); ``openai`` reads its settings from the environment."""
+    if name == "oracle":
+        return OraclePolicy()
+    if name == "empty":
+        return EmptyPolicy()
+    if name == "openai":
+        from .openai_policy import ToolCallingPolicy
+
+        return ToolCallingPolicy.from_env()
+    raise ConfigError(f"unknown policy {name!r} for the claw recipe; choose one of: {', '.join(POLICIES)}")
+
+
+__all__ = [
+    "IMAGES",
+    "PASS_THRESHOLD",
+    "POLICIES",
+    "ClawTask",
+    "EmptyPolicy",
+    "OraclePolicy",
+    "load_task",
+    "load_tasks",
+    "make_policy",
+    "pass_at_k",
+    "pass_hat_k",
+    "score",
+    "summarize_groups",
+]
