@@ -81,14 +81,17 @@ if [ -n "$resolv" ]; then exec 9<"$resolv"; fi
 n=4; for d in $expose; do eval "exec $n<\"\$d\""; n=$((n+1)); done
 # Every host mount read-only, keeping the flags it has (a user namespace may add, not drop).
 # One that cannot be made read-only here (an overlay, in a user namespace) is covered by an
-# empty read-only dir instead; what was mounted under it is then out of sight as well.
+# empty read-only dir instead; what was mounted under it is then out of sight as well. One
+# that vanished meanwhile (a file another namespace unlinked, e.g. a CNI netns being torn
+# down: its mounts go in every namespace) has nothing left to protect.
 while read -r _ _ _ _ mp opts _; do
   case "$mp" in *\\*) mp=$(printf '%b' "$mp") ;; esac
   case "$mp" in /proc|/proc/*|/dev/pts|/dev/pts/*) continue ;; esac
   case "$opts" in ro|ro,*) continue ;; esac
   [ -e "$mp" ] || continue
   mount -o "remount,bind,ro${opts#rw}" "$mp" 2>/dev/null || mount -o remount,bind,ro "$mp" 2>/dev/null ||
-    mount -t tmpfs -o ro,mode=755,nosuid,nodev tmpfs "$mp"
+    mount -t tmpfs -o ro,mode=755,nosuid,nodev tmpfs "$mp" 2>/dev/null || [ ! -e "$mp" ] ||
+    { echo "cannot make $mp read-only" >&2; exit 1; }
 done </proc/self/mountinfo
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp
 if [ -d /run ]; then mount -t tmpfs -o mode=755,nosuid,nodev tmpfs /run; fi
