@@ -252,8 +252,11 @@ async def wait_job(request: web.Request) -> web.StreamResponse:
 async def apply_patch(request: web.Request) -> web.Response:
     body = decode(await request.read(), PatchRequest)
     box, sandbox = request.app[REGISTRY].ready(request[TENANT], request.match_info["id"], 400)
-    async with box.lock:
-        result = await sandbox.apply_patch(body.patch)
+    try:
+        async with box.lock:
+            result = await sandbox.apply_patch(body.patch, cwd=box.path(body.cwd) if body.cwd else None)
+    except Exception as exc:  # noqa: BLE001 - mapped to its answer, or raised again
+        raise _file_errors(body.cwd or ".", exc) from None
     answer: dict[str, Any] = {
         "success": result.ok,
         "stdout": result.text,
@@ -327,6 +330,7 @@ async def list_files(request: web.Request) -> web.Response:
             "modified": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(entry.mtime)),
             "mode": entry.mode,  # extensions: what FileInfo needs
             "mtime": entry.mtime,
+            "full_path": entry.path,
         }
         for entry in entries
     ]

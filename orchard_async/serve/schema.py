@@ -31,7 +31,7 @@ class ApiError(Exception):
 
 
 class CreateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    image: str
+    image: str | None  # required; null only from the remote adapter, for adapters without images
     block_network: bool = True
     sandbox_id: str | None = None
     cpu: str | int | float | None = None  # Orchard: a string ("2", "500m")
@@ -60,6 +60,7 @@ class ExecRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class PatchRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     patch: str
     timeout_seconds: int | float = 30
+    cwd: str | None = None  # extension
 
 
 class UploadRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -1,0 +1,332 @@
+"""The remote adapter: sandboxes of an ``orchard-async serve`` service, over HTTP.
+
+``get_adapter("remote", url=..., api_key=...)`` makes the whole library (rollout engine,
+recipes, bench) run its sandboxes through a service: the trainer on one machine, the
+sandboxes on a cluster. It speaks the service's Orchard-compatible API plus the
+extensions the library's contract needs (``mode: native`` exec: sh semantics, stdin, exact
+bytes in base64, the exit reason; sessions; a file listing's modes).
+
+Retries are safe: a create names its sandbox (``ra-<random>``), so a retried create finds
+the one already made; a command carries an ``Idempotency-Key``, so a retried exec gets the
+job already running. Connection errors and 503s are retried (3 attempts; a 503's
+``Retry-After`` is honoured).
+
+Defaults: ``url`` from ``ORCHARD_REMOTE_URL`` (else ``SANDBOX_BASE_URL``, else
+``http://127.0.0.1:8000``), ``api_key`` from ``ORCHARD_REMOTE_KEY`` (else ``SANDBOX_API_KEY``).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import os
+import posixpath
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+
+from orchard_async.errors import BackendUnavailable, ConfigError, CreateFailed, PathOutsideSandbox, SandboxLost
+from orchard_async.protocols import DEFAULT_EXEC_TIMEOUT
+from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec, check_env, check_timeout
+
+ATTEMPTS = 3
+MAX_RETRY_AFTER = 30.0
+WAIT_STEP = 300  # seconds per /wait call while a sandbox is being made
+HTTP_MARGIN = 60.0  # beyond a command's own timeout before the HTTP call gives up
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+class RemoteSession:
+    """A stateful shell of a remote sandbox (held by the service)."""
+
+    def __init__(self, sandbox: RemoteSandbox, session_id: str):
+        self._sandbox = sandbox
+        self.id = session_id
+
+    async def exec(
+        self, cmd: str, *, timeout: float | None = DEFAULT_EXEC_TIMEOUT, stdin: bytes | None = None
+    ) -> ExecResult:
+        return await self._sandbox._exec(cmd, timeout=timeout, stdin=stdin, session=self.id)
+
+
+class RemoteSandbox:
+    def __init__(self, adapter: RemoteAdapter, info: dict[str, Any]):
+        self._adapter = adapter
+        self.id: str = info["sandbox_id"]
+        self.workdir: str = info.get("workdir") or "/workspace"
+        self.root: str = info.get("root") or "/"
+        self.labels: dict[str, str] = info.get("labels") or {}
+        self.expires_at: float = info.get("expires_at") or 0.0
+        self.closed = False
+
+    @property
+    def _path(self) -> str:
+        return f"/sandboxes/{self.id}"
+
+    # -- commands ----------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        cmd: str,
+        *,
+        timeout: float | None = DEFAULT_EXEC_TIMEOUT,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        return await self._exec(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin)
+
+    async def _exec(self, cmd: str, *, timeout: float | None, stdin: bytes | None, **fields: Any) -> ExecResult:
+        check_timeout(timeout)
+        check_env(fields.get("env"))
+        if "\0" in cmd or "\0" in (fields.get("cwd") or ""):
+            raise ConfigError("commands and paths cannot contain NUL bytes")
+        body = {"command": cmd, "mode": "native", "timeout_seconds": timeout, "wait": True, **fields}
+        if stdin:
+            body["stdin"] = _b64(stdin)
+        http_timeout = None if timeout is None else timeout + HTTP_MARGIN
+        headers = {"Idempotency-Key": uuid.uuid4().hex}
+        try:
+            job = await self._adapter._call(
+                "POST", f"{self._path}/exec", json=body, timeout=http_timeout, headers=headers
+            )
+            while job["status"] not in ("succeeded", "failed"):  # past the service's wait window
+                job = await self._adapter._call("GET", f"/jobs/{job['job_id']}/wait", params={"timeout": WAIT_STEP})
+        except SandboxLost as exc:
+            return ExecResult(exit_code=-1, reason=ExitReason.SANDBOX_LOST, stderr=str(exc).encode())
+        except BackendUnavailable as exc:
+            return ExecResult(exit_code=-1, reason=ExitReason.INFRA_ERROR, stderr=str(exc).encode())
+        if "reason" not in job:  # the service could not run it at all
+            reason = ExitReason.INFRA_ERROR
+            return ExecResult(exit_code=-1, reason=reason, stderr=(job.get("error") or "").encode())
+        return ExecResult(
+            exit_code=job["exit_code"],
+            reason=ExitReason(job["reason"]),
+            stdout=base64.b64decode(job["stdout"]),
+            stderr=base64.b64decode(job["stderr"]),
+            duration=job.get("duration") or 0.0,
+            stdout_cut=job.get("stdout_cut") or 0,
+            stderr_cut=job.get("stderr_cut") or 0,
+        )
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[RemoteSession]:
+        opened = await self._adapter._call("POST", f"{self._path}/sessions")
+        try:
+            yield RemoteSession(self, opened["session_id"])
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self._adapter._call("DELETE", f"{self._path}/sessions/{opened['session_id']}")
+                except (SandboxLost, FileNotFoundError, BackendUnavailable):
+                    pass  # the sandbox (and its sessions) went first
+
+    # -- files -------------------------------------------------------------------------------
+
+    async def read_file(self, path: str) -> bytes:
+        got = await self._adapter._call("GET", f"{self._path}/files", params={"path": path}, file=True)
+        return base64.b64decode(got["content"])
+
+    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+        payload = data.encode() if isinstance(data, str) else data
+        body = {"path": path, "content": _b64(payload), "mode": mode}
+        await self._adapter._call("POST", f"{self._path}/files", json=body, file=True)
+
+    async def list_dir(self, path: str = ".") -> list[FileInfo]:
+        listed = await self._adapter._call("GET", f"{self._path}/files/list", params={"path": path}, file=True)
+        return [
+            FileInfo(
+                entry["name"],
+                entry.get("full_path") or posixpath.join(path, entry["name"]),
+                entry["size"],
+                entry["type"] == "directory",
+                entry.get("mode", 0),
+                entry.get("mtime", 0.0),
+            )
+            for entry in listed["files"]
+        ]
+
+    async def apply_patch(self, patch: str | bytes, *, cwd: str | None = None) -> ExecResult:
+        text = patch.decode() if isinstance(patch, bytes) else patch
+        body = {"patch": text, "timeout_seconds": DEFAULT_EXEC_TIMEOUT, "cwd": cwd}
+        result = await self._adapter._call("POST", f"{self._path}/apply_patch", json=body, file=True)
+        return ExecResult(
+            exit_code=result["exit_code"],
+            reason=ExitReason.OK if result["success"] else ExitReason.NONZERO,
+            stdout=result["stdout"].encode(),
+            stderr=result["stderr"].encode(),
+        )
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._adapter._live.pop(self.id, None)
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._adapter._call("DELETE", self._path)
+            except SandboxLost:
+                pass  # already gone (its TTL, or the service reaped it)
+
+    async def __aenter__(self) -> RemoteSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class RemoteAdapter:
+    name = "remote"
+
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        api_key: str | None = None,
+        create_timeout: float = 600.0,
+        max_connections: int = 256,
+    ):
+        self.url = (
+            url or os.environ.get("ORCHARD_REMOTE_URL") or os.environ.get("SANDBOX_BASE_URL") or "http://127.0.0.1:8000"
+        ).rstrip("/")
+        if not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"url must start with http:// or https://, got {self.url!r}")
+        key = api_key or os.environ.get("ORCHARD_REMOTE_KEY") or os.environ.get("SANDBOX_API_KEY")
+        self.create_timeout = create_timeout
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers={"X-API-Key": key} if key else {},
+            timeout=httpx.Timeout(60.0, connect=10.0),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+        self._live: dict[str, RemoteSandbox] = {}
+
+    async def doctor(self) -> str:
+        health = await self._call("GET", "/health")
+        return f"the service at {self.url} ({health.get('adapter', '?')} adapter behind it)"
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float | None | type = httpx.USE_CLIENT_DEFAULT,
+        file: bool = False,
+    ) -> dict[str, Any]:
+        """One API call, retried on connection errors and 503; errors mapped to the library's.
+        ``file``: a 404 names a missing file rather than a missing sandbox."""
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                response = await self._http.request(
+                    method, path, json=json, params=params, headers=headers, timeout=timeout
+                )
+            except httpx.TransportError as exc:
+                if attempt == ATTEMPTS:
+                    raise BackendUnavailable(f"the service at {self.url} did not answer: {exc!r}") from None
+                await anyio.sleep(attempt * 0.5)
+                continue
+            if response.status_code == 503 and attempt < ATTEMPTS:
+                await anyio.sleep(min(float(response.headers.get("Retry-After", 1)), MAX_RETRY_AFTER))
+                continue
+            return self._answer(response, file)
+        raise AssertionError("unreachable")
+
+    def _answer(self, response: httpx.Response, file: bool) -> dict[str, Any]:
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        if response.status_code < 400:
+            return body
+        detail = body.get("detail") or f"HTTP {response.status_code}"
+        reason = body.get("reason", "")
+        status = response.status_code
+        if status in (401, 403):
+            raise ConfigError(f"the service refused the API key: {detail}")
+        if reason == "path_outside":
+            raise PathOutsideSandbox(detail)
+        if reason == "no_such_file" or (file and status == 404 and reason != "unknown_sandbox"):
+            raise FileNotFoundError(detail)
+        if status in (404, 410):
+            raise SandboxLost(detail)
+        if status in (400, 409, 413, 422):
+            if file:
+                raise OSError(detail)
+            raise ConfigError(detail)
+        raise BackendUnavailable(f"the service answered {status}: {detail}")
+
+    async def create(self, spec: SandboxSpec) -> RemoteSandbox:
+        body = {
+            "image": spec.image,
+            "block_network": spec.network == "none",
+            "sandbox_id": f"ra-{uuid.uuid4().hex[:16]}",  # ours: a retried create finds the first
+            "cpu": spec.cpu,
+            "memory": spec.memory,
+            "timeout": math.ceil(spec.ttl),
+            "env": spec.env,
+            "labels": spec.labels,
+            "workdir": spec.workdir,
+            "pids": spec.pids,
+        }
+        try:
+            made = await self._call("POST", "/sandboxes", json=body)
+        except (BackendUnavailable, SandboxLost) as exc:
+            raise CreateFailed(f"the service could not create a sandbox: {exc}") from None
+        sandbox_id = made["sandbox_id"]
+        # Registered before it is ready: a cancelled or failed wait still deletes it in close().
+        sandbox = RemoteSandbox(self, made)
+        self._live[sandbox_id] = sandbox
+        try:
+            with anyio.fail_after(self.create_timeout):
+                info = made
+                while info["status"] == "pending":
+                    info = await self._wait(sandbox_id)
+        except BaseException as exc:
+            await sandbox.close()
+            if isinstance(exc, TimeoutError):
+                raise CreateFailed(f"sandbox {sandbox_id} was not ready within {self.create_timeout:g}s") from None
+            if isinstance(exc, BackendUnavailable | SandboxLost):
+                raise CreateFailed(f"sandbox {sandbox_id}: {exc}") from None
+            raise
+        if info["status"] != "ready":
+            await sandbox.close()
+            raise CreateFailed(f"sandbox {sandbox_id} failed: {info.get('status_message') or info['status']}")
+        ready = RemoteSandbox(self, info)
+        self._live[sandbox_id] = ready
+        return ready
+
+    async def _wait(self, sandbox_id: str) -> dict[str, Any]:
+        response = await self._http.get(
+            f"/sandboxes/{sandbox_id}/wait", params={"timeout": WAIT_STEP}, timeout=WAIT_STEP + HTTP_MARGIN
+        )
+        if response.status_code == 408:
+            return {"status": "pending"}
+        return self._answer(response, file=False)
+
+    async def destroy(self, sandbox: RemoteSandbox) -> None:  # type: ignore[override]
+        await sandbox.close()
+
+    async def list_owned(self) -> list[str]:
+        return list(self._live)
+
+    async def reap(self, older_than: float = 0.0) -> list[str]:
+        """Nothing to do here: the service reaps its own (TTL, idle limit, restarts)."""
+        return []
+
+    async def close(self) -> None:
+        async with anyio.create_task_group() as tg:
+            for sandbox in list(self._live.values()):
+                tg.start_soon(sandbox.close)
+        await self._http.aclose()
