@@ -23,6 +23,7 @@ it regardless. ``reap`` finds leftovers by lease file and by the ``ORCHARD_SANDB
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -48,6 +49,7 @@ from . import local_isolation as iso
 
 SANDBOX_ENV = "ORCHARD_SANDBOX"  # the sandbox dir: names the sandbox and the root it lives in
 DESTROY_GRACE = 5.0
+CREATE_ATTEMPTS = 2  # a sandbox shell that does not start is started again once
 
 # `$1` TTL seconds, `$2` "ns" when the sandbox has its own PID namespace. stdin is the
 # controller's pipe, passed to the server. Traps run while the supervisor waits (POSIX `wait`
@@ -158,6 +160,11 @@ class LocalAdapter:
         # nobody holds. It takes tens of milliseconds; the caller's cancellation lands at
         # its next checkpoint, where it already owns the sandbox and destroys it.
         with anyio.CancelScope(shield=True):
+            for _ in range(CREATE_ATTEMPTS - 1):
+                with contextlib.suppress(CreateFailed):
+                    # The host's mount table can change under a starting sandbox (container
+                    # runtimes add and remove network namespaces); a second start sees another.
+                    return await self._create(spec)
             return await self._create(spec)
 
     def _prepare_dirs(self, base: Path, lease: dict) -> None:
