@@ -388,6 +388,10 @@ def create_app(
     app[REGISTRY], app[JOBS], app[KEYS], app[METRICS] = registry, Jobs(metrics_), keys or KeyStore(), metrics_
 
     async def lifetime(app: web.Application) -> Any:
+        # Sandboxes a killed earlier run of the service left (their controller is dead): the
+        # service's state is gone with it, so none can be adopted; remove them.
+        for sandbox_id in await adapter.reap():
+            log.info("reaped %s, left by a run that is gone", sandbox_id)
         reaper = registry.spawn(registry.reaper(reap_interval))
         yield
         reaper.cancel()
