@@ -31,7 +31,12 @@ SIGNALS = {"TERM", "KILL", "INT", "HUP"}
 
 # `$1` the exit marker's nonce, then the program: run it with stderr on stdout, then say how it
 # ended on a line of its own (the bridge strips that line and turns it into the exit frame).
-RUNNER = 'n=$1; shift; "$@" 2>&1; c=$?; printf "\\n@@EXIT %s %s\\n" "$n" "$c"'
+# The program runs as a background job that is waited for, its stdin given explicitly: for a
+# foreground job killed by a signal, dash would print "Terminated" into the output.
+RUNNER = (
+    'n=$1; shift; exec 3>&1 4<&0 2>/dev/null; "$@" <&4 2>&3 3>&- 4<&- & p=$!; exec 4<&-; '
+    'wait "$p"; c=$?; printf "\\n@@EXIT %s %s\\n" "$n" "$c"'
+)
 
 
 async def handle(request: web.Request) -> web.WebSocketResponse:
