@@ -24,20 +24,6 @@ def tasks() -> dict[str, claw.ClawTask]:
     return {t.id: t for t in claw.load_tasks("builtin")}
 
 
-@pytest.fixture(scope="module")
-def builtin_runs(tmp_path_factory, tasks) -> dict[str, RunResult]:
-    root = tmp_path_factory.mktemp("claw")
-
-    async def both() -> dict[str, RunResult]:
-        listed = list(tasks.values())
-        return {
-            "oracle": await run_rollout(listed, claw.make_policy("oracle"), root / "oracle", concurrency=4),
-            "empty": await run_rollout(listed, claw.make_policy("empty"), root / "empty", concurrency=4),
-        }
-
-    return anyio.run(both)
-
-
 def test_the_bundle_covers_every_service_and_kind(tasks) -> None:
     assert len(tasks) >= 12
     seeded = {service for t in tasks.values() for service in t.services}
@@ -126,13 +112,68 @@ def cheats(tasks: dict[str, claw.ClawTask]) -> dict[str, list[str]]:
     }
 
 
-@pytest.fixture(scope="module")
-def cheat_run(tmp_path_factory, tasks) -> RunResult:
-    scripts = cheats(tasks)
-    chosen = [tasks[task_id] for task_id in scripts]
-    return anyio.run(
-        lambda: run_rollout(chosen, ScriptPolicy(scripts, "cheat"), tmp_path_factory.mktemp("cheat"), concurrency=4)
+def http_script() -> list[str]:
+    """calendar-find-slot solved over HTTP on the loopback instead of the CLI."""
+    call = (
+        "python3 -c \"import json, urllib.request as u; port = open('/tmp/claw/port').read().strip(); "
+        "print(u.urlopen(u.Request('http://127.0.0.1:%s/call/%s' % (port, '{path}'), data=json.dumps({args}).encode())).read())\""
     )
+    return [
+        call.format(path="calendar/freebusy", args="{'date': '2026-03-12', 'attendees': 'bob@example.com'}"),
+        call.format(
+            path="calendar/create",
+            args="{'title': 'Design review', 'start': '2026-03-12T16:00', 'end': '2026-03-12T17:00', "
+            "'attendees': 'bob@example.com'}",
+        ),
+    ]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tasks) -> dict[str, RunResult]:
+    """Every rollout of this file at once (they mostly wait on commands): the bundle with the
+    oracle and with the empty policy, the cheats, two agents that give up, one over HTTP."""
+    root = tmp_path_factory.mktemp("claw")
+    listed = list(tasks.values())
+    scripts = cheats(tasks)
+    fault = tasks["fault-mail-omar"]
+    plans = {
+        "oracle": (listed, claw.make_policy("oracle")),
+        "empty": (listed, claw.make_policy("empty")),
+        "cheat": ([tasks[task_id] for task_id in scripts], ScriptPolicy(scripts, "cheat")),
+        # skips the lookup after its 429 (it knew the address), retries the send
+        "partial": (
+            [fault],
+            ScriptPolicy(["contacts search --query 'Omar Haddad'", fault.oracle[1], "claw answer sent"]),
+        ),
+        "quitter": (
+            [fault],
+            ScriptPolicy(["contacts search --query 'Omar Haddad'", "claw answer 'contacts are down'"]),
+        ),
+        "http": ([tasks["calendar-find-slot"]], ScriptPolicy(http_script())),
+    }
+    results: dict[str, RunResult] = {}
+
+    async def one(name: str) -> None:
+        chosen, policy = plans[name]
+        results[name] = await run_rollout(chosen, policy, root / name, concurrency=4)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as group:
+            for name in plans:
+                group.start_soon(one, name)
+
+    anyio.run(main)
+    return results
+
+
+@pytest.fixture(scope="module")
+def builtin_runs(runs) -> dict[str, RunResult]:
+    return runs
+
+
+@pytest.fixture(scope="module")
+def cheat_run(runs) -> RunResult:
+    return runs["cheat"]
 
 
 @pytest.mark.parametrize(
@@ -171,38 +212,19 @@ def test_the_key_is_out_of_reach_and_files_or_resets_count_for_nothing(cheat_run
 # -- faults: giving up costs ------------------------------------------------------------------------
 
 
-def test_an_agent_that_gives_up_loses_the_robustness_share(tmp_path, tasks) -> None:
-    task = tasks["fault-mail-omar"]
-    send = task.oracle[1]  # the retried send
-    scripts = {
-        # skips the lookup after its 429 (it knew the address), retries the send
-        "fault-mail-omar": ["contacts search --query 'Omar Haddad'", send, "claw answer sent"],
-    }
-    partial = anyio.run(lambda: run_rollout([task], ScriptPolicy(scripts), tmp_path / "partial")).trajectories[0]
+def test_an_agent_that_gives_up_loses_the_robustness_share(runs) -> None:
+    partial = runs["partial"].trajectories[0]
     assert partial.steps[0].exit_code == 75 and "429" in partial.steps[0].observation
     assert partial.info["completion"] == 1.0 and partial.info["robustness"] == 0.5
     assert partial.reward == pytest.approx(0.9) and partial.success
-    give_up = {"fault-mail-omar": ["contacts search --query 'Omar Haddad'", "claw answer 'the contacts are down'"]}
-    quitter = anyio.run(lambda: run_rollout([task], ScriptPolicy(give_up), tmp_path / "quit")).trajectories[0]
+    quitter = runs["quitter"].trajectories[0]
     assert quitter.reward == 0.0 and quitter.info["robustness"] == 0.0 and quitter.info["injected_errors"] == 1
 
 
-def test_the_http_path_counts_like_the_cli(tmp_path, tasks) -> None:
-    task = tasks["calendar-find-slot"]
-    call = (
-        "python3 -c \"import json, urllib.request as u; port = open('/tmp/claw/port').read().strip(); "
-        "print(u.urlopen(u.Request('http://127.0.0.1:%s/call/%s' % (port, '{path}'), data=json.dumps({args}).encode())).read())\""
-    )
-    script = [
-        call.format(path="calendar/freebusy", args="{'date': '2026-03-12', 'attendees': 'bob@example.com'}"),
-        call.format(
-            path="calendar/create",
-            args="{'title': 'Design review', 'start': '2026-03-12T16:00', 'end': '2026-03-12T17:00', "
-            "'attendees': 'bob@example.com'}",
-        ),
-    ]
-    t = anyio.run(lambda: run_rollout([task], ScriptPolicy({task.id: script}), tmp_path)).trajectories[0]
+def test_the_http_path_counts_like_the_cli(runs) -> None:
+    t = runs["http"].trajectories[0]
     assert t.reward == 1.0, (t.info, [s.observation for s in t.steps])
+    assert all(result.exit_code == 0 for result in t.steps[:2])
 
 
 # -- services in one sandbox: CLI, HTTP, reset, faults never on control ------------------------------
