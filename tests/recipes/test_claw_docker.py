@@ -1,0 +1,59 @@
+"""The Claw recipe on docker: the oracle passes and the empty policy scores 0 in containers
+with network off, nothing is left behind. Needs a daemon and an image with python3
+(ORCHARD_CLAW_IMAGE, default orchard/python:test here); skips without them (fails in CI)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+
+import anyio
+import pytest
+
+import orchard_async as oa
+from orchard_async.recipes import claw
+from tests.conftest import backend_missing
+
+try:
+    from orchard_async.adapters.docker import DockerAdapter
+except ImportError as exc:  # aiodocker is an optional dependency
+    if os.environ.get("CI", "").lower() == "true":
+        raise
+    pytest.skip(f"docker: {exc}; pip install 'orchard-async[docker]'", allow_module_level=True)
+
+IMAGE = os.environ.get("ORCHARD_CLAW_TEST_IMAGE", "orchard/python:test")
+TASKS = "builtin:fault-mail-omar,safety-confirm-delete,docs-expense-totals,multiturn-schedule-lee"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def docker_with_a_python_image() -> None:
+    try:
+        status = asyncio.run(DockerAdapter(image=IMAGE).doctor())
+    except oa.OrchardError as exc:
+        backend_missing(f"docker: {exc}")
+    if "MISSING" in status:
+        backend_missing(f"docker: {status}")
+
+
+def test_oracle_passes_and_empty_scores_zero_on_docker() -> None:
+    tasks = claw.load_tasks(TASKS, image=IMAGE)
+    assert {t.spec.image for t in tasks} == {IMAGE} and {t.spec.network for t in tasks} == {"none"}
+
+    async def main(policy: str) -> list[oa.Trajectory]:
+        adapter = DockerAdapter(run_id=f"t{uuid.uuid4().hex[:10]}")
+        try:
+            found = [t async for t in oa.rollout(tasks, claw.make_policy(policy), adapter, concurrency=4)]
+        finally:
+            leaked = await adapter.list_owned()
+            await adapter.close()
+        assert leaked == []
+        return found
+
+    oracle = anyio.run(main, "oracle")
+    assert [(t.task_id, t.reward) for t in oracle] == [(t.task_id, 1.0) for t in oracle], [
+        (t.error, t.info) for t in oracle
+    ]
+    assert len(oracle) == 4
+    empty = anyio.run(main, "empty")
+    assert [t.reward for t in empty] == [0.0] * 4, [t.error for t in empty]
