@@ -20,3 +20,39 @@ def cluster_configured() -> bool:
         return True
     path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
     return os.path.exists(path)
+
+
+# -- running in parallel ---------------------------------------------------------------------
+# `python -m pytest` runs on several workers (pytest-xdist, `-n` in pyproject's addopts) with
+# `--dist loadgroup`: tests of one group run one after another on one worker. Everything that
+# drives the Docker daemon is one group (one test restarts the daemon; others count its
+# containers), everything that drives the cluster another (one test restarts the API server);
+# the rest is grouped by file, so a module's fixtures are built once, and the files that share
+# the bundled SWE set's session fixture run together.
+SHARED_SESSION_FIXTURE_FILES = {
+    "tests/recipes/test_swe_builtin_data.py": "swe-builtin",
+    "tests/recipes/test_swe_recipe.py": "swe-builtin",
+    "tests/recipes/test_swe_parity.py": "swe-builtin",
+}
+DOCKER_FILES = {
+    "tests/adapters/test_docker.py",
+    "tests/bench/test_docker.py",
+    "tests/recipes/test_claw_docker.py",
+    "tests/recipes/test_swe_docker.py",
+    "tests/recipes/test_swe_real_instances.py",
+}
+
+
+def xdist_group_of(item: pytest.Item) -> str:
+    path = item.nodeid.split("::", 1)[0]
+    params = set(item.nodeid.partition("[")[2].rstrip("]").split("-"))  # conformance: the backend's name
+    if path in DOCKER_FILES or "docker" in params:
+        return "docker"
+    if path == "tests/adapters/test_kubernetes.py" or "kubernetes" in params:
+        return "kubernetes"
+    return SHARED_SESSION_FIXTURE_FILES.get(path, path)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
