@@ -1,0 +1,275 @@
+"""A trajectory file, indexed by one scan: where each record is, and the few numbers per
+episode the summary, the filters and the histograms need.
+
+The scan decodes every record once (with the same decoder and the same skipping rules as
+``read_trajectories``, so the numbers are ``inspect``'s) and keeps only compact columns:
+offsets and lengths, reward, duration, steps, retries and small integers that point into
+tables of the distinct task ids, groups, policies and end reasons. A page then decodes only
+the records it shows. Memory grows by a few dozen bytes per episode, not with the file.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import struct
+from array import array
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ..errors import ConfigError
+from ..summary import Summary, percentile
+from ..trajectory import EndReason, Trajectory, check_trajectory_file, read_run_header
+
+_LENGTH = struct.Struct(">I")
+_json_decoder = msgspec.json.Decoder(Trajectory)
+_mp_decoder = msgspec.msgpack.Decoder(Trajectory)
+_JSON_HEADER_PREFIX = b'{"orchard_run":'
+_MP_HEADER_PREFIX = b"\x81\xab" + b"orchard_run"
+
+# Flag bits of one episode (the ``flags`` column).
+FINISHED = 1
+SUCCESS = 2
+VERIFIER_ERROR = 4  # ended in a verifier error, or an attempt of it did (a retry)
+
+
+class Interned:
+    """Distinct strings of one column, numbered in order of first sight."""
+
+    def __init__(self) -> None:
+        self.values: list[str] = []
+        self._numbers: dict[str, int] = {}
+
+    def number(self, value: str) -> int:
+        found = self._numbers.get(value)
+        if found is None:
+            found = self._numbers[value] = len(self.values)
+            self.values.append(value)
+        return found
+
+    def find(self, value: str) -> int | None:
+        return self._numbers.get(value)
+
+
+class SummaryAccumulator:
+    """``summary.summarize`` fed one trajectory at a time, keeping only what it sums.
+
+    Same order of additions as ``summarize`` (and ``sum`` over the same sequence where it
+    sums floats), so the result is bit-for-bit ``inspect --json``'s."""
+
+    def __init__(self) -> None:
+        self.episodes = 0
+        self.finished = 0
+        self.successes = 0
+        self.rewards = array("d")
+        self.steps = 0
+        self.exec_times = array("d")
+        self.phase_totals: Counter[str] = Counter()
+        self.end_reasons: Counter[str] = Counter()
+        self.command_reasons: Counter[str] = Counter()
+        self.retries = 0
+        self.verifier_errors = 0
+        self.model_unavailable = 0
+
+    def add(self, trajectory: Trajectory) -> None:
+        self.episodes += 1
+        self.finished += trajectory.status == "finished"
+        self.successes += trajectory.success
+        self.rewards.append(trajectory.reward)
+        self.steps += len(trajectory.steps)
+        for step in trajectory.steps:
+            if step.reason is not None:
+                self.exec_times.append(step.exec_s)
+            if step.reason:
+                self.command_reasons[step.reason] += 1
+        for phase, seconds in trajectory.timings.items():
+            if phase != "total":
+                self.phase_totals[phase] += seconds
+        self.end_reasons[str(trajectory.end_reason)] += 1
+        self.retries += len(trajectory.retries)
+        self.verifier_errors += trajectory.end_reason == EndReason.VERIFIER_ERROR
+        self.model_unavailable += trajectory.end_reason == EndReason.MODEL_UNAVAILABLE
+
+    def result(self) -> Summary:
+        count = self.episodes
+        spent = sum(self.phase_totals.values()) or 1.0
+        return Summary(
+            episodes=count,
+            finished=self.finished,
+            failed=count - self.finished,
+            success_rate=self.successes / count if count else 0.0,
+            mean_reward=sum(self.rewards) / count if count else 0.0,
+            steps=self.steps,
+            exit_reasons=dict(self.end_reasons.most_common()),
+            command_reasons=dict(self.command_reasons.most_common()),
+            retries=self.retries,
+            exec_p50_ms=percentile(self.exec_times, 50) * 1000,
+            exec_p99_ms=percentile(self.exec_times, 99) * 1000,
+            time_share={phase: round(total / spent, 4) for phase, total in self.phase_totals.items()},
+            verifier_errors=self.verifier_errors,
+            model_unavailable=self.model_unavailable,
+        )
+
+
+class RunIndex:
+    """One trajectory file: its records' places and per-episode columns (row i = the i-th
+    trajectory in the file). ``open`` scans it; ``trajectory(i)`` decodes one record."""
+
+    def __init__(self, path: Path, msgpack: bool) -> None:
+        self.path = path
+        self.folder = path.resolve().parent
+        self.msgpack = msgpack
+        self.header: dict[str, Any] | None = None
+        self.offsets = array("q")
+        self.lengths = array("l")
+        self.rewards = array("d")
+        self.durations = array("d")  # timings["total"], 0 when absent
+        self.step_counts = array("l")
+        self.retry_counts = array("l")
+        self.flags = array("b")
+        self.task_of = array("l")
+        self.group_of = array("l")
+        self.policy_of = array("l")
+        self.end_of = array("l")
+        self.tasks = Interned()
+        self.groups = Interned()
+        self.policies = Interned()
+        self.end_reasons = Interned()
+        self.warnings: list[str] = []
+        self.summary: Summary | None = None
+
+    # -- building ------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | Path) -> RunIndex:
+        """Scan ``path`` (a trajectory file: ConfigError otherwise) and index it."""
+        path = check_trajectory_file(path)
+        suffix = path.suffix.lower()
+        index = cls(path, msgpack=suffix in (".msgpack", ".mpk"))
+        index.header = read_run_header(path)
+        index._scan()
+        return index
+
+    def _scan(self) -> None:
+        accumulator = SummaryAccumulator()
+        size = self.path.stat().st_size
+        if size:
+            with open(self.path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                records = self._msgpack_records(data, size) if self.msgpack else self._json_records(data, size)
+                for offset, length in records:
+                    trajectory = self._decode_at_scan(data, offset, length)
+                    if trajectory is not None:
+                        self._add(offset, length, trajectory)
+                        accumulator.add(trajectory)
+        self.summary = accumulator.result()
+
+    def _json_records(self, data: mmap.mmap, size: int) -> Iterator[tuple[int, int]]:
+        start = 0
+        while start < size:
+            end = data.find(b"\n", start)
+            if end < 0:
+                if data[start:size].strip():
+                    self._warn(f"ignoring a torn last record ({size - start} bytes)")
+                return
+            if end > start:
+                yield start, end + 1 - start
+            start = end + 1
+
+    def _msgpack_records(self, data: mmap.mmap, size: int) -> Iterator[tuple[int, int]]:
+        pos = 0
+        while pos + 4 <= size:
+            (length,) = _LENGTH.unpack_from(data, pos)
+            if pos + 4 + length > size:
+                break
+            yield pos + 4, length
+            pos += 4 + length
+        if pos < size:
+            self._warn(f"ignoring a torn last record ({size - pos} bytes)")
+
+    def _decode_at_scan(self, data: mmap.mmap, offset: int, length: int) -> Trajectory | None:
+        """The record's trajectory, or None (a header, a blank line, a torn or corrupt record:
+        skipped as ``read_trajectories`` skips them, with a warning)."""
+        record = data[offset : offset + length]
+        if not self.msgpack and not record.strip():
+            return None
+        if record.startswith(_MP_HEADER_PREFIX if self.msgpack else _JSON_HEADER_PREFIX):
+            return None
+        try:
+            return (_mp_decoder if self.msgpack else _json_decoder).decode(record)
+        except msgspec.DecodeError as exc:
+            self._warn(f"skipping a corrupt record ending at byte {offset + length}: {exc}")
+            return None
+
+    def _warn(self, message: str) -> None:
+        if len(self.warnings) < 100:  # a file of garbage must not fill memory with warnings
+            self.warnings.append(message)
+
+    def _add(self, offset: int, length: int, trajectory: Trajectory) -> None:
+        self.offsets.append(offset)
+        self.lengths.append(length)
+        self.rewards.append(trajectory.reward)
+        self.durations.append(trajectory.timings.get("total", 0.0))
+        self.step_counts.append(len(trajectory.steps))
+        self.retry_counts.append(len(trajectory.retries))
+        verifier = trajectory.end_reason == EndReason.VERIFIER_ERROR or any(
+            retry.reason == EndReason.VERIFIER_ERROR for retry in trajectory.retries
+        )
+        self.flags.append(
+            (FINISHED if trajectory.status == "finished" else 0)
+            | (SUCCESS if trajectory.success else 0)
+            | (VERIFIER_ERROR if verifier else 0)
+        )
+        self.task_of.append(self.tasks.number(trajectory.task_id))
+        self.group_of.append(self.groups.number(trajectory.group_id))
+        self.policy_of.append(self.policies.number(trajectory.policy))
+        self.end_of.append(self.end_reasons.number(str(trajectory.end_reason)))
+
+    # -- reading -------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def raw(self, row: int) -> bytes:
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offsets[row])
+            return fh.read(self.lengths[row])
+
+    def trajectory(self, row: int) -> Trajectory:
+        """The row's full trajectory, decoded from the file now."""
+        record = self.raw(row)
+        try:
+            return (_mp_decoder if self.msgpack else _json_decoder).decode(record)
+        except msgspec.DecodeError as exc:  # the file changed under us
+            raise ConfigError(
+                f"{self.path}: the record of episode {row} changed since it was indexed ({exc})"
+            ) from None
+
+    def trajectories(self, rows: Iterable[int]) -> list[Trajectory]:
+        with open(self.path, "rb") as fh:
+            decoded = []
+            for row in rows:
+                fh.seek(self.offsets[row])
+                decoded.append((_mp_decoder if self.msgpack else _json_decoder).decode(fh.read(self.lengths[row])))
+            return decoded
+
+
+def histogram(values: Iterable[float], bins: int = 20, *, discrete: bool = True) -> dict[str, Any]:
+    """Counts of ``values``: per distinct value when there are few and ``discrete`` (rewards
+    are often 0/1), else ``bins`` equal-width bins between the smallest and the largest."""
+    finite = [value for value in values if math.isfinite(value)]
+    if not finite:
+        return {"edges": [], "counts": [], "discrete": True}
+    distinct = Counter(finite)
+    if len(distinct) == 1 or (discrete and len(distinct) <= bins):
+        keys = sorted(distinct)
+        return {"edges": keys, "counts": [distinct[key] for key in keys], "discrete": True}
+    low, high = min(finite), max(finite)
+    width = (high - low) / bins
+    counts = [0] * bins
+    for value in finite:
+        counts[min(bins - 1, int((value - low) / width))] += 1
+    return {"edges": [low + width * i for i in range(bins + 1)], "counts": counts, "discrete": False}
