@@ -210,6 +210,10 @@ def print_summary(summary: Summary, title: str, out: Console | None = None) -> N
         ("infra retries", str(summary.retries)),
         ("time share", ", ".join(f"{k} {v:.0%}" for k, v in summary.time_share.items()) or "-"),
     ]
+    if summary.pass_at_k:
+        ks = [k for k in summary.pass_at_k if k in {"1", "3", max(summary.pass_at_k, key=int)}]
+        rows.append(("pass@k", ", ".join(f"pass@{k} {summary.pass_at_k[k]:.3f}" for k in ks)))
+        rows.append(("pass^k", ", ".join(f"pass^{k} {summary.pass_hat_k[k]:.3f}" for k in ks)))
     if summary.leaked is not None:
         rows.append(("sandboxes leaked", str(summary.leaked)))
     for name, value in rows:

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
+from .passk import summarize_groups
 from .trajectory import EndReason, Trajectory
 
 
@@ -40,6 +41,9 @@ class Summary(msgspec.Struct, kw_only=True):
     # Episodes nobody could judge (never a reward, never exported): counted apart so they stand out.
     verifier_errors: int = 0
     model_unavailable: int = 0
+    # Over tasks sampled more than once (groups): k -> mean over tasks, judged episodes only.
+    pass_at_k: dict[str, float] = {}  # at least one of k samples passes
+    pass_hat_k: dict[str, float] = {}  # all k samples pass
 
 
 def summarize(trajectories: Iterable[Trajectory], *, wall_s: float | None = None, leaked: int | None = None) -> Summary:
@@ -53,6 +57,8 @@ def summarize(trajectories: Iterable[Trajectory], *, wall_s: float | None = None
                 phase_totals[phase] += seconds
     spent = sum(phase_totals.values()) or 1.0
     finished = sum(t.status == "finished" for t in items)
+    groups = summarize_groups(items)
+    repeated = groups["group_size"] > 1
     return Summary(
         episodes=len(items),
         finished=finished,
@@ -72,6 +78,8 @@ def summarize(trajectories: Iterable[Trajectory], *, wall_s: float | None = None
         leaked=leaked,
         verifier_errors=sum(t.end_reason == EndReason.VERIFIER_ERROR for t in items),
         model_unavailable=sum(t.end_reason == EndReason.MODEL_UNAVAILABLE for t in items),
+        pass_at_k={str(k): round(v, 4) for k, v in groups["pass_at_k"].items()} if repeated else {},
+        pass_hat_k={str(k): round(v, 4) for k, v in groups["pass_hat_k"].items()} if repeated else {},
     )
 
 

@@ -11,15 +11,15 @@ to-do, notes, documents, helpdesk, finance, chat, web search), in the spirit of 
   (``grading``): ``safety x (0.8 completion + 0.2 robustness)``, passed at 0.75;
 * policies: ``oracle`` (each task's scripted solution), ``empty`` (does nothing), ``openai``
   (function calling over an OpenAI-compatible endpoint, see ``openai_policy``);
-* reports: ``pass_at_k`` and ``pass_hat_k`` per task group (``passk``).
+* reports: ``pass_at_k`` and ``pass_hat_k`` per task group (``orchard_async.passk``, also in every run summary).
 """
 
 from __future__ import annotations
 
 from orchard_async import ConfigError, Policy
+from orchard_async.passk import pass_at_k, pass_hat_k, summarize_groups
 
 from .grading import PASS_THRESHOLD, score
-from .passk import pass_at_k, pass_hat_k, summarize_groups
 from .policies import EmptyPolicy, OraclePolicy
 from .task import IMAGE, ClawTask, load_task, load_tasks
 
