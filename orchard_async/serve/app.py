@@ -167,7 +167,7 @@ async def list_sandboxes(request: web.Request) -> web.Response:
 
 
 async def get_sandbox(request: web.Request) -> web.Response:
-    return reply(request.app[REGISTRY].get(request[TENANT], request.match_info["id"]).describe())
+    return reply(request.app[REGISTRY].get(request[TENANT], request.match_info["id"], touch=False).describe())
 
 
 def int_query(request: web.Request, name: str, default: int) -> int:

@@ -132,11 +132,14 @@ class Registry:
                 counts[box.tenant.name] = counts.get(box.tenant.name, 0) + 1
         return counts
 
-    def get(self, tenant: Tenant, sandbox_id: str) -> Box:
+    def get(self, tenant: Tenant, sandbox_id: str, *, touch: bool = True) -> Box:
+        """A sandbox of this tenant. ``touch``: the call uses it, which renews its idle limit
+        (a status poll does not: a dashboard must not keep sandboxes alive)."""
         box = self.boxes.get((tenant.name, sandbox_id))
         if box is None:
             raise ApiError(404, f"sandbox {sandbox_id} not found", "unknown_sandbox")
-        box.touch()
+        if touch:
+            box.touch()
         return box
 
     def ready(self, tenant: Tenant, sandbox_id: str, not_ready_status: int) -> tuple[Box, oa.Sandbox]:
