@@ -1,0 +1,56 @@
+"""The GUI recipe: web agents in a headless Chromium, on web apps bundled with the package.
+
+    orchard-async run gui --tasks builtin --policy oracle --episodes 16 --out out/gui.jsonl
+
+* sites (``inside/sites``): a shop, a clinic's booking forms and a community wiki/forum,
+  served by python3's standard library on the sandbox's loopback (its network stays off);
+* the browser (``inside/browserd.py``): Debian's chromium, headless, started once per
+  sandbox and driven over CDP from inside it; each step is one action, its output the next
+  observation (feedback, URL, tabs, a screenshot stored by hash, the accessibility tree);
+* tasks: ``load_tasks("builtin")`` (``tasks/builtin.jsonl``), ``"builtin:shop,forum-reply"``
+  (a subset by site or id), or a .jsonl file of the same schema (see ``task``);
+* policies: ``oracle`` (scripted solutions), ``empty`` (answers nothing), ``openai`` (a
+  multimodal chat model over an OpenAI-compatible endpoint: see ``openai_policy``).
+
+Registered as the ``gui`` recipe through the ``orchard_async.recipes`` entry point.
+"""
+
+from __future__ import annotations
+
+from orchard_async import ConfigError, Policy
+
+from .actions import ActionParseError, parse_text, tool_schemas
+from .policies import EmptyPolicy, OraclePolicy
+from .task import IMAGE, SITES, GuiTask, load_tasks
+
+IMAGES = [IMAGE]  # what `orchard-async images build` builds for this recipe
+
+POLICIES = ("oracle", "empty", "openai")
+
+
+def make_policy(name: str) -> Policy:
+    """The recipe's policies by name (``--policy``); ``openai`` reads its settings from the environment."""
+    if name == "oracle":
+        return OraclePolicy()
+    if name == "empty":
+        return EmptyPolicy()
+    if name == "openai":
+        from .openai_policy import GuiOpenAIPolicy
+
+        return GuiOpenAIPolicy.from_env()
+    raise ConfigError(f"unknown policy {name!r} for the gui recipe; choose one of: {', '.join(POLICIES)}")
+
+
+__all__ = [
+    "IMAGES",
+    "POLICIES",
+    "SITES",
+    "ActionParseError",
+    "EmptyPolicy",
+    "GuiTask",
+    "OraclePolicy",
+    "load_tasks",
+    "make_policy",
+    "parse_text",
+    "tool_schemas",
+]
