@@ -17,11 +17,12 @@ from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
 from ..errors import ConfigError
+from ..passk import summarize_groups
 from ..summary import Summary, percentile
 from ..trajectory import EndReason, Trajectory, check_trajectory_file, read_run_header
 
@@ -55,6 +56,14 @@ class Interned:
         return self._numbers.get(value)
 
 
+class _Outcome(NamedTuple):
+    """What ``passk.summarize_groups`` reads of a trajectory."""
+
+    task_id: str
+    status: str
+    success: bool
+
+
 class SummaryAccumulator:
     """``summary.summarize`` fed one trajectory at a time, keeping only what it sums.
 
@@ -74,6 +83,9 @@ class SummaryAccumulator:
         self.retries = 0
         self.verifier_errors = 0
         self.model_unavailable = 0
+        self.tasks = Interned()
+        self.task_of = array("l")
+        self.outcomes = array("b")  # 0 failed, 1 finished, 2 finished and passed
 
     def add(self, trajectory: Trajectory) -> None:
         self.episodes += 1
@@ -93,10 +105,18 @@ class SummaryAccumulator:
         self.retries += len(trajectory.retries)
         self.verifier_errors += trajectory.end_reason == EndReason.VERIFIER_ERROR
         self.model_unavailable += trajectory.end_reason == EndReason.MODEL_UNAVAILABLE
+        self.task_of.append(self.tasks.number(trajectory.task_id))
+        self.outcomes.append(0 if trajectory.status != "finished" else 2 if trajectory.success else 1)
+
+    def _outcomes(self) -> Iterator[_Outcome]:
+        for task, outcome in zip(self.task_of, self.outcomes, strict=True):
+            yield _Outcome(self.tasks.values[task], "finished" if outcome else "failed", outcome == 2)
 
     def result(self) -> Summary:
         count = self.episodes
         spent = sum(self.phase_totals.values()) or 1.0
+        groups = summarize_groups(self._outcomes())
+        repeated = groups["group_size"] > 1
         return Summary(
             episodes=count,
             finished=self.finished,
@@ -112,6 +132,8 @@ class SummaryAccumulator:
             time_share={phase: round(total / spent, 4) for phase, total in self.phase_totals.items()},
             verifier_errors=self.verifier_errors,
             model_unavailable=self.model_unavailable,
+            pass_at_k={str(k): round(v, 4) for k, v in groups["pass_at_k"].items()} if repeated else {},
+            pass_hat_k={str(k): round(v, 4) for k, v in groups["pass_hat_k"].items()} if repeated else {},
         )
 
 
