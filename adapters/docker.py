@@ -295,6 +295,28 @@ class RelayStream(anyio.abc.ByteReceiveStream):
             await self._stream.close()
 
 
+class AttachStream(RelayStream, anyio.abc.ByteStream):
+    """stdin and stdout of one exec (``open_stream``), both on demand: unread output holds
+    the process back (the daemon's socket fills), as a pipe would."""
+
+    async def send(self, item: bytes) -> None:
+        try:
+            with anyio.fail_after(SEND_TIMEOUT + len(item) / SEND_RATE):
+                await self._stream.write_in(item)
+        except (TimeoutError, AssertionError, RuntimeError, OSError, aiohttp.ClientError) as exc:
+            raise anyio.BrokenResourceError(f"the exec stream is gone ({type(exc).__name__})") from exc
+
+    async def send_eof(self) -> None:
+        """Half-close the connection: the daemon closes the process's stdin (as ``docker
+        exec -i`` does at the end of its input). aiodocker has no call for it, so this
+        reaches its connection's transport."""
+        response = getattr(self._stream, "_resp", None)
+        transport = response.connection.transport if response is not None and response.connection else None
+        if transport is None or not transport.can_write_eof():
+            raise anyio.BrokenResourceError("the exec stream is gone")
+        transport.write_eof()
+
+
 # -- the adapter ----------------------------------------------------------------------------
 
 
@@ -457,7 +479,13 @@ class DockerAdapter:
             await self._close_relays(name)
 
         sandbox = ShellSandbox(
-            id=name, client=client, root="/", labels=labels, on_close=teardown, expires_at=expires_at
+            id=name,
+            client=client,
+            root="/",
+            labels=labels,
+            on_close=teardown,
+            expires_at=expires_at,
+            stream_opener=lambda sandbox, command: self._open_stream(container, sandbox, command),
         )
         self._live[name] = sandbox
         return sandbox
@@ -679,6 +707,13 @@ class DockerAdapter:
             await stream.aclose()
             raise
         return client
+
+    async def _open_stream(self, container: DockerContainer, sandbox: Sandbox, command: list[str]) -> AttachStream:
+        """One exec with stdin attached: ``open_stream``'s transport."""
+        try:
+            return AttachStream(await self._attach(container, command, "stream", stdin=True))
+        except CreateFailed as exc:  # the container is gone, or the daemon refused the exec
+            raise SandboxLost(f"no stream into {sandbox.id}: {exc}") from None
 
     def _start_heartbeat(self) -> None:
         if self._heartbeat is None or self._heartbeat.done():

@@ -24,6 +24,7 @@ it regardless. ``reap`` finds leftovers by lease file and by the ``ORCHARD_SANDB
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import os
@@ -42,7 +43,8 @@ from orchard_async.errors import ConfigError, CreateFailed, SandboxLost
 from orchard_async.lease import CONTROLLER_LABEL, controller_alive, controller_id
 from orchard_async.protocols import Sandbox
 from orchard_async.sandbox import ShellSandbox
-from orchard_async.shell import ShellClient, make_output_pipes
+from orchard_async.shell import ShellClient, make_output_pipes, quote
+from orchard_async.streams import PipeStream
 from orchard_async.types import DEFAULT_OUTPUT_CAP, SandboxSpec
 
 from . import local_isolation as iso
@@ -50,6 +52,7 @@ from . import local_isolation as iso
 SANDBOX_ENV = "ORCHARD_SANDBOX"  # the sandbox dir: names the sandbox and the root it lives in
 DESTROY_GRACE = 5.0
 CREATE_ATTEMPTS = 2  # a sandbox shell that does not start is started again once
+STREAM_START_TIMEOUT = 30.0  # starting a stream's process, until it holds its FIFOs
 
 # `$1` TTL seconds, `$2` "ns" when the sandbox has its own PID namespace. stdin is the
 # controller's pipe, passed to the server. Traps run while the supervisor waits (POSIX `wait`
@@ -252,10 +255,63 @@ class LocalAdapter:
             await self._stop(process, base, cgroup)
 
         sandbox = ShellSandbox(
-            id=sandbox_id, client=client, root=str(base), labels=labels, on_close=teardown, expires_at=expires_at
+            id=sandbox_id,
+            client=client,
+            root=str(base),
+            labels=labels,
+            on_close=teardown,
+            expires_at=expires_at,
+            stream_opener=functools.partial(self._open_stream, base),
         )
         self._live[sandbox_id] = (sandbox, process)
         return sandbox
+
+    async def _open_stream(self, base: Path, sandbox: ShellSandbox, command: list[str]) -> anyio.abc.ByteStream:
+        """Start ``command`` in the sandbox on two fresh FIFOs, its stdin and stdout, and
+        return their other ends. They live in ``out/``, which the sandbox sees read-only: it
+        can open them but not swap them for something else under the controller's feet.
+
+        The shell server starts the command in the background (one short command); its
+        redirections open stdout first, then stdin, so once the controller's write end of
+        stdin opens, the process holds both and an end of stdout means the process is done."""
+        name = uuid.uuid4().hex[:12]
+        stdin_path, stdout_path = base / "out" / f"{name}.in", base / "out" / f"{name}.out"
+        owner = iso.sandbox_ids() if iso.is_root() and self.namespaces else None
+        fds: list[int] = []
+
+        def remove_fifos() -> None:
+            for path in (stdin_path, stdout_path):
+                path.unlink(missing_ok=True)
+
+        try:
+            for path in (stdin_path, stdout_path):
+                os.mkfifo(path, 0o600)
+                if owner is not None:
+                    os.chown(path, *owner)
+            fds.append(os.open(stdout_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+            start = (
+                f"{' '.join(map(quote, command))} >{quote(str(stdout_path))} <{quote(str(stdin_path))} 2>/dev/null &"
+            )
+            result = await sandbox.exec(start, timeout=STREAM_START_TIMEOUT)
+            if result.reason.is_infra or result.exit_code != 0:
+                raise SandboxLost(f"could not start a stream process in {sandbox.id}: {result.error_text.strip()}")
+            with anyio.fail_after(STREAM_START_TIMEOUT):
+                while True:
+                    try:
+                        fds.append(os.open(stdin_path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+                        break
+                    except OSError as exc:  # ENXIO: the process has not opened its stdin yet
+                        if exc.errno != errno.ENXIO:
+                            raise
+                    await anyio.sleep(0.001)
+        except BaseException as exc:
+            for fd in fds:
+                os.close(fd)
+            remove_fifos()
+            if isinstance(exc, TimeoutError):
+                raise SandboxLost(f"the stream process in {sandbox.id} did not open its stdin") from None
+            raise
+        return PipeStream(fds[0], fds[1], on_close=remove_fifos)
 
     @staticmethod
     async def _interrupt(server: _ServerPid, client: ShellClient) -> None:

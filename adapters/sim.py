@@ -6,7 +6,8 @@ from configurable distributions; every random draw comes from a generator seeded
 (seed, episode label, attempt), so a run is the same whatever the scheduling order.
 
 Commands understood: ``exit N``, ``echo TEXT``, ``sleep S`` (simulated), ``cat PATH``;
-anything else succeeds with empty output. Files live in a dict per sandbox.
+anything else succeeds with empty output. Files live in a dict per sandbox. Streams
+(``open_stream``, ``connect``) are a ConfigError: there is no process to reach.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import posixpath
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import NoReturn
 
 import anyio
 import msgspec
@@ -175,6 +177,17 @@ class SimSandbox:
     @asynccontextmanager
     async def session(self) -> AsyncIterator[SimSandbox]:
         yield self
+
+    async def open_stream(self, argv: Sequence[str]) -> NoReturn:
+        """A simulated sandbox runs no processes, so there is nothing to stream to (an echo
+        would make a GUI or service episode look as if it ran)."""
+        raise ConfigError(
+            "the sim adapter runs no processes, so open_stream and connect have nothing to reach; "
+            "use the local, docker or kubernetes adapter"
+        )
+
+    async def connect(self, port: int) -> NoReturn:
+        await self.open_stream(["connect", str(port)])
 
     async def close(self) -> None:
         if self.closed:

@@ -22,6 +22,7 @@ from .pool import Pool
 from .protocols import DEFAULT_EXEC_TIMEOUT, Adapter, GradedApart, Policy, Recipe, Sandbox, Session, Task
 from .rollout import collect, plan, rollout
 from .runtime import get_adapter, load_recipe, loop_choice, recipe_names, run
+from .streams import SandboxStream, SandboxTransport, connect, forward
 from .summary import Summary, percentile, summarize
 from .task import Observation, Reward
 from .trajectory import (
@@ -69,6 +70,8 @@ __all__ = [
     "Sandbox",
     "SandboxLost",
     "SandboxSpec",
+    "SandboxStream",
+    "SandboxTransport",
     "Session",
     "Step",
     "Summary",
@@ -79,6 +82,8 @@ __all__ = [
     "check_output_file",
     "check_trajectory_file",
     "collect",
+    "connect",
+    "forward",
     "get_adapter",
     "load_recipe",
     "loop_choice",

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from .types import ExecResult, FileInfo, SandboxSpec
 
 if TYPE_CHECKING:
+    import anyio.abc
+
     from .task import Observation, Reward
     from .trajectory import Action
 
@@ -72,6 +74,25 @@ class Sandbox(Protocol):
     async def apply_patch(self, patch: str | bytes, *, cwd: str | None = None) -> ExecResult: ...
 
     def session(self) -> AbstractAsyncContextManager[Session]: ...
+
+    async def open_stream(self, argv: Sequence[str]) -> anyio.abc.ByteStream:
+        """Start ``argv`` inside the sandbox (its namespaces, its limits, its network, its
+        working directory) and return a byte stream over the process's stdin and stdout: one
+        process for the whole conversation, not a command per message (local: two FIFOs;
+        docker: one exec attach; kubernetes: one exec websocket). Use it as
+        ``async with await sandbox.open_stream([...]) as stream``; closing it kills the
+        process and everything it started. The stream has ``pid`` (as the sandbox sees it).
+        ``FileNotFoundError`` when the program is not in the sandbox; ``SandboxLost`` when the
+        sandbox is gone; ``ConfigError`` on an adapter without processes (sim)."""
+        ...
+
+    async def connect(self, port: int) -> anyio.abc.ByteStream:
+        """A TCP connection to ``127.0.0.1:port`` inside the sandbox, over ``open_stream``
+        (a relay process in the sandbox: its ``python3``, else busybox ``nc``); the sandbox's
+        network stays as its spec says. ``ConnectionRefusedError`` when nothing listens
+        there. On top: ``orchard_async.SandboxTransport`` (httpx) and
+        ``orchard_async.forward`` (a port on the controller's loopback)."""
+        ...
 
     async def close(self) -> None: ...
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import posixpath
 import stat as statmod
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import anyio
 
-from .errors import PathOutsideSandbox, SandboxLost
+from . import streams
+from .errors import ConfigError, PathOutsideSandbox, SandboxLost
 from .shell import ShellClient, quote
 from .types import ExecResult, FileInfo
 
@@ -40,6 +41,9 @@ class ShellSandbox:
 
     ``root`` bounds the paths file operations accept ("/" in a container, the private
     directory for the local adapter). ``on_close`` is the adapter's teardown.
+    ``stream_opener`` is the adapter's way to start a command in the sandbox with its stdin
+    and stdout attached (see ``orchard_async.streams``); without one, ``open_stream`` is a
+    ConfigError.
     """
 
     def __init__(
@@ -51,6 +55,7 @@ class ShellSandbox:
         labels: dict[str, str],
         on_close: Callable[[], Awaitable[None]],
         expires_at: float,
+        stream_opener: streams.StreamOpener | None = None,
     ):
         self.id = id
         self.workdir = client.workdir
@@ -59,6 +64,7 @@ class ShellSandbox:
         self.expires_at = expires_at
         self._client = client
         self._on_close = on_close
+        self._stream_opener = stream_opener
         self._sessions = 0
         self.closed = False
 
@@ -92,6 +98,18 @@ class ShellSandbox:
             if not self._client.lost:
                 with anyio.CancelScope(shield=True):
                     await self._client.run(f"rm -f -- {quote(self._client.ctl_dir + '/s.' + session_id)}", timeout=10)
+
+    # -- streams ---------------------------------------------------------------------------
+
+    async def open_stream(self, argv: Sequence[str]) -> streams.SandboxStream:
+        if self._stream_opener is None:
+            raise ConfigError(f"sandbox {self.id}'s adapter cannot open streams into it")
+        if self.closed or self._client.lost:
+            raise SandboxLost(f"sandbox {self.id} is {'closed' if self.closed else 'lost'}: no stream into it")
+        return await streams.start_stream(self, self._stream_opener, argv)
+
+    async def connect(self, port: int) -> streams.SandboxStream:
+        return await streams.connect(self, port)
 
     # -- files -----------------------------------------------------------------------------
 
