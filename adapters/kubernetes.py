@@ -453,6 +453,10 @@ class Transport(Protocol):
     # without it runs the shell protocol in spool mode (output in files in the pod).
     # async def open_output(self, pod: PodRef, command: list[str]) -> OutputStream: ...
 
+    # Optional: stdin and stdout of a command, read on demand (Sandbox.open_stream). A
+    # transport without it has no streams into its pods.
+    # async def open_stream(self, pod: PodRef, command: list[str]) -> anyio.abc.ByteStream: ...
+
     async def run(self, pod: PodRef, command: list[str], timeout: float) -> tuple[int | None, bytes, bytes]: ...
 
     async def aclose(self) -> None: ...
@@ -577,6 +581,25 @@ class OutputStream(anyio.abc.ByteReceiveStream):
                 await self._ws.close()
 
 
+class StreamSocket(OutputStream, anyio.abc.ByteStream):
+    """stdin and stdout of one exec websocket (``open_stream``), read on demand like an
+    output relay. The exec protocol here (v4) has no way to close stdin alone, so
+    ``send_eof`` is not supported."""
+
+    async def send(self, item: bytes) -> None:
+        if self._ws.closed:
+            raise anyio.BrokenResourceError("the exec websocket is closed")
+        try:
+            with anyio.fail_after(SEND_TIMEOUT + len(item) / SEND_RATE):
+                for start in range(0, len(item), SEND_CHUNK):
+                    await self._ws.send_bytes(b"\x00" + item[start : start + SEND_CHUNK])
+        except (TimeoutError, RuntimeError, OSError, aiohttp.ClientError) as exc:
+            raise anyio.BrokenResourceError(f"the exec websocket is gone ({type(exc).__name__})") from exc
+
+    async def send_eof(self) -> None:
+        raise NotImplementedError("the kubernetes exec protocol (v4) cannot close a process's stdin alone")
+
+
 class ExecTransport:
     """The API server's exec websocket (kubernetes-asyncio ``WsApiClient``)."""
 
@@ -634,6 +657,9 @@ class ExecTransport:
 
     async def open_output(self, pod: PodRef, command: list[str]) -> OutputStream:
         return OutputStream(await self._connect(pod, command, stdin=False))
+
+    async def open_stream(self, pod: PodRef, command: list[str]) -> StreamSocket:
+        return StreamSocket(await self._connect(pod, command, stdin=True))
 
     async def run(self, pod: PodRef, command: list[str], timeout: float) -> tuple[int | None, bytes, bytes]:
         """A fresh exec websocket for one command: (exit code or None, stdout, stderr)."""
@@ -1026,8 +1052,15 @@ class KubernetesAdapter:
                 self._closing.add(task)
                 task.add_done_callback(self._closing.discard)
 
+        pod = PodRef(self.namespace, name)
         sandbox = ShellSandbox(
-            id=name, client=client, root="/", labels=labels, on_close=teardown, expires_at=expires_at
+            id=name,
+            client=client,
+            root="/",
+            labels=labels,
+            on_close=teardown,
+            expires_at=expires_at,
+            stream_opener=lambda sandbox, command: self._open_stream(pod, sandbox, command),
         )
         self._live[name] = sandbox
         return sandbox
@@ -1282,6 +1315,16 @@ class KubernetesAdapter:
             await self._close_streams(list(relays or ()))
             raise
         return client, list(relays or ())
+
+    async def _open_stream(self, pod: PodRef, sandbox: Sandbox, command: list[str]) -> anyio.abc.ByteStream:
+        """One exec websocket with stdin: ``open_stream``'s transport."""
+        opener = getattr(self.transport, "open_stream", None)
+        if opener is None:
+            raise ConfigError(f"the kubernetes transport {self.transport.name!r} cannot open streams into pods")
+        try:
+            return await opener(pod, command)
+        except CreateFailed as exc:  # the pod is gone, or the API server refused the exec
+            raise SandboxLost(f"no stream into {sandbox.id}: {exc}") from None
 
     async def _interrupt(self, pod: PodRef, client: ShellClient) -> None:
         """The client's timeout: SIGUSR1 to the server shell, by a second short exec. If it

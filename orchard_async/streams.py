@@ -96,7 +96,7 @@ except OSError:
 # it cannot connect. Not `cat`: busybox's uses sendfile, which from a pipe to a socket
 # waits for a full buffer before sending anything.
 CONNECT_RELAY = r"""
-if command -v python3 >/dev/null 2>&1; then exec python3 -c "$2" "$1"; fi
+if command -v python3 >/dev/null 2>&1; then exec python3 -I -S -c "$2" "$1"; fi
 if ! command -v nc >/dev/null 2>&1; then echo "ERR the sandbox has neither python3 nor nc"; exit 127; fi
 exec 3<&0 4>&1
 nc 127.0.0.1 "$1" -e sh -c 'echo OK >&4; tee <&3 4>&- & tee >&4 3<&-; exit 0' 2>/dev/null ||

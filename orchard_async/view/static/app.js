@@ -51,9 +51,17 @@ const pct = (value) => (value === null || value === undefined ? "–" : `${(valu
 const secs = (value) => (value === null || value === undefined ? "–" : value < 1 ? `${(value * 1000).toFixed(1)} ms` : `${value.toFixed(2)} s`);
 const runHref = (run, rest = "") => `#/run/${run}${rest}`;
 
-function card(label, value, field, cls) {
-  return h("div", { class: "card" }, h("div", { class: "label", text: label }),
-    h("div", { class: `value ${cls || ""}`, "data-field": field, text: value }));
+// A number of the summary; data-field/data-value hold inspect --json's key and exact value.
+const num = (field, value, text) => h("span", { "data-field": field, "data-value": JSON.stringify(value), text: text === undefined ? fmt(value) : text });
+
+// pass@k for k = 1, 2, 3 and the largest k: a group of 64 would give 64 numbers.
+function someOf(byK) {
+  const entries = Object.entries(byK);
+  return entries.length <= 4 ? entries : [...entries.slice(0, 3), entries[entries.length - 1]];
+}
+
+function card(label, cls, ...values) {
+  return h("div", { class: "card" }, h("div", { class: "label", text: label }), h("div", { class: `value ${cls || ""}` }, ...values));
 }
 
 function shareBar(shares, phases) {
@@ -144,15 +152,17 @@ function summarySection(data) {
   const wrap = h("section", { id: "summary" });
   for (const warning of data.warnings) wrap.append(h("div", { class: "banner", "data-testid": "warning", text: `warning: ${warning}` }));
   wrap.append(h("div", { class: "cards" },
-    card("episodes", fmt(sm.episodes), "episodes"),
-    card("finished / failed", `${sm.finished} / ${sm.failed}`, "finished_failed"),
-    card("success rate", pct(sm.success_rate), "success_rate"),
-    card("reward mean", fmt(sm.mean_reward), "mean_reward"),
-    card("steps", fmt(sm.steps), "steps"),
-    card("verifier errors", fmt(sm.verifier_errors), "verifier_errors", sm.verifier_errors ? "bad" : ""),
-    card("model unavailable", fmt(sm.model_unavailable), "model_unavailable", sm.model_unavailable ? "bad" : ""),
-    card("exec p50 / p99", `${fmt(sm.exec_p50_ms, 1)} / ${fmt(sm.exec_p99_ms, 1)} ms`, "exec_ms"),
-    card("infra retries", fmt(sm.retries), "retries"),
+    card("episodes", "", num("episodes", sm.episodes)),
+    card("finished / failed", "", num("finished", sm.finished), " / ", num("failed", sm.failed)),
+    card("success rate", "", num("success_rate", sm.success_rate, pct(sm.success_rate))),
+    card("reward mean", "", num("mean_reward", sm.mean_reward)),
+    card("steps", "", num("steps", sm.steps)),
+    card("verifier errors", sm.verifier_errors ? "bad" : "", num("verifier_errors", sm.verifier_errors)),
+    card("model unavailable", sm.model_unavailable ? "bad" : "", num("model_unavailable", sm.model_unavailable)),
+    card("exec p50 / p99", "", num("exec_p50_ms", sm.exec_p50_ms, fmt(sm.exec_p50_ms, 1)), " / ", num("exec_p99_ms", sm.exec_p99_ms, fmt(sm.exec_p99_ms, 1)), " ms"),
+    card("infra retries", sm.retries ? "warn" : "", num("retries", sm.retries)),
+    Object.keys(sm.pass_at_k || {}).length ? card("pass@k", "", num("pass_at_k", sm.pass_at_k, someOf(sm.pass_at_k).map(([k, v]) => `@${k} ${fmt(v)}`).join("  "))) : null,
+    Object.keys(sm.pass_hat_k || {}).length ? card("pass^k", "", num("pass_hat_k", sm.pass_hat_k, someOf(sm.pass_hat_k).map(([k, v]) => `^${k} ${fmt(v)}`).join("  "))) : null,
   ));
   wrap.append(kvList([
     ["episode end reasons", Object.entries(sm.exit_reasons).map(([k, v]) => `${k} ${v}`).join(", ") || "–"],
