@@ -31,12 +31,10 @@ SIGNALS = {"TERM", "KILL", "INT", "HUP"}
 
 # `$1` the exit marker's nonce, then the program: run it with stderr on stdout, then say how it
 # ended on a line of its own (the bridge strips that line and turns it into the exit frame).
-# The program runs as a background job that is waited for, its stdin given explicitly: for a
-# foreground job killed by a signal, dash would print "Terminated" into the output.
-RUNNER = (
-    'n=$1; shift; exec 3>&1 4<&0 2>/dev/null; "$@" <&4 2>&3 3>&- 4<&- & p=$!; exec 4<&-; '
-    'wait "$p"; c=$?; printf "\\n@@EXIT %s %s\\n" "$n" "$c"'
-)
+# The program's redirection is made inside a subshell: dash applies a command's redirections
+# in the shell itself while it waits, and would print "Terminated" (a killed child) into the
+# output; the runner's own stderr goes nowhere.
+RUNNER = 'n=$1; shift; exec 2>/dev/null; (exec "$@" 2>&1); c=$?; printf "\\n@@EXIT %s %s\\n" "$n" "$c"'
 
 
 async def handle(request: web.Request) -> web.WebSocketResponse:
@@ -197,5 +195,10 @@ async def _send_out(ws: web.WebSocketResponse, data: bytes) -> None:
 
 
 def _signal_children(pid: int, sig: str) -> str:
-    """Signal what the runner shell started (the program), not the runner itself."""
-    return f'for c in $(cat /proc/{pid}/task/{pid}/children 2>/dev/null); do kill -{sig} "$c" 2>/dev/null; done'
+    """Signal what the runner shell started (the program), not the runner itself; a signal
+    sent just after ``ready`` may come before the runner has forked it: wait for it (5 s)."""
+    return (
+        f"i=0; while [ $i -lt 100 ]; do c=$(cat /proc/{pid}/task/{pid}/children 2>/dev/null); "
+        f'if [ -n "$c" ]; then kill -{sig} $c 2>/dev/null; break; fi; '
+        f"kill -0 {pid} 2>/dev/null || break; sleep 0.05; i=$((i+1)); done"
+    )
