@@ -23,12 +23,12 @@ def cluster_configured() -> bool:
 
 
 # -- running in parallel ---------------------------------------------------------------------
-# `python -m pytest` runs on several workers (pytest-xdist, `-n` in pyproject's addopts) with
-# `--dist loadgroup`: tests of one group run one after another on one worker. Everything that
-# drives the Docker daemon is one group (one test restarts the daemon; others count its
-# containers), everything that drives the cluster another (one test restarts the API server);
-# the rest is grouped by file, so a module's fixtures are built once, and the files that share
-# the bundled SWE set's session fixture run together.
+# `python -m pytest` runs on several workers (pytest-xdist, `-n` in pyproject's addopts). Tests of
+# one group run one after another on one worker. Everything that drives the Docker daemon is one
+# group (one test restarts the daemon; others count its containers), everything that drives the
+# cluster another (one test restarts the API server); the rest is grouped by file, so a module's
+# fixtures are built once, and the files sharing the bundled SWE set's session fixture go together.
+# (A scheduler of our own: xdist's `loadgroup` marks do not reach the scheduler under pytest 9.)
 SHARED_SESSION_FIXTURE_FILES = {
     "tests/recipes/test_swe_builtin_data.py": "swe-builtin",
     "tests/recipes/test_swe_recipe.py": "swe-builtin",
@@ -43,9 +43,9 @@ DOCKER_FILES = {
 }
 
 
-def xdist_group_of(item: pytest.Item) -> str:
-    path = item.nodeid.split("::", 1)[0]
-    params = set(item.nodeid.partition("[")[2].rstrip("]").split("-"))  # conformance: the backend's name
+def group_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    params = set(nodeid.partition("[")[2].rstrip("]").split("-"))  # conformance: the backend's name
     if path in DOCKER_FILES or "docker" in params:
         return "docker"
     if path == "tests/adapters/test_kubernetes.py" or "kubernetes" in params:
@@ -53,6 +53,11 @@ def xdist_group_of(item: pytest.Item) -> str:
     return SHARED_SESSION_FIXTURE_FILES.get(path, path)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByBackend(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return ByBackend(config, log)
