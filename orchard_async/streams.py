@@ -22,6 +22,7 @@ and everything it started, through the sandbox's shell.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 START_TIMEOUT = 30.0  # from asking for a stream to its process running
 KILL_TIMEOUT = 10.0  # the cleanup command when a stream closes (it waits for the shell)
 LINE_LIMIT = 4096  # the wrapper's and the relay's first lines are short
+log = logging.getLogger("orchard_async.streams")
 
 # `$1` the directory to start in, then the program and its arguments. The first line out is
 # the process's pid, or `@@ERR <why>` when it cannot start; then the program's own output.
@@ -229,7 +231,10 @@ async def _splice(client: anyio.abc.ByteStream, sandbox: Sandbox, port: int) -> 
     async with client:
         try:
             remote = await connect(sandbox, port)
-        except Exception:  # noqa: BLE001 - refused, sandbox gone: the client sees its connection closed
+        except ConnectionRefusedError:
+            return  # nothing listens yet: a client polling for a server sees its connection closed
+        except Exception as exc:  # noqa: BLE001 - one connection's failure, whatever it is, is not the forward's
+            log.warning("forward to 127.0.0.1:%d in %s: a connection failed: %s", port, sandbox.id, exc)
             return
         async with remote, anyio.create_task_group() as group:
             group.start_soon(_pump, client, remote)

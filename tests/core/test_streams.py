@@ -313,3 +313,18 @@ async def test_the_sim_adapter_has_no_streams() -> None:
     with pytest.raises(oa.ConfigError, match="no processes"):
         await box.connect(80)
     await adapter.close()
+
+
+async def test_a_forward_logs_a_connection_it_cannot_make(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    bin_dir = tmp_path / "sh-only"
+    bin_dir.mkdir()
+    (bin_dir / "sh").symlink_to(shutil.which("sh") or "/bin/sh")
+    box = HostSandbox(tmp_path, path=str(bin_dir))
+    try:
+        async with oa.forward(box, 80) as (address, local_port):
+            with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+                async with await anyio.connect_tcp(address, local_port) as client:
+                    await client.receive()
+    finally:
+        await box.aclose()
+    assert "python3 or nc" in caplog.text
