@@ -39,7 +39,8 @@ REGISTRY = web.AppKey("registry", Registry)
 JOBS = web.AppKey("jobs", Jobs)
 KEYS = web.AppKey("keys", KeyStore)
 METRICS = web.AppKey("metrics", Metrics)
-TENANT = web.RequestKey("tenant", Tenant)
+# web.RequestKey (aiohttp 3.14+) types request storage; older aiohttp (3.9+) takes a string.
+TENANT: Any = web.RequestKey("tenant", Tenant) if hasattr(web, "RequestKey") else "tenant"
 
 
 def reply(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
