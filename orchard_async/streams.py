@@ -94,14 +94,14 @@ except OSError:
 
 # `$1` the port, `$2` PY_RELAY. Without python3, busybox nc: `-e` runs a shell on the
 # connected socket (its stdin and stdout), which says OK and copies between the socket and
-# the stream (saved as fds 3 and 4) with two `tee`s; nc itself fails, and says so, only when
-# it cannot connect. Not `cat`: busybox's uses sendfile, which from a pipe to a socket
-# waits for a full buffer before sending anything.
+# the stream (saved as fds 3 and 4): `cat` one way, `dd` the other; nc itself fails, and
+# says so, only when it cannot connect. Not `cat` from the socket: busybox's copies with
+# sendfile, which from a socket into a pipe waits for a full buffer before passing anything.
 CONNECT_RELAY = r"""
 if command -v python3 >/dev/null 2>&1; then exec python3 -I -S -c "$2" "$1"; fi
 if ! command -v nc >/dev/null 2>&1; then echo "ERR the sandbox has neither python3 nor nc"; exit 127; fi
 exec 3<&0 4>&1
-nc 127.0.0.1 "$1" -e sh -c 'echo OK >&4; tee <&3 4>&- & tee >&4 3<&-; exit 0' 2>/dev/null ||
+nc 127.0.0.1 "$1" -e sh -c 'echo OK >&4; cat <&3 4>&- & dd bs=65536 >&4 3<&- 2>/dev/null; exit 0' 2>/dev/null ||
   echo "ERR Connection refused"
 """
 NO_RELAY_TOOL = "neither python3 nor nc"

@@ -69,7 +69,7 @@ async def host(tmp_path: Path) -> HostSandbox:
 
 @pytest.fixture
 def busybox_bin(tmp_path: Path) -> str:
-    """A PATH with busybox's sh, nc and tee only (no python3): the relay's fallback."""
+    """A PATH with busybox's sh, nc, cat and dd only (no python3): the relay's fallback."""
     busybox = shutil.which("busybox")
     if (
         busybox is None
@@ -78,7 +78,7 @@ def busybox_bin(tmp_path: Path) -> str:
         pytest.skip("needs a busybox whose nc has -e (Debian's busybox-static)")
     bin_dir = tmp_path / "busybox-bin"
     bin_dir.mkdir()
-    for applet in ("sh", "nc", "tee"):
+    for applet in ("sh", "nc", "cat", "dd"):
         (bin_dir / applet).symlink_to(busybox)
     return str(bin_dir)
 
@@ -138,10 +138,11 @@ def free_port() -> int:
 
 async def echo_round(stream: anyio.abc.ByteStream, payload: bytes) -> bytes:
     received = bytearray()
-    async with anyio.create_task_group() as group:
-        group.start_soon(stream.send, payload)
-        while len(received) < len(payload):
-            received += await stream.receive()
+    with anyio.fail_after(30):  # a relay that holds data back fails here instead of hanging
+        async with anyio.create_task_group() as group:
+            group.start_soon(stream.send, payload)
+            while len(received) < len(payload):
+                received += await stream.receive()
     return bytes(received)
 
 
