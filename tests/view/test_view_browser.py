@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import select
+import queue
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,16 +49,14 @@ def browser() -> Iterator[Any]:
         chromium.close()
 
 
-def read_line_with(stream: Any, marker: str, seconds: float) -> str:
-    """The first line of ``stream`` containing ``marker``, waiting at most ``seconds``."""
+def read_line_with(lines: queue.Queue[str], marker: str, seconds: float) -> str:
+    """The first line containing ``marker``, waiting at most ``seconds``."""
     deadline = time.monotonic() + seconds
     seen = []
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([stream], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            break
-        line = stream.readline()
-        if not line:
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
             break
         seen.append(line)
         if marker in line:
@@ -73,12 +72,17 @@ def served(runs: dict[str, Path]) -> Iterator[str]:
         text=True,
         env={**os.environ, "BROWSER": "true"},
     )
+    # A thread reads its stderr: select() on a buffered stream misses lines already in the buffer.
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stderr], daemon=True)
+    reader.start()
     try:
-        line = read_line_with(process.stderr, "http://127.0.0.1:", 60)
+        line = read_line_with(lines, "http://127.0.0.1:", 60)
         yield line.split()[2]
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0, "SIGTERM stops the server cleanly"
+        reader.join(timeout=10)
         process.stderr.close()
 
 
