@@ -78,7 +78,9 @@ async def test_async_client_flows(service: Service) -> None:
         assert await sandbox.download_content("/workspace/b.bin") == EVERY_BYTE
         assert [entry["name"] for entry in await sandbox.list_files("/workspace")] == ["b.bin"]
         assert (await sandbox.heartbeat())["status"] == "ok"
-        assert (await sandbox.apply_patch("not a patch"))["success"] is False
+        await sandbox.upload_content(b"one\ntwo\nthree\n", "/workspace/mod.txt")
+        assert (await sandbox.apply_patch(PATCH))["success"] is True
+        assert (await sandbox.apply_patch(PATCH))["success"] is False  # applied already: it conflicts
         assert (await sandbox.delete())["status"] == "deleted"  # aiohttp parsed it: application/json
         assert client.tracked == {other.id}
     finally:
