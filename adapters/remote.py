@@ -29,7 +29,14 @@ from typing import Any
 import anyio
 import httpx
 
-from orchard_async.errors import BackendUnavailable, ConfigError, CreateFailed, PathOutsideSandbox, SandboxLost
+from orchard_async.errors import (
+    AdapterUnavailable,
+    BackendUnavailable,
+    ConfigError,
+    CreateFailed,
+    PathOutsideSandbox,
+    SandboxLost,
+)
 from orchard_async.protocols import DEFAULT_EXEC_TIMEOUT
 from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec, check_env, check_timeout
 
@@ -211,7 +218,10 @@ class RemoteAdapter:
         self._live: dict[str, RemoteSandbox] = {}
 
     async def doctor(self) -> str:
-        health = await self._call("GET", "/health")
+        try:
+            health = await self._call("GET", "/health")
+        except (BackendUnavailable, ConfigError) as exc:
+            raise AdapterUnavailable(f"no orchard-async service answers at {self.url} ({exc})") from None
         return f"the service at {self.url} ({health.get('adapter', '?')} adapter behind it)"
 
     async def _call(
