@@ -11,13 +11,12 @@ the records it shows. Memory grows by a few dozen bytes per episode, not with th
 from __future__ import annotations
 
 import math
-import mmap
 import struct
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import msgspec
 
@@ -178,44 +177,42 @@ class RunIndex:
 
     def _scan(self) -> None:
         accumulator = SummaryAccumulator()
-        size = self.path.stat().st_size
-        if size:
-            with open(self.path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                records = self._msgpack_records(data, size) if self.msgpack else self._json_records(data, size)
-                for offset, length in records:
-                    trajectory = self._decode_at_scan(data, offset, length)
-                    if trajectory is not None:
-                        self._add(offset, length, trajectory)
-                        accumulator.add(trajectory)
+        # Buffered reads, not a memory map: the file's pages never count as the server's memory.
+        with open(self.path, "rb", buffering=1 << 20) as fh:
+            records = self._msgpack_records(fh) if self.msgpack else self._json_records(fh)
+            for offset, record in records:
+                trajectory = self._decode_at_scan(offset, record)
+                if trajectory is not None:
+                    self._add(offset, len(record), trajectory)
+                    accumulator.add(trajectory)
         self.summary = accumulator.result()
 
-    def _json_records(self, data: mmap.mmap, size: int) -> Iterator[tuple[int, int]]:
-        start = 0
-        while start < size:
-            end = data.find(b"\n", start)
-            if end < 0:
-                if data[start:size].strip():
-                    self._warn(f"ignoring a torn last record ({size - start} bytes)")
+    def _json_records(self, fh: BinaryIO) -> Iterator[tuple[int, bytes]]:
+        offset = 0
+        for line in fh:
+            if not line.endswith(b"\n"):
+                if line.strip():
+                    self._warn(f"ignoring a torn last record ({len(line)} bytes)")
                 return
-            if end > start:
-                yield start, end + 1 - start
-            start = end + 1
+            yield offset, line
+            offset += len(line)
 
-    def _msgpack_records(self, data: mmap.mmap, size: int) -> Iterator[tuple[int, int]]:
-        pos = 0
-        while pos + 4 <= size:
-            (length,) = _LENGTH.unpack_from(data, pos)
-            if pos + 4 + length > size:
-                break
-            yield pos + 4, length
-            pos += 4 + length
-        if pos < size:
-            self._warn(f"ignoring a torn last record ({size - pos} bytes)")
+    def _msgpack_records(self, fh: BinaryIO) -> Iterator[tuple[int, bytes]]:
+        offset = 0
+        while len(prefix := fh.read(4)) == 4:
+            (length,) = _LENGTH.unpack(prefix)
+            body = fh.read(length)
+            if len(body) < length:
+                self._warn(f"ignoring a torn last record ({4 + len(body)} bytes)")
+                return
+            yield offset + 4, body
+            offset += 4 + length
+        if prefix:
+            self._warn(f"ignoring a torn last record ({len(prefix)} bytes)")
 
-    def _decode_at_scan(self, data: mmap.mmap, offset: int, length: int) -> Trajectory | None:
+    def _decode_at_scan(self, offset: int, record: bytes) -> Trajectory | None:
         """The record's trajectory, or None (a header, a blank line, a torn or corrupt record:
         skipped as ``read_trajectories`` skips them, with a warning)."""
-        record = data[offset : offset + length]
         if not self.msgpack and not record.strip():
             return None
         if record.startswith(_MP_HEADER_PREFIX if self.msgpack else _JSON_HEADER_PREFIX):
@@ -223,7 +220,7 @@ class RunIndex:
         try:
             return (_mp_decoder if self.msgpack else _json_decoder).decode(record)
         except msgspec.DecodeError as exc:
-            self._warn(f"skipping a corrupt record ending at byte {offset + length}: {exc}")
+            self._warn(f"skipping a corrupt record ending at byte {offset + len(record)}: {exc}")
             return None
 
     def _warn(self, message: str) -> None:
