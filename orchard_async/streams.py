@@ -53,10 +53,14 @@ STREAM_WRAPPER = (
 )
 
 # Kills a process and all its descendants, each frozen first so it cannot fork away (the
-# same walk as the shell server's own, which this does not rely on). `$1` the pid.
+# same walk as the shell server's own, which this does not rely on), then waits (up to 5 s)
+# until the process is dead: a SIGKILL is delivered at once, but a process takes a moment
+# to die. A zombie is dead. `{pid}` the process.
 KILL_TREE = (
-    '_k() { kill -STOP "$1" 2>/dev/null || return 0; read -r _kc <"/proc/$1/task/$1/children" 2>/dev/null; '
-    'for _kx in $_kc; do _k "$_kx"; done; kill -KILL "$1" 2>/dev/null; }; _k {pid}'
+    '_k() { kill -STOP "$1" 2>/dev/null || return 0; read -r _kc 2>/dev/null <"/proc/$1/task/$1/children"; '
+    'for _kx in $_kc; do _k "$_kx"; done; kill -KILL "$1" 2>/dev/null; }; _k {pid}; _kw=0; '
+    "while [ $_kw -lt 500 ] && read -r _ks 2>/dev/null </proc/{pid}/stat; do "
+    'case "$_ks" in *") Z "*|*") X "*) break ;; esac; sleep 0.01; _kw=$((_kw + 1)); done'
 )
 
 # The relay behind `connect`, in python3 (any version since 3.3): it connects, says `OK` or
