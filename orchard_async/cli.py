@@ -50,6 +50,8 @@ console = Console(stderr=True)
 # ``add_command(parser)`` adds the command's arguments and sets ``func``.
 OUTSIDE_COMMANDS = {
     "bench": ("orchard_async.bench.cli:add_command", "measure sandbox latency and throughput against baselines"),
+    "serve": ("orchard_async.serve.cli:add_serve_command", "run the environment service (Orchard Env's HTTP API)"),
+    "view": ("orchard_async.view.cli:add_view_command", "look at a run in the browser"),
 }
 
 # Adapter options that say where and how to reach the backend, not what an episode sees:
@@ -57,6 +59,8 @@ OUTSIDE_COMMANDS = {
 OPERATIONAL_OPTIONS = frozenset(
     {
         "url",
+        "api_key",  # a secret: never written to a run header
+        "max_connections",
         "run_id",
         "owner",
         "root",

@@ -35,6 +35,7 @@ ADAPTERS = {
     "sim": "orchard_async.adapters.sim:SimAdapter",
     "docker": "orchard_async.adapters.docker:DockerAdapter",
     "kubernetes": "orchard_async.adapters.kubernetes:KubernetesAdapter",
+    "remote": "orchard_async.adapters.remote:RemoteAdapter",  # an `orchard-async serve` elsewhere
 }
 RECIPE_GROUP = "orchard_async.recipes"  # entry point: name = recipe, value = its module
 COMMAND_GROUP = "orchard_async.commands"  # entry point: name = command, value = "module:add_command"

@@ -12,7 +12,7 @@ from pathlib import Path
 import orchard_async as oa
 
 BACK_ROOMS = ("orchard_async.recipes", "orchard_async.bench")
-EVERY_COMMAND = {"demo", "run", "export", "inspect", "reap", "doctor", "images", "bench"}
+EVERY_COMMAND = {"demo", "run", "export", "inspect", "reap", "doctor", "images", "bench", "serve", "view"}
 
 # Runs in a fresh interpreter: builds the parser for argv, runs it (unless told not to),
 # then writes the back-room modules it finds loaded into the report file.

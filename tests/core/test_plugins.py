@@ -114,12 +114,18 @@ def test_a_plugin_cannot_take_over_a_core_command(tmp_path: Path, third_party: d
     assert inspected.returncode == 2 and "missing.jsonl: no such file" in inspected.stderr
 
 
+BUNDLED = oa.recipe_names()  # this checkout's own recipes (the third party's come on top)
+
+
 @pytest.mark.parametrize(
     ("recipe", "message"),
     [
         ("gone", "registered as no_such_module_anywhere but that module is not installed"),
         ("shapeless", "the shapeless recipe (shapeless_recipe) has no load_tasks or make_policy"),
-        ("nosuch", "unknown recipe 'nosuch'; choose one of: gone, mini, shapeless, swe, toy"),
+        (
+            "nosuch",
+            "unknown recipe 'nosuch'; choose one of: " + ", ".join(sorted({*BUNDLED, "gone", "mini", "shapeless"})),
+        ),
     ],
 )
 def test_a_broken_recipe_is_one_line_when_used_and_harmless_until_then(
@@ -132,7 +138,7 @@ def test_a_broken_recipe_is_one_line_when_used_and_harmless_until_then(
 
 
 def test_the_bundled_recipes_are_registered_and_have_the_recipe_shape() -> None:
-    assert {"swe", "toy"} <= set(oa.recipe_names())
+    assert {"claw", "swe", "toy"} <= set(oa.recipe_names())
     toy = oa.load_recipe("toy")
     assert set(toy.POLICIES) == {"oracle", "random"} and toy.make_policy("oracle").name == "oracle"
     assert [task.id for task in toy.load_tasks("builtin")][:2] == ["sum-0", "fix-script-0"]
