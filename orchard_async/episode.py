@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +94,12 @@ class RecordingSandbox:
 
     def session(self) -> Any:
         return self._inner.session()
+
+    async def open_stream(self, argv: Sequence[str]) -> Any:
+        return await self._timed("open_stream", self._inner.open_stream(argv))
+
+    async def connect(self, port: int) -> Any:
+        return await self._timed("connect", self._inner.connect(port))
 
     async def close(self) -> None:
         await self._inner.close()

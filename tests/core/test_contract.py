@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 
 import orchard_async as oa
+from orchard_async.episode import RecordingSandbox
 from orchard_async.sandbox import ShellSandbox, ShellSession
 
 
@@ -16,7 +17,7 @@ def test_a_shell_sandbox_takes_the_contracts_default_command_timeout() -> None:
 
 
 def test_the_bundled_recipes_and_policies_have_the_contracts_shape() -> None:
-    for name in ("toy", "swe"):
+    for name in oa.recipe_names():
         recipe = oa.load_recipe(name)
         assert callable(recipe.load_tasks) and callable(recipe.make_policy) and recipe.POLICIES, name
         policy = recipe.make_policy("oracle")
@@ -25,3 +26,25 @@ def test_the_bundled_recipes_and_policies_have_the_contracts_shape() -> None:
         assert isinstance(task, oa.Task)
     swe_task = oa.load_recipe("swe").load_tasks("builtin")[0]
     assert isinstance(swe_task, oa.GradedApart)  # its verdict comes from a clean sandbox
+
+
+def test_the_sandbox_a_task_and_a_policy_see_in_an_episode_is_a_whole_sandbox() -> None:
+    """Every method of the contract, streams included, reaches the adapter's sandbox through
+    the episode's recording wrapper."""
+    members = {name for name in dir(oa.Sandbox) if not name.startswith("_")} - {"id", "workdir", "labels"}
+    missing = {name for name in members if not callable(getattr(RecordingSandbox, name, None))}
+    assert not missing
+
+
+async def test_a_stream_through_the_recording_wrapper_is_timed(tmp_path) -> None:
+    adapter = oa.get_adapter("local", root=str(tmp_path / "root"))
+    box = await adapter.create(oa.SandboxSpec(ttl=60))
+    ops: list = []
+    try:
+        recorded = RecordingSandbox(box, ops, 0.0)
+        async with await recorded.open_stream(["cat"]) as stream:
+            await stream.send(b"ping\n")
+            assert await stream.receive() == b"ping\n"
+        assert [op.name for op in ops] == ["open_stream"]
+    finally:
+        await adapter.close()
