@@ -8,6 +8,8 @@
 * ``program_html``: a JavaScript expression evaluated on the final page ``equals`` a value.
 * ``purchase``: WebShop-style dense reward on the last order of the shop: the share of
   product, options and quantity that match, times 1 if the price limit holds.
+* ``llm_judge``: a model's verdict on the task, the answer and the last screenshots (see
+  ``judge``; scored by the task, since it needs the screenshots and a model).
 
 What they read is what the grader got from the sandbox, after the agent was done: signed
 by the sites and the driver (see ``inside/common.py``).
@@ -21,7 +23,7 @@ from typing import Any
 
 from orchard_async import ConfigError
 
-CHECK_TYPES = ("state_match", "url_match", "string_match", "program_html", "purchase")
+CHECK_TYPES = ("state_match", "url_match", "string_match", "program_html", "purchase", "llm_judge")
 
 
 @dataclass
@@ -46,6 +48,7 @@ def validate_check(check: Any, where: str) -> dict[str, Any]:
         "string_match": (),
         "program_html": ("js",),
         "purchase": ("product_id",),
+        "llm_judge": (),
     }[kind]
     missing = [k for k in needs if k not in check]
     if missing:

@@ -51,6 +51,8 @@ from orchard_async.images import ImageSpec
 
 from . import actions
 from .checks import Final, score, validate_check
+from .judge import SCREENSHOTS as JUDGE_SCREENSHOTS
+from .judge import Judge, judge_config
 
 SITES = {"shop": 7101, "booking": 7102, "forum": 7103}  # ports on the sandbox's loopback (inside/start.py)
 INSIDE = ".gui"  # where the driver and the sites live in the sandbox (relative to its work dir)
@@ -133,11 +135,17 @@ class GuiTask:
     spec: SandboxSpec = field(
         default_factory=lambda: SandboxSpec(image=IMAGE.tag, env=SANDBOX_ENV, labels={"orchard.recipe": "gui"})
     )
+    judge: Any = None  # a judge.Judge, for tasks with an llm_judge check
     deadline: float = 240.0
     score_timeout: float = 30.0
     exec_timeout: float = 30.0
     _live: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary, repr=False)
     _by_episode: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.line.network == "on":
+            self.spec = msgspec.structs.replace(self.spec, network="on")
+            self.score_timeout = max(self.score_timeout, 120.0)  # a judge model answers in its own time
 
     @property
     def id(self) -> str:
@@ -253,7 +261,10 @@ class GuiTask:
         js_index = {id(check): index for index, check in enumerate(js_checks)}
         value, results = 1.0, []
         for check in self.line.eval:
-            part, seen = score(check, final, js_index)
+            if check["type"] == "llm_judge":
+                part, seen = await self._judge(sandbox, final, driver.get("shots", []))
+            else:
+                part, seen = score(check, final, js_index)
             value *= part
             results.append({"type": check["type"], "score": part, "seen": seen})
         info = {
@@ -264,6 +275,15 @@ class GuiTask:
             "actions": driver.get("actions", 0),
         }
         return Reward(value=value, success=value == 1.0, info=info)
+
+    async def _judge(self, sandbox: Sandbox, final: Final, shots: list[str]) -> tuple[float, str]:
+        if self.judge is None:
+            raise VerifierError("this task has an llm_judge check but no judge: set ORCHARD_JUDGE_MODEL")
+        images = []
+        for digest in shots[-JUDGE_SCREENSHOTS:]:
+            if re.fullmatch(r"[0-9a-f]{64}", str(digest)):
+                images.append(await sandbox.read_file(f"{INSIDE}/run/shots/{digest}.png"))
+        return await self.judge(self.line.intent, final.answer, images)
 
     async def _keep_screenshots(self, sandbox: Sandbox) -> None:
         """Copy the episode's screenshots to screenshot_dir, named by content hash (the steps
@@ -327,9 +347,15 @@ def builtin_path() -> Path:
 
 
 def load_tasks(source: str = "builtin") -> list[GuiTask]:
-    """``builtin``, ``builtin:ID,ID`` (a subset by id or site), or a .jsonl file of tasks.
+    """``builtin``, ``builtin:ID,ID`` (a subset by id or site), a .jsonl file of tasks, or
+    live-site tasks: ``webvoyager:FILE`` / ``mind2web:FILE`` (see ``live``; judged by a model).
     ``ORCHARD_GUI_SCREENSHOTS=DIR`` keeps every episode's screenshots in DIR by hash."""
-    if source == "builtin" or source.startswith("builtin:"):
+    from . import live  # it builds TaskLines: imported here, not at the top (a cycle)
+
+    kind, _, rest = source.partition(":")
+    if kind in live.FORMATS:
+        lines = live.read_live_tasks(kind, Path(rest))
+    elif source == "builtin" or source.startswith("builtin:"):
         lines = read_task_file(builtin_path())
         if ":" in source:
             wanted = {part for part in source.split(":", 1)[1].split(",") if part}
@@ -342,4 +368,6 @@ def load_tasks(source: str = "builtin") -> list[GuiTask]:
             raise ConfigError(f"--tasks {source!r}: not 'builtin' and not a file of GUI tasks (.jsonl)")
         lines = read_task_file(path)
     shots = os.environ.get("ORCHARD_GUI_SCREENSHOTS")
-    return [GuiTask(line, screenshot_dir=Path(shots) if shots else None) for line in lines]
+    judged = any(check["type"] == "llm_judge" for line in lines for check in line.eval)
+    judge = Judge(judge_config()) if judged else None  # ConfigError now, not at the first score
+    return [GuiTask(line, screenshot_dir=Path(shots) if shots else None, judge=judge) for line in lines]

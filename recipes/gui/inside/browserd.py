@@ -256,6 +256,7 @@ class Browser:
         self.errors = 0
         self.crashed = ""
         self.input_navigated = False
+        self.shot_history = []  # hashes of the latest distinct screenshots, oldest first (for a judge)
         self.cdp.call("Target.setDiscoverTargets", {"discover": True})
         self.cdp.call(
             "Storage.setCookies",
@@ -658,6 +659,8 @@ class Browser:
         if digest == self.last_shot and feedback.startswith(("clicked", "hovered", "pressed", "scrolled", "dragged")):
             feedback += "; no visible change"
         self.last_shot = digest
+        if not self.shot_history or self.shot_history[-1] != digest:
+            self.shot_history = (self.shot_history + [digest])[-10:]
         header = [
             "feedback: " + feedback,
             "url: " + self._url(),
@@ -694,6 +697,7 @@ class Browser:
                 "actions": self.actions,
                 "errors": self.errors,
                 "crashed": self.crashed,
+                "shots": self.shot_history,
             },
             sort_keys=True,
         ).encode()
