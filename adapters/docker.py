@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import os
 import socket
@@ -53,34 +54,39 @@ from typing import Any, TypeVar
 import aiodocker
 import aiohttp
 import anyio
-import anyio.abc
 from aiodocker.containers import DockerContainer
 from aiodocker.stream import Stream
 
+from orchard_async import labels as names
+from orchard_async.container_shell import (
+    CTL_DIR,
+    DEFAULT_WORKDIR,
+    SHELL_ONLY,
+    DuplexStream,
+    ExecStream,
+    OutputStream,
+    close_streams,
+    is_abandoned,
+    shell_command,
+    start_shell,
+    timer_args,
+)
 from orchard_async.errors import AdapterUnavailable, BackendUnavailable, ConfigError, CreateFailed, SandboxLost
 from orchard_async.images import ImageMissing, build_command, missing_image_hint
-from orchard_async.lease import controller_alive, controller_id
 from orchard_async.protocols import Sandbox
 from orchard_async.sandbox import ShellSandbox
-from orchard_async.shell import READY_TIMEOUT, CgroupShellClient, quote
+from orchard_async.shell import CgroupShellClient
 from orchard_async.types import DEFAULT_OUTPUT_CAP, SandboxSpec
 
 T = TypeVar("T")
 
 DEFAULT_IMAGE = "orchard/busybox:test"
-DEFAULT_WORKDIR = "/workspace"
-CTL_DIR = "/tmp/.orchard"  # the shell protocol's scratch files; a tmpfs on read-only roots
-OUT_DIR = f"{CTL_DIR}/out"  # the output FIFOs the relays copy to the controller
 WHERE = "the Docker daemon"
 
 API_TIMEOUT = 30.0  # any single daemon call
 PULL_TIMEOUT = 600.0
 INTERRUPT_TIMEOUT = 5.0  # signalling a timed-out command
 DESTROY_TIMEOUT = 20.0
-SEND_TIMEOUT = 30.0  # writing one frame into the exec stream, plus time for its size
-SEND_RATE = 1e6  # bytes per second assumed for big frames (file writes)
-SETUP_FAILED = "@@ORCHARD-SETUP-FAILED"  # the exec's stderr when the preamble failed
-STDERR_KEPT = 4096  # bytes of the exec's own stderr kept to explain a shell that did not start
 
 # Processes the adapter itself runs in every container, added to spec.pids so that the
 # limit counts what commands may start: init, the timer and its sleep, the exec wrapper
@@ -88,7 +94,6 @@ STDERR_KEPT = 4096  # bytes of the exec's own stderr kept to explain a shell tha
 # shell has no `read -t`), the two output relays, the shell, and the command's subshell.
 PIDS_OVERHEAD = 13
 KEEPALIVE = 6.0  # seconds without a byte from the controller before a container ends itself
-KEEPALIVE_CHECKS = 4  # the watchdog looks this many times per keepalive period
 
 # The container's main process (under docker-init): the self-destruct timer, in sh.
 #
@@ -102,7 +107,6 @@ KEEPALIVE_CHECKS = 4  # the watchdog looks this many times per keepalive period
 #   has taken. `read` and `kill` are builtins: relaying forks nothing.
 # * It sleeps in the background: a shell runs traps only between commands, and `wait`
 #   returns at once for a trapped signal.
-SHELL_PID = f"{CTL_DIR}/shell.pid"
 ATTACH_GRACE = 60.0  # well beyond the seconds an attach takes on a loaded daemon
 TIMER = """
 _o_pid=$3
@@ -113,200 +117,23 @@ _o_nap "$1"
 if [ -e "$_o_pid" ]; then _o_nap "$2"; fi
 """
 
-# The exec's command: the protocol shell, wrapped so that the container ends with it.
-# `cat` relays stdin and notices EOF (the controller closed the stream or died, even by
-# SIGKILL) at once, even while a command runs and the shell is not reading; and if the
-# shell itself dies, its side notices. Either side then kills every process but init
-# (`kill -1`), the timer among them, and init exits with it. Signalling init does not
-# work: the kernel drops signals sent to a namespace's init from inside unless it has a
-# handler, and docker-init waits for signals with them blocked instead.
-#
-# EOF alone is not enough: it needs the daemon to close the exec's stdin when the client's
-# connection goes, and a controller can also stop without closing anything (frozen,
-# stalled). So the wrapper also runs a watchdog (WATCHDOG) over the relay: the controller
-# sends a byte on an idle stream every second, and when the relay's read count (rchar in
-# /proc/<cat>/io) has not moved for $1 milliseconds, the watchdog kills every process the
-# same way. $1 = 0 turns it off. The watchdog's output goes nowhere: the shell's pipe has
-# one writer, the relay. While a command runs the shell reads nothing, so heartbeats wait
-# in that pipe (64 KiB: one command may run about 18 hours before a full pipe stalls the
-# relay and the watchdog takes the silence for a dead controller; TTLs are far shorter).
-SHELL_WRAPPER = """
-{ exec 3<&0 </dev/null
-  cat <&3 3<&- & _o_c=$!
-  exec 3<&-
-  if [ "$1" != 0 ]; then
-    _o_sh=sh; if command -v bash >/dev/null 2>&1; then _o_sh=bash; fi
-    : | "$_o_sh" -c "$3" orchard-keepalive "$_o_c" "$1" "$2" >/dev/null 2>&1 &
-  fi
-  wait "$_o_c"; kill -KILL -1
-} | { sh -s; kill -KILL -1; }
-"""
 
-# The keepalive watchdog: $1 the relay's pid, $2 the keepalive in milliseconds, $3 checks per
-# keepalive. It waits with `read -t` on a pipe nobody writes to (its stdin, reopened
-# read-write so it never sees EOF): no process per tick, so it keeps working when the
-# command has taken every pid. bash and busybox sh have `read -t`; with a shell that has
-# not (dash without bash), it forks `sleep`, and dies if a full pids limit refuses the
-# fork (the EOF path and the TTL still hold).
-WATCHDOG = """
-_o_c=$1; _o_checks=$3; _o_ms=$(($2 / $3))
-_o_every=$((_o_ms / 1000)).$((_o_ms % 1000 / 100))$((_o_ms % 100 / 10))$((_o_ms % 10))
-exec 4<>/proc/self/fd/0 0</dev/null
-read -t 0.01 _o_x <&4 2>/dev/null
-if [ $? = 2 ]; then _o_tick() { sleep "$_o_every"; }; else _o_tick() { read -t "$_o_every" _o_x <&4; }; fi
-_o_last=; _o_quiet=0
-while [ "$_o_quiet" -lt "$_o_checks" ]; do
-  _o_tick
-  read -r _o_k _o_n <"/proc/$_o_c/io" || exit 0
-  if [ "$_o_n" = "$_o_last" ]; then _o_quiet=$((_o_quiet + 1)); else _o_quiet=0; _o_last=$_o_n; fi
-done
-kill -KILL -1
-"""
-SHELL_ONLY = ["sh", "-s"]
-
-# Command output never lands on the container's disk (a command printing 2 GB must not fill
-# it): the server points a command's stdout and stderr at two FIFOs, and one exec per FIFO
-# relays it to the controller (the shell protocol's relay mode, orchard_async.shell), which
-# keeps the head and tail and counts the rest. Each relay makes its FIFO, says it is ready,
-# and becomes `cat` holding the FIFO open read-write (so it never reads an end between
-# commands). It is read only while a command runs: between commands the daemon's socket
-# fills, the FIFO behind it fills, and a background writer blocks, using no memory here.
-# `$1` the FIFO's directory, `$2` its name.
-RELAY = (
-    'mkdir -p "$1" && { [ -p "$1/$2" ] || mkfifo -m 600 "$1/$2"; } && printf "@@RELAY %s\\n" "$2" && exec cat <>"$1/$2"'
-)
-
-
-def shell_command(keepalive: float) -> list[str]:
-    """The exec's argv: the wrapped shell, with the watchdog after ``keepalive`` seconds
-    (whole milliseconds; 0 turns it off)."""
-    return ["sh", "-c", SHELL_WRAPPER, "orchard-shell", str(round(keepalive * 1000)), str(KEEPALIVE_CHECKS), WATCHDOG]
-
-
-# -- the hot path: an exec attach stream as an anyio byte stream -----------------------------
-
-
-class ExecStream(anyio.abc.ByteStream):
-    """stdin/stdout of one ``docker exec`` as an anyio ByteStream, for ShellClient.
-
-    A reader task drains the attach stream into an unbounded buffer as soon as bytes
-    arrive: aiodocker pauses the socket when its 64 KiB queue is full, and a client busy
-    writing a large frame while the shell writes output would otherwise deadlock. The
-    buffer stays small because the client reads every frame to its end. The exec's
-    stderr is not part of the protocol; its tail is kept to explain a failed start.
-    """
+class AttachConnection:
+    """An aiodocker exec attach stream as the container shell's ExecConnection."""
 
     def __init__(self, stream: Stream):
         self._stream = stream
-        self._send, self._receive = anyio.create_memory_object_stream[bytes](max_buffer_size=math.inf)
-        self._pending = b""
-        self.stderr_tail = b""
-        self.last_sent = time.monotonic()  # for the keepalive: idle streams get a heartbeat
-        self._reader = asyncio.get_running_loop().create_task(self._pump())
 
-    async def _pump(self) -> None:
-        try:
-            while (message := await self._stream.read_out()) is not None:
-                if message.stream == 1:
-                    self._send.send_nowait(message.data)
-                else:
-                    self.stderr_tail = (self.stderr_tail + message.data)[-STDERR_KEPT:]
-        except Exception:  # noqa: BLE001 - any failure of the connection is the end of the stream
-            pass
-        finally:
-            self._send.close()  # the client's next receive sees EndOfStream
+    async def read(self) -> tuple[int, bytes] | None:
+        message = await self._stream.read_out()
+        return None if message is None else (message.stream, message.data)
 
-    async def ended(self) -> None:
-        """Until the exec's output has ended (its shell exited, or the connection broke)."""
-        await asyncio.wait({self._reader})  # never raises; cancelling it leaves the reader alone
+    async def write(self, data: bytes) -> None:
+        # aiodocker's write has no timeout (the stream bounds it) and fails with
+        # AssertionError or RuntimeError once the connection is gone.
+        await self._stream.write_in(data)
 
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        if not self._pending:
-            self._pending = await self._receive.receive()
-        chunk, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
-        return chunk
-
-    async def send(self, item: bytes) -> None:
-        # aiodocker's write has no timeout (a stalled daemon blocks the drain forever) and
-        # fails with AssertionError or RuntimeError once the connection is gone.
-        self.last_sent = time.monotonic()
-        try:
-            with anyio.fail_after(SEND_TIMEOUT + len(item) / SEND_RATE):
-                await self._stream.write_in(item)
-        except (TimeoutError, AssertionError, RuntimeError, OSError, aiohttp.ClientError) as exc:
-            raise anyio.BrokenResourceError(f"the exec stream is gone ({type(exc).__name__})") from exc
-
-    async def beat(self, limit: float) -> None:
-        """The keepalive's heartbeat: a newline, which the shell reads as an empty command.
-        It never lands inside a frame: each frame is one transport write, and so is this.
-        Waiting for the drain is bounded: the byte is in the transport's buffer already, and
-        one slow stream must not hold back the others' heartbeats."""
-        self.last_sent = time.monotonic()
-        with anyio.move_on_after(limit), contextlib.suppress(Exception):
-            await self._stream.write_in(b"\n")
-
-    async def send_eof(self) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        self._reader.cancel()
-        with contextlib.suppress(Exception):
-            await self._stream.close()
-        self._receive.close()
-
-
-class RelayStream(anyio.abc.ByteReceiveStream):
-    """The stdout of one output relay exec (see RELAY), read on demand: unread, it applies
-    backpressure all the way to the command writing the FIFO. Any failure of the
-    connection is the end of the stream."""
-
-    def __init__(self, stream: Stream):
-        self._stream = stream
-        self._pending = b""
-        self.stderr_tail = b""
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        while not self._pending:
-            try:
-                message = await self._stream.read_out()
-            except Exception as exc:  # noqa: BLE001 - a broken connection ends the relay
-                raise anyio.BrokenResourceError(f"the output relay is gone ({type(exc).__name__})") from exc
-            if message is None:
-                raise anyio.EndOfStream
-            if message.stream == 1:
-                self._pending = message.data
-            else:
-                self.stderr_tail = (self.stderr_tail + message.data)[-STDERR_KEPT:]
-        chunk, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
-        return chunk
-
-    async def ready(self, name: str) -> None:
-        """Wait for the relay's ready line; what follows it stays for the shell client."""
-        line = f"@@RELAY {name}\n".encode()
-        received = b""
-        while not received.startswith(line):
-            if len(received) >= len(line):
-                raise anyio.BrokenResourceError(f"the output relay said {received[:80]!r}")
-            received += await self.receive()
-        self._pending = received[len(line) :] + self._pending
-
-    async def aclose(self) -> None:
-        with contextlib.suppress(Exception):
-            await self._stream.close()
-
-
-class AttachStream(RelayStream, anyio.abc.ByteStream):
-    """stdin and stdout of one exec (``open_stream``), both on demand: unread output holds
-    the process back (the daemon's socket fills), as a pipe would."""
-
-    async def send(self, item: bytes) -> None:
-        try:
-            with anyio.fail_after(SEND_TIMEOUT + len(item) / SEND_RATE):
-                await self._stream.write_in(item)
-        except (TimeoutError, AssertionError, RuntimeError, OSError, aiohttp.ClientError) as exc:
-            raise anyio.BrokenResourceError(f"the exec stream is gone ({type(exc).__name__})") from exc
-
-    async def send_eof(self) -> None:
+    def write_eof(self) -> None:
         """Half-close the connection: the daemon closes the process's stdin (as ``docker
         exec -i`` does at the end of its input). aiodocker has no call for it, so this
         reaches its connection's transport."""
@@ -315,6 +142,9 @@ class AttachStream(RelayStream, anyio.abc.ByteStream):
         if transport is None or not transport.can_write_eof():
             raise anyio.BrokenResourceError("the exec stream is gone")
         transport.write_eof()
+
+    async def close(self) -> None:
+        await self._stream.close()
 
 
 # -- the adapter ----------------------------------------------------------------------------
@@ -374,7 +204,7 @@ class DockerAdapter:
         self.attach_grace = attach_grace
         self.output_cap = output_cap
         self.keepalive = float(keepalive) if exit_with_shell else 0.0
-        self.controller = controller_id()
+        self.controller = names.controller_id()
         # Event-loop objects are made on first use: the constructor may run outside a loop.
         self._docker: aiodocker.Docker | None = None
         self._connecting: anyio.Lock | None = None
@@ -386,7 +216,6 @@ class DockerAdapter:
         self._images_missing: dict[tuple[str, str], ImageMissing] = {}
         self._live: dict[str, ShellSandbox] = {}
         self._streams: dict[str, ExecStream] = {}  # the heartbeat's round
-        self._relays: dict[str, list[RelayStream]] = {}  # each sandbox's output relays, closed with it
         self._heartbeat: asyncio.Task[None] | None = None
         self._unremoved: set[str] = set()  # destroyed, but the daemon did not confirm removal
 
@@ -462,11 +291,10 @@ class DockerAdapter:
             labels = self._labels(spec, expires_at)
             container = await self._start_container(docker, name, self._container_config(spec, image, labels))
             try:
-                client = await self._open_shell(container, spec, name)
+                client, relays = await self._open_shell(container, spec, name)
             except BaseException:
                 self._streams.pop(name, None)
                 await self._remove(name)
-                await self._close_relays(name)
                 raise
 
         async def teardown() -> None:
@@ -476,7 +304,7 @@ class DockerAdapter:
             # (exit_with_shell) and race our removal with AutoRemove's.
             await self._remove(name)
             await client.aclose()
-            await self._close_relays(name)
+            await close_streams(relays)
 
         sandbox = ShellSandbox(
             id=name,
@@ -491,13 +319,8 @@ class DockerAdapter:
         return sandbox
 
     def _labels(self, spec: SandboxSpec, expires_at: float) -> dict[str, str]:
-        return {
-            **spec.labels,
-            "orchard.owner": self.owner,
-            "orchard.run": self.run_id,
-            "orchard.expires": str(int(expires_at)),
-            "orchard.controller": self.controller,
-        }
+        lease = names.lease_labels(owner=self.owner, run=self.run_id, expires_at=expires_at, controller=self.controller)
+        return {**spec.labels, **lease}
 
     def _workdir(self, spec: SandboxSpec) -> str:
         return spec.workdir or DEFAULT_WORKDIR
@@ -522,7 +345,7 @@ class DockerAdapter:
         return {
             "Image": image,
             "Entrypoint": ["sh", "-c", TIMER, "orchard-timer"],
-            "Cmd": _timer_args(spec.ttl, self.attach_grace),
+            "Cmd": timer_args(spec.ttl, self.attach_grace),
             "Env": [f"{key}={value}" for key, value in spec.env.items()],
             "Labels": labels,
             "HostConfig": {key: value for key, value in host.items() if value is not None},
@@ -610,7 +433,9 @@ class DockerAdapter:
             return ConfigError(f"the Docker daemon refused the sandbox spec: {exc.message}")
         return CreateFailed(f"the Docker daemon failed to create the container: {exc.message}")
 
-    async def _attach(self, container: DockerContainer, command: list[str], what: str, *, stdin: bool) -> Stream:
+    async def _attach(
+        self, container: DockerContainer, command: list[str], what: str, *, stdin: bool
+    ) -> AttachConnection:
         """Create and start an exec, attached (stdout and stderr; stdin when asked)."""
         try:
             execution = await self._call(
@@ -620,98 +445,34 @@ class DockerAdapter:
             await self._call(f"{what} exec start", attach.__aenter__())  # upgrades the HTTP connection
         except aiodocker.DockerError as exc:
             raise CreateFailed(f"could not start the sandbox {what}: {exc.message}") from None
-        return attach
+        return AttachConnection(attach)
 
-    async def _open_relays(self, container: DockerContainer, name: str) -> tuple[RelayStream, RelayStream]:
-        """The two output relays (stdout, stderr; see RELAY), started at once, each ready."""
-        relays: dict[str, RelayStream] = {}
-        errors: list[Exception] = []
-
-        async def open_relay(fifo: str) -> None:
-            command = ["sh", "-c", RELAY, "orchard-relay", OUT_DIR, fifo]
-            try:
-                relay = RelayStream(await self._attach(container, command, "output relay", stdin=False))
-            except (CreateFailed, BackendUnavailable) as exc:
-                errors.append(exc)
-                return
-            relays[fifo] = relay
-            self._relays.setdefault(name, []).append(relay)
-            try:
-                with anyio.fail_after(READY_TIMEOUT):
-                    await relay.ready(fifo)
-            except (TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError) as exc:
-                why = relay.stderr_tail.decode(errors="replace").strip()
-                if why:  # it could not make its FIFO: the image's doing, not the daemon's
-                    errors.append(
-                        ConfigError(
-                            f"the sandbox could not create its output FIFO in {OUT_DIR}: {why}; "
-                            "the image's user must be able to write /tmp (read_only=True mounts a tmpfs there)"
-                        )
-                    )
-                else:
-                    errors.append(CreateFailed(f"the sandbox's output relay did not start ({type(exc).__name__})"))
-
-        # errors are collected, not raised, so that they do not come out of the task group
-        # wrapped in an exception group
-        async with anyio.create_task_group() as group:
-            for fifo in ("o", "e"):
-                group.start_soon(open_relay, fifo)
-        if errors:
-            raise errors[0]
-        return relays["o"], relays["e"]
-
-    async def _close_relays(self, name: str) -> None:
-        with anyio.CancelScope(shield=True):
-            for relay in self._relays.pop(name, []):
-                await relay.aclose()
-
-    async def _open_shell(self, container: DockerContainer, spec: SandboxSpec, name: str) -> CgroupShellClient:
+    async def _open_shell(
+        self, container: DockerContainer, spec: SandboxSpec, name: str
+    ) -> tuple[CgroupShellClient, list[OutputStream]]:
         """Start the long-lived shell exec, its output relays, and the shell-session server."""
         command = shell_command(self.keepalive) if self.exit_with_shell else SHELL_ONLY
         stream = ExecStream(await self._attach(container, command, "shell", stdin=True))
         if self.keepalive:  # from the first byte: the watchdog is already counting
             self._streams[name] = stream
             self._start_heartbeat()
-        workdir = self._workdir(spec)
-        try:
-            await stream.send(self._preamble(workdir).encode())
-            try:
-                relays = await self._open_relays(container, name)
-            except (ConfigError, CreateFailed):
-                # A shell whose preamble failed ends the container, relays and all: its
-                # reason is the one to give.
-                with anyio.move_on_after(5):
-                    await stream.ended()
-                if SETUP_FAILED not in stream.stderr_tail.decode(errors="replace"):
-                    raise
-                raise SandboxLost("the sandbox shell did not start") from None
-            client = CgroupShellClient(
-                stream,
-                workdir=workdir,
-                interrupt=lambda _client: self._interrupt(container),
-                output_cap=self.output_cap,
-                output_pipes=OUT_DIR,
-                output_relays=relays,
-            )
-            await client.start(CTL_DIR)
-        except (SandboxLost, anyio.BrokenResourceError) as exc:
-            await stream.aclose()
-            why = stream.stderr_tail.decode(errors="replace")
-            if SETUP_FAILED in why:  # the image, not the daemon: retrying cannot help
-                raise ConfigError(
-                    f"the sandbox could not create {workdir} and {CTL_DIR}: {why.replace(SETUP_FAILED, '').strip()}; "
-                    "choose a workdir the image's user can write (read_only=True mounts a tmpfs there)"
-                ) from None
-            raise CreateFailed(f"the sandbox shell did not start: {why.strip() or exc}") from None
-        except BaseException:
-            await stream.aclose()
-            raise
-        return client
 
-    async def _open_stream(self, container: DockerContainer, sandbox: Sandbox, command: list[str]) -> AttachStream:
+        async def open_output(command: list[str]) -> OutputStream:
+            return OutputStream(await self._attach(container, command, "output relay", stdin=False))
+
+        return await start_shell(
+            stream,
+            workdir=self._workdir(spec),
+            open_output=open_output,
+            interrupt=lambda _client: self._interrupt(container),
+            output_cap=self.output_cap,
+            mount="a tmpfs",
+        )
+
+    async def _open_stream(self, container: DockerContainer, sandbox: Sandbox, command: list[str]) -> DuplexStream:
         """One exec with stdin attached: ``open_stream``'s transport."""
         try:
-            return AttachStream(await self._attach(container, command, "stream", stdin=True))
+            return DuplexStream(await self._attach(container, command, "stream", stdin=True))
         except CreateFailed as exc:  # the container is gone, or the daemon refused the exec
             raise SandboxLost(f"no stream into {sandbox.id}: {exc}") from None
 
@@ -729,13 +490,6 @@ class DockerAdapter:
             idle = [stream for stream in self._streams.values() if stream.last_sent <= due]
             if idle:
                 await asyncio.gather(*(stream.beat(interval) for stream in idle), return_exceptions=True)
-
-    @staticmethod
-    def _preamble(workdir: str) -> str:
-        """What the exec's shell runs before the server script (it becomes the server): the
-        directories it and the commands need, and its pid for the timer (see TIMER)."""
-        dirs = f"{quote(CTL_DIR)} {quote(workdir)}"
-        return f"mkdir -p -- {dirs} && echo $$ >{quote(SHELL_PID)} || {{ echo {SETUP_FAILED} >&2; exit 1; }}\n"
 
     async def _interrupt(self, container: DockerContainer) -> None:
         """Deliver the client's timeout interrupt: SIGUSR1 to the container, which its
@@ -787,14 +541,19 @@ class DockerAdapter:
         """Remove orchard containers (anyone's, on this daemon) whose controller is dead,
         whose TTL passed ``older_than`` seconds ago, or that stopped and were not removed."""
         docker = await self._client()
-        filters = '{"label": ["orchard.owner"]}'
+        filters = json.dumps({"label": [names.OWNER]})
         containers = await self._call("container list", docker.containers.list(all=True, filters=filters))
         now = time.time()
         doomed = []
         for container in containers:  # entries of the list endpoint: Names, Labels, State
             name = container["Names"][0].lstrip("/")
             labels, state = container["Labels"] or {}, container["State"]
-            if name not in self._live and _is_abandoned(labels, state, now, older_than):
+            alive = names.controller_alive(labels.get(names.CONTROLLER, ""))
+            # exited or dead and never removed (e.g. the daemon restarted under it): of no use
+            ended = state in ("exited", "dead")
+            if name not in self._live and is_abandoned(
+                labels, ended=ended, controller_alive=alive, now=now, older_than=older_than
+            ):
                 doomed.append(name)
         removed: list[str] = []
 
@@ -843,27 +602,8 @@ class DockerAdapter:
         )
 
 
-def _timer_args(ttl: float, attach_grace: float) -> list[str]:
-    """TIMER's arguments: the attach grace, the rest of the TTL, the shell's pid file."""
-    total = math.ceil(ttl)
-    grace = min(total, math.ceil(attach_grace))
-    return [str(grace), str(total - grace), SHELL_PID]
-
-
 def _with_exec(options: str) -> str:
     words = [word for word in options.split(",") if word]
     if "noexec" not in words and "exec" not in words:
         words.append("exec")
     return ",".join(words)
-
-
-def _is_abandoned(labels: dict[str, str], state: str, now: float, older_than: float) -> bool:
-    if state in ("exited", "dead"):
-        return True  # never removed (e.g. the daemon restarted under it): of no use to anyone
-    try:
-        expires = float(labels.get("orchard.expires", "0"))
-    except ValueError:
-        expires = 0.0
-    if expires + older_than < now:
-        return True
-    return controller_alive(labels.get("orchard.controller", "")) is False

@@ -1,0 +1,423 @@
+"""The container shell: how an adapter whose sandboxes are containers (docker, kubernetes)
+runs the shell-session protocol (orchard_async.shell) over one long-lived exec.
+
+What is the same for every such backend lives here, and an adapter brings only its exec
+connection (an ``ExecConnection``: an aiodocker attach stream, a Kubernetes exec
+websocket) and its way of interrupting the shell:
+
+* the commands the container runs: the shell that ends its container when the controller
+  goes (``shell_command``), the output relays (``relay_command``), the timer's arguments;
+* the byte streams over an exec: ``ExecStream`` (the shell's stdin/stdout, drained by a
+  reader task), ``OutputStream`` (an output relay, read on demand) and ``DuplexStream``
+  (``Sandbox.open_stream``: stdin and stdout, both on demand);
+* the bootstrap: ``start_shell`` sends the preamble, opens the relays, starts the server,
+  and turns what went wrong into ConfigError (the image's doing) or CreateFailed;
+* ``is_abandoned``: which sandbox ``reap`` removes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+import anyio
+import anyio.abc
+
+from .errors import BackendUnavailable, ConfigError, CreateFailed, SandboxLost
+from .labels import expiry
+from .shell import READY_TIMEOUT, CgroupShellClient, ShellClient, quote
+
+DEFAULT_WORKDIR = "/workspace"
+CTL_DIR = "/tmp/.orchard"  # the shell protocol's scratch files; a tmpfs or emptyDir on read-only roots
+OUT_DIR = f"{CTL_DIR}/out"  # the output FIFOs the relays copy to the controller
+SHELL_PID = f"{CTL_DIR}/shell.pid"  # the shell writes its pid here: the timer's sign that it attached
+SETUP_FAILED = "@@ORCHARD-SETUP-FAILED"  # the exec's stderr when the preamble failed
+STDERR_KEPT = 4096  # bytes of an exec's own stderr kept to explain a shell that did not start
+SEND_TIMEOUT = 30.0  # writing one frame into an exec, plus time for its size
+SEND_RATE = 1e6  # bytes per second assumed for big frames (file writes)
+CLOSE_TIMEOUT = 2.0  # a close handshake the caller waits for, at most
+KEEPALIVE_CHECKS = 4  # the keepalive watchdog looks this many times per keepalive period
+
+SHELL_ONLY = ["sh", "-s"]
+
+# The exec's command: the protocol shell, wrapped so that the container ends with it. `cat`
+# relays stdin and sees EOF as soon as the connection closes (the controller closed it or
+# died, even by SIGKILL), even while a command runs and the shell is not reading; if the
+# shell dies, its side notices. Either side then kills every process but the PID namespace's
+# init (`kill -1`: docker-init, or the pod's pause container), the timer among them, and the
+# container ends. Signalling init does not work: the kernel drops signals sent to a
+# namespace's init from inside unless it has a handler.
+SHELL_ENDS_CONTAINER = ["sh", "-c", "{ cat; kill -KILL -1; } | { sh -s; kill -KILL -1; }"]
+
+# EOF alone needs the backend to close the exec's stdin when the client's connection goes,
+# and a controller can also stop without closing anything (frozen, stalled). With a
+# keepalive the wrapper also runs a watchdog (WATCHDOG) over the relay: the controller sends
+# a byte on an idle stream every second (ExecStream.beat), and when the relay's read count
+# (rchar in /proc/<cat>/io) has not moved for $1 milliseconds, the watchdog kills every
+# process the same way. The watchdog's output goes nowhere: the shell's pipe has one writer,
+# the relay. While a command runs the shell reads nothing, so heartbeats wait in that pipe
+# (64 KiB: one command may run about 18 hours before a full pipe stalls the relay and the
+# watchdog takes the silence for a dead controller; TTLs are far shorter).
+SHELL_WRAPPER = """
+{ exec 3<&0 </dev/null
+  cat <&3 3<&- & _o_c=$!
+  exec 3<&-
+  if [ "$1" != 0 ]; then
+    _o_sh=sh; if command -v bash >/dev/null 2>&1; then _o_sh=bash; fi
+    : | "$_o_sh" -c "$3" orchard-keepalive "$_o_c" "$1" "$2" >/dev/null 2>&1 &
+  fi
+  wait "$_o_c"; kill -KILL -1
+} | { sh -s; kill -KILL -1; }
+"""
+
+# The keepalive watchdog: $1 the relay's pid, $2 the keepalive in milliseconds, $3 checks per
+# keepalive. It waits with `read -t` on a pipe nobody writes to (its stdin, reopened
+# read-write so it never sees EOF): no process per tick, so it keeps working when the
+# command has taken every pid. bash and busybox sh have `read -t`; with a shell that has
+# not (dash without bash), it forks `sleep`, and dies if a full pids limit refuses the
+# fork (the EOF path and the TTL still hold).
+WATCHDOG = """
+_o_c=$1; _o_checks=$3; _o_ms=$(($2 / $3))
+_o_every=$((_o_ms / 1000)).$((_o_ms % 1000 / 100))$((_o_ms % 100 / 10))$((_o_ms % 10))
+exec 4<>/proc/self/fd/0 0</dev/null
+read -t 0.01 _o_x <&4 2>/dev/null
+if [ $? = 2 ]; then _o_tick() { sleep "$_o_every"; }; else _o_tick() { read -t "$_o_every" _o_x <&4; }; fi
+_o_last=; _o_quiet=0
+while [ "$_o_quiet" -lt "$_o_checks" ]; do
+  _o_tick
+  read -r _o_k _o_n <"/proc/$_o_c/io" || exit 0
+  if [ "$_o_n" = "$_o_last" ]; then _o_quiet=$((_o_quiet + 1)); else _o_quiet=0; _o_last=$_o_n; fi
+done
+kill -KILL -1
+"""
+
+# Command output never lands on the container's disk (a command printing 2 GB must not fill
+# it): the server points a command's stdout and stderr at two FIFOs, and one exec per FIFO
+# relays it to the controller (the shell protocol's relay mode), which keeps the head and
+# tail and counts the rest. Each relay makes its FIFO, says it is ready, and becomes `cat`
+# holding the FIFO open read-write (so it never reads an end between commands). It is read
+# only while a command runs: between commands the connection's buffers fill, the FIFO behind
+# them fills, and a background writer blocks, using no memory here. `$1` the FIFO's
+# directory, `$2` its name.
+RELAY = (
+    'mkdir -p "$1" && { [ -p "$1/$2" ] || mkfifo -m 600 "$1/$2"; } && printf "@@RELAY %s\\n" "$2" && exec cat <>"$1/$2"'
+)
+
+
+def shell_command(keepalive: float = 0.0) -> list[str]:
+    """The exec's argv: the shell that ends its container, with the watchdog after
+    ``keepalive`` seconds (whole milliseconds; 0: none, EOF and the TTL end it)."""
+    if not keepalive:
+        return SHELL_ENDS_CONTAINER
+    return ["sh", "-c", SHELL_WRAPPER, "orchard-shell", str(round(keepalive * 1000)), str(KEEPALIVE_CHECKS), WATCHDOG]
+
+
+def relay_command(fifo: str) -> list[str]:
+    """The argv of the output relay for FIFO ``fifo`` ("o" or "e")."""
+    return ["sh", "-c", RELAY, "orchard-relay", OUT_DIR, fifo]
+
+
+def timer_args(ttl: float, attach_grace: float) -> list[str]:
+    """The self-destruct timer's arguments: the attach grace (the wait for a shell; a
+    controller killed before attaching leaves nothing running for long), the rest of the
+    TTL (waited only once a shell has attached), the shell's pid file."""
+    total = max(1, math.ceil(ttl))
+    grace = min(total, math.ceil(attach_grace))
+    return [str(grace), str(total - grace), SHELL_PID]
+
+
+def preamble(workdir: str) -> str:
+    """What the exec's shell runs before the server script (it then becomes the server): the
+    directories it and the commands need, and its pid for the timer."""
+    dirs = f"{quote(CTL_DIR)} {quote(workdir)}"
+    return f"mkdir -p -- {dirs} && echo $$ >{quote(SHELL_PID)} || {{ echo {SETUP_FAILED} >&2; exit 1; }}\n"
+
+
+# -- byte streams over one exec -----------------------------------------------------------------
+
+
+class ExecConnection(Protocol):
+    """One exec's connection as a backend gives it: messages tagged with their stream."""
+
+    async def read(self) -> tuple[int, bytes] | None:
+        """The next message: (1 stdout | 2 stderr | 3 final status, data); None at the end."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Into the process's stdin; raises when the connection is gone."""
+        ...
+
+    def write_eof(self) -> None:
+        """Close the process's stdin alone (raises where the backend cannot)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class _Tails:
+    """What an exec says besides stdout: its stderr's tail (to explain a shell or relay that
+    did not start) and its final status."""
+
+    stderr_tail = b""
+    status = ""
+
+    def _aside(self, channel: int, data: bytes) -> None:
+        if channel == 2:
+            self.stderr_tail = (self.stderr_tail + data)[-STDERR_KEPT:]
+        elif channel == 3:
+            self.status = data.decode(errors="replace")
+
+
+async def _write(connection: ExecConnection, item: bytes) -> None:
+    """A write under a timeout that grows with its size; a stalled or broken connection is
+    the end of the stream (the backends' clients fail with many error types then)."""
+    try:
+        with anyio.fail_after(SEND_TIMEOUT + len(item) / SEND_RATE):
+            await connection.write(item)
+    except anyio.BrokenResourceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - TimeoutError, or any failure of the connection
+        raise anyio.BrokenResourceError(f"the exec stream is gone ({type(exc).__name__})") from exc
+
+
+async def _close(connection: ExecConnection) -> None:
+    with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT), contextlib.suppress(Exception):
+        await connection.close()
+
+
+class ExecStream(_Tails, anyio.abc.ByteStream):
+    """The shell exec's stdin/stdout as an anyio ByteStream, for ShellClient.
+
+    A reader task drains the connection into an unbounded buffer as soon as bytes arrive:
+    a client busy writing a large frame while the shell writes output would otherwise
+    deadlock against the backend's flow control. The buffer stays small because the client
+    reads every frame to its end.
+    """
+
+    def __init__(self, connection: ExecConnection):
+        self._connection = connection
+        self._send, self._receive = anyio.create_memory_object_stream[bytes](max_buffer_size=math.inf)
+        self._pending = b""
+        self.last_sent = time.monotonic()  # for the keepalive: idle streams get a heartbeat
+        self._reader = asyncio.get_running_loop().create_task(self._pump())
+
+    async def _pump(self) -> None:
+        try:
+            while (message := await self._connection.read()) is not None:
+                channel, data = message
+                if channel == 1:
+                    self._send.send_nowait(data)
+                else:
+                    self._aside(channel, data)
+        except Exception:  # noqa: BLE001 - any failure of the connection is the end of the stream
+            pass
+        finally:
+            self._send.close()  # the client's next receive sees EndOfStream
+
+    async def ended(self) -> None:
+        """Until the exec's output has ended (its shell exited, or the connection broke)."""
+        await asyncio.wait({self._reader})  # never raises; cancelling it leaves the reader alone
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if not self._pending:
+            self._pending = await self._receive.receive()
+        chunk, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
+        return chunk
+
+    async def send(self, item: bytes) -> None:
+        self.last_sent = time.monotonic()
+        await _write(self._connection, item)
+
+    async def beat(self, limit: float) -> None:
+        """The keepalive's heartbeat: a newline, which the shell reads as an empty command.
+        It never lands inside a frame: each frame is one write, and so is this. Waiting for
+        the drain is bounded: one slow stream must not hold back the others' heartbeats."""
+        self.last_sent = time.monotonic()
+        with anyio.move_on_after(limit), contextlib.suppress(Exception):
+            await self._connection.write(b"\n")
+
+    async def send_eof(self) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        self._reader.cancel()
+        await _close(self._connection)
+        self._receive.close()
+
+
+class OutputStream(_Tails, anyio.abc.ByteReceiveStream):
+    """The stdout of one exec, read on demand (an output relay, see RELAY): unread, it
+    applies backpressure all the way to the process writing. Any failure of the connection
+    is the end of the stream."""
+
+    def __init__(self, connection: ExecConnection):
+        self._connection = connection
+        self._pending = b""
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        while not self._pending:
+            try:
+                message = await self._connection.read()
+            except Exception as exc:  # noqa: BLE001 - a broken connection ends the stream
+                raise anyio.BrokenResourceError(f"the exec stream is gone ({type(exc).__name__})") from exc
+            if message is None:
+                raise anyio.EndOfStream
+            channel, data = message
+            if channel == 1:
+                self._pending = data
+            else:
+                self._aside(channel, data)
+        chunk, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
+        return chunk
+
+    async def ready(self, name: str) -> None:
+        """Wait for the relay's ready line; what follows it stays for the shell client."""
+        line = f"@@RELAY {name}\n".encode()
+        received = b""
+        while not received.startswith(line):
+            if len(received) >= len(line):
+                raise anyio.BrokenResourceError(f"the output relay said {received[:80]!r}")
+            received += await self.receive()
+        self._pending = received[len(line) :] + self._pending
+
+    async def aclose(self) -> None:
+        await _close(self._connection)
+
+
+class DuplexStream(OutputStream, anyio.abc.ByteStream):
+    """stdin and stdout of one exec (``Sandbox.open_stream``), both on demand: unread output
+    holds the process back, as a pipe would."""
+
+    async def send(self, item: bytes) -> None:
+        await _write(self._connection, item)
+
+    async def send_eof(self) -> None:
+        self._connection.write_eof()
+
+
+async def close_streams(streams: Sequence[anyio.abc.AsyncResource]) -> None:
+    with anyio.CancelScope(shield=True):
+        for stream in streams:
+            await stream.aclose()
+
+
+# -- the bootstrap --------------------------------------------------------------------------------
+
+OpenOutput = Callable[[list[str]], Awaitable[OutputStream]]
+
+
+async def open_relays(open_output: OpenOutput, *, mount: str, where: str = "") -> tuple[OutputStream, OutputStream]:
+    """The two output relays (stdout, stderr; see RELAY), opened at once, each ready. ``mount``
+    names what a read-only root gets on /tmp (for the message when the image cannot write
+    there), ``where`` the sandbox in messages. On failure none stays open."""
+    relays: dict[str, OutputStream] = {}
+    errors: list[Exception] = []
+
+    async def open_relay(fifo: str) -> None:
+        try:
+            relay = await open_output(relay_command(fifo))
+        except (CreateFailed, BackendUnavailable) as exc:
+            errors.append(exc)
+            return
+        relays[fifo] = relay
+        try:
+            with anyio.fail_after(READY_TIMEOUT):
+                await relay.ready(fifo)
+        except (TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError) as exc:
+            why = relay.stderr_tail.decode(errors="replace").strip()
+            if why:  # it could not make its FIFO: the image's doing, not the backend's
+                errors.append(
+                    ConfigError(
+                        f"the sandbox could not create its output FIFO in {OUT_DIR}: {why}; "
+                        f"the image's user must be able to write /tmp (read_only=True mounts {mount} there)"
+                    )
+                )
+            else:
+                errors.append(CreateFailed(f"the output relay{where} did not start ({type(exc).__name__})"))
+
+    # errors are collected, not raised, so that they do not leave the task group wrapped in
+    # an exception group
+    try:
+        async with anyio.create_task_group() as group:
+            for fifo in ("o", "e"):
+                group.start_soon(open_relay, fifo)
+        if errors:
+            raise errors[0]
+    except BaseException:
+        await close_streams(list(relays.values()))
+        raise
+    return relays["o"], relays["e"]
+
+
+async def start_shell(
+    stream: anyio.abc.ByteStream,
+    *,
+    workdir: str,
+    open_output: OpenOutput | None,
+    interrupt: Callable[[ShellClient], Awaitable[None]],
+    output_cap: int,
+    mount: str,
+    where: str = "",
+) -> tuple[CgroupShellClient, list[OutputStream]]:
+    """Bootstrap the shell-session server on a fresh shell exec (``shell_command``): the
+    preamble, the output relays (none without ``open_output``: the protocol's spool mode),
+    the server. Returns the client and the relays (the caller closes them with the
+    sandbox); on failure closes everything and raises ConfigError when the image is at
+    fault (a workdir its user cannot create), else CreateFailed."""
+    stderr = lambda: getattr(stream, "stderr_tail", b"").decode(errors="replace")  # noqa: E731
+    relays: tuple[OutputStream, OutputStream] | None = None
+    try:
+        await stream.send(preamble(workdir).encode())
+        if open_output is not None:
+            try:
+                relays = await open_relays(open_output, mount=mount, where=where)
+            except (ConfigError, CreateFailed):
+                # A shell whose preamble failed ends the container, relays and all: its
+                # reason is the one to give.
+                ended: Callable[[], Awaitable[Any]] | None = getattr(stream, "ended", None)
+                if ended is not None:
+                    with anyio.move_on_after(5):
+                        await ended()
+                if SETUP_FAILED not in stderr():
+                    raise
+                raise SandboxLost("the sandbox shell did not start") from None
+        client = CgroupShellClient(
+            stream,
+            workdir=workdir,
+            interrupt=interrupt,
+            output_cap=output_cap,
+            output_pipes=OUT_DIR if relays else None,
+            output_relays=relays,
+        )
+        await client.start(CTL_DIR)
+    except (SandboxLost, anyio.BrokenResourceError) as exc:
+        await close_streams([stream, *(relays or ())])
+        why = stderr()
+        if SETUP_FAILED in why:  # the image, not the backend: retrying cannot help
+            raise ConfigError(
+                f"the sandbox could not create {workdir} and {CTL_DIR}: {why.replace(SETUP_FAILED, '').strip()}; "
+                f"choose a workdir the image's user can write (read_only=True mounts {mount} there)"
+            ) from None
+        raise CreateFailed(f"the sandbox shell{where} did not start: {why.strip() or exc}") from None
+    except BaseException:
+        await close_streams([stream, *(relays or ())])
+        raise
+    return client, list(relays or ())
+
+
+# -- reap ---------------------------------------------------------------------------------------
+
+
+def is_abandoned(
+    labels: dict[str, str], *, ended: bool, controller_alive: bool | None, now: float, older_than: float
+) -> bool:
+    """Whether ``reap`` removes a sandbox: it ended and was not removed (of no use to anyone),
+    its TTL passed ``older_than`` seconds ago, or its controller is known to be dead (a
+    controller this host cannot see, None, leaves it to the expiry)."""
+    if ended or expiry(labels) + older_than < now:
+        return True
+    return controller_alive is False
