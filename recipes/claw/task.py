@@ -110,6 +110,8 @@ class ClawTask:
     score_timeout: float = 60.0
     exec_timeout: float = 30.0
     handles: dict[str, services.ServiceHandle] = field(default_factory=dict, repr=False)
+    # the agent's sandbox by its episode label, for a policy that drives the sandbox itself (harness mode)
+    sandboxes: dict[str, Sandbox] = field(default_factory=dict, repr=False)
 
     @property
     def services(self) -> list[str]:
@@ -130,6 +132,7 @@ class ClawTask:
 
     async def setup(self, sandbox: Sandbox) -> str:
         self.handles[sandbox.id] = await services.start(sandbox, world=self.world, tools=self.tools, faults=self.faults)
+        self.sandboxes[sandbox.labels.get("orchard.episode", sandbox.id)] = sandbox
         for path, text in self.sandbox_files.items():
             await sandbox.write_file(path, text)
         return self.instruction()
@@ -143,6 +146,7 @@ class ClawTask:
 
     async def submission(self, sandbox: Sandbox) -> str:
         handle = self.handles.pop(sandbox.id, None)
+        self.sandboxes.pop(sandbox.labels.get("orchard.episode", sandbox.id), None)
         if handle is None:
             raise RuntimeError(f"{self.id}: no services were started in sandbox {sandbox.id}")
         snap = await services.snapshot(sandbox, handle)

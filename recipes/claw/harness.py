@@ -1,0 +1,142 @@
+"""Harness mode: a real agent harness runs inside the sandbox, and every model call it makes
+goes through the controller's recording proxy (``orchard_async.model_proxy``).
+
+The policy's first step runs the harness command in the agent's sandbox with the task's
+instruction on stdin and ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` / ``OPENAI_MODEL`` pointing
+at the proxy as the sandbox sees it (a relay on the sandbox's loopback, carried over one
+stream: the sandbox's network stays off). The key is the episode's own; the upstream's real
+key never enters the sandbox. The proxy grants ``max_steps - 1`` calls.
+
+The trajectory then gets one step per recorded call, in order: the step's ``action.raw`` is
+the ``ModelCall`` as JSON (request messages and tools, the response, usage, latency,
+status), its ``usage`` the call's tokens, its command a no-op naming the call. The last step
+submits, its ``raw`` the harness's exit status and the tail of its output. Grading is the
+task's own (the services' audit and state), as for every other policy.
+
+The default harness is ``sandbox/claw_harness.py`` (stdlib only), copied into the sandbox;
+``ORCHARD_CLAW_HARNESS`` (or ``command=``) runs another one, e.g. a pip-installed agent in the
+image, reading its task from stdin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from orchard_async import Action, ModelUnavailable, Observation
+from orchard_async.model_proxy import ModelCall, ModelProxy, Upstream, serve_into
+from orchard_async.recipes.swe.openai_policy import ModelConfig
+
+HARNESS_SOURCE = Path(__file__).parent / "sandbox" / "claw_harness.py"
+HARNESS_PATH = "/tmp/claw/harness.py"
+DEFAULT_COMMAND = f"python3 {HARNESS_PATH}"
+HARNESS_ENV = "ORCHARD_CLAW_HARNESS"
+OUTPUT_TAIL = 4000  # characters of the harness's output kept in the last step
+SCORING_MARGIN = 0.9  # of the agent's remaining time the harness may use: the replay steps need the rest
+
+_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def episode_label(episode_id: str) -> str:
+    """The ``orchard.episode`` label the episode loop gives the sandbox (see orchard_async.episode)."""
+    cleaned = _LABEL_UNSAFE.sub("-", episode_id)
+    return cleaned[-63:].strip("-_.") or "episode"
+
+
+@dataclass
+class HarnessRun:
+    calls: list[ModelCall]
+    exit_code: int | None
+    reason: str
+    output: str
+
+
+class HarnessPolicy:
+    """Runs an agent harness in the sandbox; its model calls become the episode's steps."""
+
+    def __init__(self, config: ModelConfig, *, command: str | None = None, upstream: Upstream | None = None):
+        self.config = config
+        self.command = command or DEFAULT_COMMAND
+        self.upstream = upstream or Upstream.from_model_config(config)
+        self.name = (
+            f"harness:{'bundled' if self.command == DEFAULT_COMMAND else self.command.split()[0]}:{config.model}"
+        )
+        self.proxy: ModelProxy | None = None
+        self._starting = anyio.Lock()
+        self.runs: dict[str, HarnessRun] = {}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> HarnessPolicy:
+        env = os.environ if environ is None else environ
+        return cls(ModelConfig.from_env(environ, **overrides), command=env.get(HARNESS_ENV) or None)
+
+    async def _proxy(self) -> ModelProxy:
+        async with self._starting:
+            if self.proxy is None:
+                self.proxy = await ModelProxy(self.upstream).start()
+            return self.proxy
+
+    async def act(self, observation: Observation) -> Action:
+        if observation.step == 0:
+            self.runs[observation.episode_id] = await self._run(observation)
+        run = self.runs.get(observation.episode_id)
+        if run is None:
+            raise RuntimeError("harness mode: the episode's harness run is missing (its first step did not run here)")
+        if observation.step < len(run.calls):
+            call = run.calls[observation.step]
+            return Action(
+                command=f": model call {call.index + 1} of {len(run.calls)}",
+                raw=msgspec.json.encode(call).decode(),
+                usage=call.usage,
+            )
+        del self.runs[observation.episode_id]
+        summary = {"harness": self.command, "exit_code": run.exit_code, "reason": run.reason, "output": run.output}
+        return Action(kind="submit", raw=json.dumps(summary))
+
+    async def _run(self, observation: Observation) -> HarnessRun:
+        task = observation.task
+        sandboxes = getattr(task, "sandboxes", None)
+        sandbox = sandboxes.pop(episode_label(observation.episode_id), None) if sandboxes is not None else None
+        if sandbox is None:
+            raise TypeError("harness mode needs Claw tasks (their setup hands the policy the agent's sandbox)")
+        proxy = await self._proxy()
+        session = proxy.open_session(observation.episode_id, max_calls=max(1, task.max_steps - 1))
+        if self.command == DEFAULT_COMMAND:
+            # through the shell: an adapter's write_file may only reach the working directory
+            copied = await sandbox.exec(
+                f"cat > {HARNESS_PATH}", stdin=HARNESS_SOURCE.read_bytes(), timeout=task.exec_timeout
+            )
+            if not copied.ok:
+                raise RuntimeError(f"harness mode: cannot copy the harness in: {copied.error_text or copied.text}")
+        timeout = max(1.0, (observation.remaining or task.exec_timeout) * SCORING_MARGIN)
+        try:
+            async with serve_into(sandbox, proxy.port) as port:
+                env = {
+                    "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
+                    "OPENAI_API_KEY": session.key,
+                    "OPENAI_MODEL": self.config.model,
+                    "CLAW_MAX_TURNS": str(session.max_calls),
+                }
+                result = await sandbox.exec(
+                    self.command, env=env, stdin=observation.instruction.encode(), timeout=timeout
+                )
+        finally:
+            calls = proxy.close_session(session)
+        answered = [call for call in calls if 0 < call.status < 400]
+        if calls and not answered and all(call.status >= 500 for call in calls):
+            raise ModelUnavailable(f"{self.upstream.base_url}: every call of the harness failed ({calls[-1].status})")
+        output = result.text + result.error_text
+        return HarnessRun(calls, result.exit_code, result.reason.value, output[-OUTPUT_TAIL:])
+
+    async def aclose(self) -> None:
+        if self.proxy is not None:
+            await self.proxy.aclose()
+            self.proxy = None

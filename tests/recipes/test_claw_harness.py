@@ -1,0 +1,73 @@
+"""Claw in harness mode on the local adapter: the bundled harness runs inside the sandbox and
+calls a scripted chat server through the recording proxy (over a stream into the sandbox);
+the trajectory holds one step per model call, the services' checks grade it, and the export
+turns each call into one training sample."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import msgspec
+
+from orchard_async.model_proxy import ModelCall
+from orchard_async.recipes import claw
+from orchard_async.recipes.claw.export import training_samples
+from orchard_async.recipes.claw.harness import HarnessPolicy
+from orchard_async.recipes.swe.openai_policy import ModelConfig
+from tests.recipes.swe_support import run_rollout
+from tests.recipes.test_claw_openai import SCRIPT, text_reply
+
+
+def run(policy: HarnessPolicy, tmp_path, task_id: str = "mail-reply-dana"):
+    (task,) = claw.load_tasks(f"builtin:{task_id}")
+
+    async def main():
+        try:
+            return await run_rollout([task], policy, tmp_path)
+        finally:
+            await policy.aclose()
+
+    return anyio.run(main)
+
+
+def test_the_bundled_harness_solves_a_task_with_every_call_recorded(chat_server, tmp_path) -> None:
+    server = chat_server(lambda request, index: SCRIPT[index] if index < len(SCRIPT) else text_reply("done"))
+    config = ModelConfig(model="scripted", base_url=server.base_url, api_key="sk-upstream", max_retries=0)
+    result = run(HarnessPolicy(config), tmp_path)
+    (t,) = result.trajectories
+    assert (t.status, t.reward, t.success) == ("finished", 1.0, True), (t.error, t.info, t.steps[-1:])
+    assert len(server.requests) == 4 and len(t.steps) == 5  # one step per model call, then the submit
+    # the upstream saw the real key; the sandbox only had its episode's key
+    assert {r["headers"]["authorization"] for r in server.requests} == {"Bearer sk-upstream"}
+    calls = [msgspec.json.decode(step.action.raw, type=ModelCall) for step in t.steps[:-1]]
+    assert [call.index for call in calls] == [0, 1, 2, 3]
+    assert [call.request["messages"] for call in calls] == [r["json"]["messages"] for r in server.requests]
+    assert calls[0].request["messages"][1]["content"] == t.instruction  # the task's prompt, read from stdin
+    assert calls[2].response["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "mail__send"
+    assert t.steps[0].action.usage == {"prompt_tokens": 50, "completion_tokens": 10, "total_tokens": 60}
+    tools = {entry["function"]["name"] for entry in calls[0].request["tools"]}
+    assert "mail__send" in tools and "agent__answer" not in tools
+    summary = json.loads(t.steps[-1].action.raw)
+    assert summary["exit_code"] == 0 and "answered" in summary["output"]
+    assert t.info["tool_calls"] == 6  # the harness's calls reached the services' audit
+    assert result.leaked == []
+
+    samples = list(training_samples([t]))
+    assert len(samples) == 4
+    assert samples[3]["messages"] == server.requests[3]["json"]["messages"]
+    assert samples[3]["response"] == {"role": "assistant", "content": "I replied to Dana: Thursday at 14:00 works."}
+    assert {s["reward"] for s in samples} == {1.0} and [s["call_index"] for s in samples] == [0, 1, 2, 3]
+
+
+def test_a_harness_that_gives_up_scores_zero_and_the_budget_holds(chat_server, tmp_path) -> None:
+    listing = SCRIPT[0]  # lists the mail again and again, never acting
+    server = chat_server(lambda request, index: listing)
+    (task,) = claw.load_tasks("builtin:mail-reply-dana")
+    config = ModelConfig(model="scripted", base_url=server.base_url, max_retries=0)
+    result = run(HarnessPolicy(config), tmp_path)
+    (t,) = result.trajectories
+    assert (t.status, t.reward, t.success) == ("finished", 0.0, False), (t.error, t.info)
+    assert len(server.requests) == task.max_steps - 1  # the proxy's budget: the harness ran out of calls
+    assert len(t.steps) == task.max_steps
+    assert json.loads(t.steps[-1].action.raw)["exit_code"] != 0
