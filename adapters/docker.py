@@ -236,7 +236,10 @@ class DockerAdapter:
         sandbox holds one connection (its exec stream), and aiohttp's default pool of 100
         would make the 101st sandbox wait forever."""
         timeout = aiohttp.ClientTimeout(sock_connect=10)
-        docker = aiodocker.Docker(url=self.url, timeout=timeout)
+        try:
+            docker = aiodocker.Docker(url=self.url, timeout=timeout)
+        except AssertionError:  # aiodocker's way to say it found no socket (the daemon is restarting, or absent)
+            raise self._unreachable("connect", "no Docker socket found") from None
         if not isinstance(docker.connector, aiohttp.UnixConnector):
             return docker  # tcp/ssh/tls: aiodocker's pool (at most ~100 live sandboxes)
         path = docker.connector.path
@@ -585,7 +588,10 @@ class DockerAdapter:
 
     async def doctor(self) -> str:
         """One line for `orchard-async doctor`; raises AdapterUnavailable when no daemon answers."""
-        docker = await self._connect()
+        try:
+            docker = await self._connect()
+        except BackendUnavailable as exc:
+            raise AdapterUnavailable(str(exc)) from None
         try:
             version = await self._call("version", docker.version(), 10)
             present = await self._image_present(docker, self.image)

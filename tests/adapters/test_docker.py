@@ -101,6 +101,28 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float, what: 
 # -- images and pull policy --------------------------------------------------------------------
 
 
+async def test_no_socket_is_an_outage_for_a_run_and_unavailable_for_doctor(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """aiodocker asserts when it finds no socket (a daemon restarting): a create sees
+    BackendUnavailable, which the pool retries, and doctor AdapterUnavailable; one line each."""
+    import aiodocker.docker
+
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    monkeypatch.delenv("DOCKER_CONTEXT", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.docker/config.json: no docker context
+    monkeypatch.setattr(aiodocker.docker, "_sock_search_paths", [tmp_path / "docker.sock"])
+    adapter = DockerAdapter(image=IMAGE)
+    try:
+        with pytest.raises(oa.BackendUnavailable, match="no Docker socket found") as caught:
+            await adapter.create(oa.SandboxSpec(ttl=30))
+        assert "\n" not in str(caught.value)
+        with pytest.raises(oa.AdapterUnavailable, match="no Docker socket found"):
+            await adapter.doctor()
+    finally:
+        await adapter.close()
+
+
 async def test_missing_image_with_pull_never_names_the_image_and_the_fix(make_adapter) -> None:
     adapter = make_adapter()
     with pytest.raises(ImageMissing, match=r"^image orchard/no-such-image:1 .*pull='never'.*docker pull") as caught:
