@@ -304,18 +304,26 @@ class RemoteAdapter:
                 while info["status"] == "pending":
                     info = await self._wait(sandbox_id)
         except BaseException as exc:
-            await sandbox.close()
+            await self._discard(sandbox)
             if isinstance(exc, TimeoutError):
                 raise CreateFailed(f"sandbox {sandbox_id} was not ready within {self.create_timeout:g}s") from None
             if isinstance(exc, BackendUnavailable | SandboxLost):
                 raise CreateFailed(f"sandbox {sandbox_id}: {exc}") from None
             raise
         if info["status"] != "ready":
-            await sandbox.close()
+            await self._discard(sandbox)
             raise CreateFailed(f"sandbox {sandbox_id} failed: {info.get('status_message') or info['status']}")
         ready = RemoteSandbox(self, info)
         self._live[sandbox_id] = ready
         return ready
+
+    async def _discard(self, sandbox: RemoteSandbox) -> None:
+        """Delete a sandbox whose create failed. A service that does not answer cannot make the
+        create's own error worse: the sandbox ends at its TTL (or went with the service)."""
+        try:
+            await sandbox.close()
+        except BackendUnavailable:
+            pass
 
     async def _wait(self, sandbox_id: str) -> dict[str, Any]:
         response = await self._http.get(
