@@ -62,8 +62,16 @@ class HarnessRun:
 class HarnessPolicy:
     """Runs an agent harness in the sandbox; its model calls become the episode's steps."""
 
-    def __init__(self, config: ModelConfig, *, command: str | None = None, upstream: Upstream | None = None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        command: str | None = None,
+        upstream: Upstream | None = None,
+        env: Mapping[str, str] | None = None,
+    ):
         self.config = config
+        self.env = dict(env or {})  # more variables for the harness (CLAW_HARNESS_STREAM=1, its own settings)
         self.command = command or DEFAULT_COMMAND
         self.upstream = upstream or Upstream.from_model_config(config)
         self.name = (
@@ -76,7 +84,8 @@ class HarnessPolicy:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> HarnessPolicy:
         env = os.environ if environ is None else environ
-        return cls(ModelConfig.from_env(environ, **overrides), command=env.get(HARNESS_ENV) or None)
+        passed = {k: v for k, v in env.items() if k.startswith("CLAW_HARNESS_")}  # the harness's own settings
+        return cls(ModelConfig.from_env(environ, **overrides), command=env.get(HARNESS_ENV) or None, env=passed)
 
     async def _proxy(self) -> ModelProxy:
         async with self._starting:
@@ -120,6 +129,7 @@ class HarnessPolicy:
         try:
             async with serve_into(sandbox, proxy.port) as port:
                 env = {
+                    **self.env,
                     "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
                     "OPENAI_API_KEY": session.key,
                     "OPENAI_MODEL": self.config.model,

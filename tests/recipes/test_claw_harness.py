@@ -71,3 +71,65 @@ def test_a_harness_that_gives_up_scores_zero_and_the_budget_holds(chat_server, t
     assert len(server.requests) == task.max_steps - 1  # the proxy's budget: the harness ran out of calls
     assert len(t.steps) == task.max_steps
     assert json.loads(t.steps[-1].action.raw)["exit_code"] != 0
+
+
+def as_chunks(reply_body: dict) -> list[dict]:
+    """A scripted reply as the chat.completion.chunk events a streaming server sends."""
+    message = reply_body["choices"][0]["message"]
+    chunks: list[dict] = [{"choices": [{"index": 0, "delta": {"role": "assistant"}}]}]
+    text = message.get("content") or ""
+    chunks += [{"choices": [{"index": 0, "delta": {"content": text[i : i + 7]}}]} for i in range(0, len(text), 7)]
+    for position, call in enumerate(message.get("tool_calls") or []):
+        head = {"index": position, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"]}}
+        arguments = call["function"]["arguments"]
+        chunks.append({"choices": [{"index": 0, "delta": {"tool_calls": [head]}}]})
+        for i in range(0, len(arguments), 9):
+            piece = {"index": position, "function": {"arguments": arguments[i : i + 9]}}
+            chunks.append({"choices": [{"index": 0, "delta": {"tool_calls": [piece]}}]})
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    return chunks
+
+
+def test_the_harness_streams_through_the_proxy(tmp_path) -> None:
+    from aiohttp import web
+
+    received: list[dict] = []
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        received.append(body)
+        reply = SCRIPT[len(received) - 1] if len(received) <= len(SCRIPT) else text_reply("done")
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        for chunk in as_chunks(reply.body):
+            await out.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await out.write(b"data: [DONE]\n\n")
+        await out.write_eof()
+        return out
+
+    async def main():
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        config = ModelConfig(model="scripted", base_url=f"http://127.0.0.1:{port}/v1", max_retries=0)
+        policy = HarnessPolicy(config, env={"CLAW_HARNESS_STREAM": "1"})
+        (task,) = claw.load_tasks("builtin:mail-reply-dana")
+        try:
+            return await run_rollout([task], policy, tmp_path)
+        finally:
+            await policy.aclose()
+            await runner.cleanup()
+
+    result = anyio.run(main)
+    (t,) = result.trajectories
+    assert (t.status, t.reward, t.success) == ("finished", 1.0, True), (t.error, t.info, t.steps[-1:])
+    assert all(body["stream"] is True for body in received) and len(received) == 4
+    calls = [msgspec.json.decode(step.action.raw, type=ModelCall) for step in t.steps[:-1]]
+    assert all(call.stream and call.chunks > 2 for call in calls)
+    sent = calls[2].response["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert sent["name"] == "mail__send" and json.loads(sent["arguments"])["to"] == "dana@example.com"
+    assert calls[3].response["choices"][0]["message"]["content"] == SCRIPT[3].body["choices"][0]["message"]["content"]
