@@ -1,4 +1,4 @@
-"""The kubernetes adapter: pure parts everywhere; API-level behaviour against a real cluster.
+"""The kubernetes adapter against a real cluster (its pure parts: test_kubernetes_manifests.py).
 
 Cluster tests run when a cluster is configured (KUBECONFIG or ~/.kube/config;
 ORCHARD_K8S_TEST_CONTEXT picks a context) in namespace ORCHARD_K8S_TEST_NAMESPACE
@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -32,6 +30,7 @@ import orchard_async as oa
 pytest.importorskip("kubernetes_asyncio")
 
 from orchard_async import images  # noqa: E402
+from orchard_async import labels as names  # noqa: E402
 from orchard_async.adapters import kubernetes as kube  # noqa: E402
 from orchard_async.adapters.kubernetes import KubernetesAdapter  # noqa: E402
 from orchard_async.images import ImageMissing, ImageSpec  # noqa: E402
@@ -44,149 +43,6 @@ WORK = os.environ.get("ORCHARD_K8S_WORK")
 SCRIPTS = os.environ.get("ORCHARD_K8S_SCRIPTS")
 REPO = Path(__file__).resolve().parents[2]
 NETPOL = "networking.k8s.io/v1"
-
-
-# -- pure parts: no cluster needed ------------------------------------------------------------
-
-
-def test_label_values_are_valid() -> None:
-    pattern = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-    for text in ["root@host", "-x-", "a" * 100, "ünïcode user", "ok.value_1"]:
-        value = kube.label_value(text)
-        assert len(value) <= 63 and pattern.match(value), value
-    identity = {"host": "a-very-long-host-name." * 5, "pid": "123456", "start": "987654321"}
-    label = kube.controller_label(identity)
-    assert len(label) <= 63 and pattern.match(label) and label.endswith(".123456.987654321")
-
-
-def test_controller_liveness_from_the_annotation() -> None:
-    me = kube.controller_identity()
-    assert kube.controller_alive(json.dumps(me)) is True
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead = {**me, "pid": done.stdout.strip()}
-    assert kube.controller_alive(json.dumps(dead)) is False
-    assert kube.controller_alive(json.dumps({**me, "host": "another-host"})) is None
-    assert kube.controller_alive(json.dumps({**me, "pidns": "pid:[1]"})) is None
-    assert kube.controller_alive(None) is None and kube.controller_alive("garbage") is None
-
-
-def _pod(phase: str = "Pending", state: dict | None = None, conditions: list | None = None, **status: Any) -> dict:
-    statuses = [{"name": "sandbox", "state": state}] if state is not None else []
-    return {"status": {"phase": phase, "containerStatuses": statuses, "conditions": conditions or [], **status}}
-
-
-def test_pod_verdicts() -> None:
-    assert kube.pod_verdict(_pod("Running", {"running": {}}))[0] == "ready"
-    assert kube.pod_verdict(_pod("Pending", {"waiting": {"reason": "ContainerCreating"}}))[0] == "pending"
-    verdict, why = kube.pod_verdict(
-        _pod("Pending", {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x"'}})
-    )
-    assert verdict == "failed" and "ImagePullBackOff" in why and "Back-off pulling" in why
-    unschedulable = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}]
-    assert kube.pod_verdict(_pod(conditions=unschedulable)) == ("pending", "Unschedulable: 0/1 nodes")
-    ended = kube.pod_verdict(_pod("Failed", {"terminated": {"exitCode": 137}}, reason="DeadlineExceeded"))
-    assert ended[0] == "failed" and "DeadlineExceeded" in ended[1]
-
-
-def test_exit_code_from_the_exec_status() -> None:
-    assert kube._exit_code('{"metadata":{},"status":"Success"}') == 0
-    failure = {
-        "status": "Failure",
-        "reason": "NonZeroExitCode",
-        "details": {"causes": [{"reason": "ExitCode", "message": "3"}]},
-    }
-    assert kube._exit_code(json.dumps(failure)) == 3
-    assert kube._exit_code("") is None
-
-
-def test_pod_manifest_from_the_spec() -> None:
-    adapter = KubernetesAdapter(
-        image="img:1",
-        namespace="ns1",
-        run_id="run1",
-        node_selector={"pool": "sandboxes"},
-        tolerations=[{"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"}],
-        runtime_class="gvisor",
-    )
-    spec = oa.SandboxSpec(cpu=0.5, memory="256Mi", ttl=600, env={"A": "1"}, labels={"team": "x"}, pull="never")
-    labels = adapter._labels(spec, 2000000000.0, "orchard-abc")
-    manifest = adapter._pod_manifest("orchard-abc", spec, "img:1", labels)
-    pod, container = manifest["spec"], manifest["spec"]["containers"][0]
-    assert manifest["metadata"]["labels"] == {
-        "team": "x",
-        "orchard.owner": kube.label_value(adapter.owner),
-        "orchard.run": "run1",
-        "orchard.expires": "2000000000",
-        "orchard.controller": adapter.controller,
-        "orchard.sandbox": "orchard-abc",
-    }
-    assert pod["activeDeadlineSeconds"] == 600 and pod["restartPolicy"] == "Never"
-    assert pod["automountServiceAccountToken"] is False and pod["shareProcessNamespace"] is True
-    assert pod["nodeSelector"] == {"pool": "sandboxes"} and pod["tolerations"][0]["key"] == "sandbox"
-    assert pod["runtimeClassName"] == "gvisor"
-    assert container["imagePullPolicy"] == "Never"
-    assert container["securityContext"] == {
-        "allowPrivilegeEscalation": False,
-        "privileged": False,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-    assert container["resources"] == {
-        "requests": {"cpu": "500m", "memory": str(256 * 1024**2)},
-        "limits": {"cpu": "500m", "memory": str(256 * 1024**2)},
-    }
-    assert container["env"] == [{"name": "A", "value": "1"}]
-    assert container["command"][:2] == ["sh", "-c"] and "sleep" in container["command"][2]
-    for pull, policy in (("missing", "IfNotPresent"), ("always", "Always")):
-        other = adapter._pod_manifest("p", oa.SandboxSpec(pull=pull), "i", {})
-        assert other["spec"]["containers"][0]["imagePullPolicy"] == policy
-    # what `orchard-async images build` makes is on no registry: "missing" never pulls it
-    built = adapter._pod_manifest("p", oa.SandboxSpec(pull="missing"), "orchard/busybox:test", {})
-    assert built["spec"]["containers"][0]["imagePullPolicy"] == "Never"
-
-
-def test_network_policies_select_the_right_pods() -> None:
-    deny = kube.deny_egress_policy()
-    assert deny["spec"]["policyTypes"] == ["Egress"] and deny["spec"]["egress"] == []
-    assert deny["spec"]["podSelector"] == {"matchExpressions": [{"key": "orchard.sandbox", "operator": "Exists"}]}
-    allow = kube.allow_egress_policy("orchard-abc", "uid-1")
-    assert allow["spec"]["podSelector"] == {"matchLabels": {"orchard.sandbox": "orchard-abc"}}
-    assert allow["spec"]["egress"] == [{}] and allow["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
-
-
-async def test_missing_configuration_is_unavailable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "nope"))
-    with pytest.raises(oa.AdapterUnavailable, match="does not exist"):
-        await KubernetesAdapter().doctor()
-    monkeypatch.delenv("KUBECONFIG")
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    with pytest.raises(oa.AdapterUnavailable, match="no Kubernetes configuration"):
-        await KubernetesAdapter().doctor()
-    (tmp_path / "cfg").write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "cfg"))
-    with pytest.raises(oa.AdapterUnavailable):
-        await KubernetesAdapter(context="missing").doctor()
-
-
-async def test_reap_deletes_nothing_when_a_list_fails() -> None:
-    adapter = KubernetesAdapter(namespace="ns1")
-    calls: list[tuple[str, str]] = []
-
-    async def fake_start() -> None:
-        pass
-
-    async def fake_request(method: str, path: str, **kwargs: Any) -> dict:
-        calls.append((method, path))
-        if method == "GET" and path.endswith("/networkpolicies"):
-            return {"items": [{"metadata": {"name": "orchard-x-egress", "labels": {"orchard.sandbox": "orchard-x"}}}]}
-        raise oa.BackendUnavailable("the API server went away")
-
-    adapter._start = fake_start  # type: ignore[method-assign]
-    adapter._request = fake_request  # type: ignore[method-assign]
-    with pytest.raises(oa.BackendUnavailable):
-        await adapter.reap()
-    assert all(method == "GET" for method, _ in calls)
 
 
 # -- against a cluster --------------------------------------------------------------------------
@@ -214,11 +70,11 @@ async def make_adapter() -> AsyncIterator[Callable[..., KubernetesAdapter]]:
 
 
 async def _get(adapter: KubernetesAdapter, path: str, **query: str) -> dict:
-    return await adapter._request("GET", path, query=list(query.items()), what="test")
+    return await adapter.api.request("GET", path, query=list(query.items()), what="test")
 
 
 async def _names(adapter: KubernetesAdapter, resource: str, selector: str, group: str = "") -> list[str]:
-    listing = await _get(adapter, adapter._path(resource, group=group), labelSelector=selector)
+    listing = await _get(adapter, adapter.api.path(resource, group=group), labelSelector=selector)
     return [item["metadata"]["name"] for item in listing.get("items") or []]
 
 
@@ -227,7 +83,7 @@ async def test_pod_and_policies_on_the_cluster(make_adapter: Callable[..., Kuber
     quiet = await adapter.create(oa.SandboxSpec(ttl=300, labels={"suite": "k8s"}, cpu=0.1, memory="64Mi"))
     online = await adapter.create(oa.SandboxSpec(ttl=300, network="on"))
     try:
-        pod = await _get(adapter, adapter._path("pods", quiet.id))
+        pod = await _get(adapter, adapter.api.path("pods", quiet.id))
         labels = pod["metadata"]["labels"]
         assert labels["suite"] == "k8s" and labels["orchard.run"] == adapter.run_id
         assert labels["orchard.controller"] == adapter.controller and labels["orchard.sandbox"] == quiet.id
@@ -248,10 +104,10 @@ async def test_pod_and_policies_on_the_cluster(make_adapter: Callable[..., Kuber
         # the pause container is PID 1 (shareProcessNamespace) and the sandbox sees it
         assert (await quiet.exec("cat /proc/1/cmdline")).stdout.startswith(b"/pause")
 
-        deny = await _get(adapter, adapter._path("networkpolicies", kube.DENY_POLICY, group=NETPOL))
+        deny = await _get(adapter, adapter.api.path("networkpolicies", kube.manifests.DENY_POLICY, group=NETPOL))
         assert deny["spec"]["policyTypes"] == ["Egress"] and not deny["spec"].get("egress")
         assert deny["spec"]["podSelector"] == {"matchExpressions": [{"key": "orchard.sandbox", "operator": "Exists"}]}
-        allow = await _get(adapter, adapter._path("networkpolicies", f"{online.id}-egress", group=NETPOL))
+        allow = await _get(adapter, adapter.api.path("networkpolicies", f"{online.id}-egress", group=NETPOL))
         assert allow["spec"]["podSelector"] == {"matchLabels": {"orchard.sandbox": online.id}}
         assert allow["spec"]["egress"] == [{}] and allow["spec"]["policyTypes"] == ["Egress"]
         assert await _names(adapter, "networkpolicies", f"orchard.sandbox={quiet.id}", NETPOL) == []
@@ -359,14 +215,14 @@ async def test_reap_removes_pods_of_dead_runs_only(make_adapter: Callable[..., K
     await dead._ensure_namespace()
     done = await anyio.run_process([sys.executable, "-c", "import os; print(os.getpid())"])
     dead.identity = {**dead.identity, "pid": done.stdout.decode().strip()}  # a controller that has exited
-    dead.controller = kube.controller_label(dead.identity)
+    dead.controller = names.controller_label(dead.identity)
     orphan = "orchard-deadrun0000000001"
     expired = "orchard-expired000000001"
     for name, expires in ((orphan, time.time() + 300), (expired, time.time() - 5)):
         manifest = dead._pod_manifest(
             name, oa.SandboxSpec(ttl=300), IMAGE, dead._labels(oa.SandboxSpec(), expires, name)
         )
-        await dead._request("POST", dead._path("pods"), body=manifest, what="test pod")
+        await dead.api.request("POST", dead.api.path("pods"), body=manifest, what="test pod")
     try:
         reaper = make_adapter()
         removed = await reaper.reap()
@@ -440,7 +296,7 @@ async def test_sigkilled_controller_leaves_nothing_for_long(make_adapter: Callab
         process.kill()
     assert name.startswith("orchard-")
     await observer._ensure_namespace()
-    informer = kube.PodInformer(observer, f"orchard.run={run_id}")
+    informer = kube.PodInformer(observer.api, f"orchard.run={run_id}")
     informer.start()
     try:
         with anyio.fail_after(60):
@@ -538,7 +394,7 @@ async def test_rbac_role_is_enough(make_adapter: Callable[..., KubernetesAdapter
     for file in ("namespace.yaml", "rbac.yaml"):
         for doc in _yaml_documents(deploy / file, namespace, user):
             try:
-                await admin._request("POST", paths[doc["kind"]].format(ns=namespace), body=doc, what="apply")
+                await admin.api.request("POST", paths[doc["kind"]].format(ns=namespace), body=doc, what="apply")
             except kube.ApiError as exc:
                 assert exc.status == 409, exc
     # a client certificate for the user, signed by the cluster's CA

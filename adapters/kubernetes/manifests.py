@@ -1,0 +1,170 @@
+"""What the adapter asks the cluster for, as pure functions: the sandbox pod, its labels, the
+namespace, and the NetworkPolicies. No I/O: tests/adapters/test_kubernetes_manifests.py
+checks them without a cluster.
+
+Each pod runs the image with the spec's pull policy, cpu/memory as requests and limits, the
+spec's env and labels plus the lease labels (orchard_async.labels); it has
+``activeDeadlineSeconds`` = TTL (the kubelet kills it even if nobody else does), no service
+account token, no service links, a shared PID namespace (the pause container is PID 1 and
+reaps the zombies of commands), every capability dropped, no privilege escalation and the
+runtime's default seccomp profile. Its main process is the self-destruct timer (TIMER).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import msgspec
+
+from orchard_async import labels as names
+from orchard_async.container_shell import CTL_DIR, DEFAULT_WORKDIR, timer_args
+from orchard_async.images import build_command
+from orchard_async.types import SandboxSpec
+
+from .api import NETWORKING
+
+CONTAINER = "sandbox"  # the sandbox container's name in its pod
+DENY_POLICY = "orchard-deny-egress"
+PULL_POLICIES = {"missing": "IfNotPresent", "never": "Never", "always": "Always"}
+
+# The pod's main process: the self-destruct timer. `$1` the attach grace, `$2` the rest of
+# the TTL (waited only if a shell attached), `$3` the file the shell writes its pid to.
+TIMER = 'sleep "$1"; if [ -e "$3" ]; then exec sleep "$2"; fi'
+
+
+class PodSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """What every sandbox pod of one adapter shares."""
+
+    attach_grace: float  # seconds a pod waits for its shell before ending itself
+    read_only: bool = False  # read-only root; the workdir and the control dir get emptyDirs
+    node_selector: dict[str, str] = {}
+    tolerations: list[dict[str, Any]] = []  # core/v1 Toleration objects
+    runtime_class: str | None = None  # runtimeClassName (e.g. gvisor, kata)
+    priority_class: str | None = None  # priorityClassName
+
+
+def sandbox_labels(
+    spec: SandboxSpec, *, name: str, owner: str, run: str, expires_at: float, controller: str
+) -> dict[str, str]:
+    """The spec's labels, the lease labels (as valid label values) and the pod's own name
+    (the NetworkPolicies select on it)."""
+    lease = names.lease_labels(owner=names.label_value(owner), run=run, expires_at=expires_at, controller=controller)
+    return {**spec.labels, **lease, names.SANDBOX: name}
+
+
+def pull_policy(spec: SandboxSpec, image: str) -> str:
+    policy = PULL_POLICIES[spec.pull]
+    if policy == "IfNotPresent" and build_command(image, "kubernetes"):
+        return "Never"  # built here by `orchard-async images build`: no registry has it
+    return policy
+
+
+def pod_manifest(
+    name: str,
+    spec: SandboxSpec,
+    image: str,
+    labels: dict[str, str],
+    settings: PodSettings,
+    *,
+    identity: dict[str, str],
+    owner: str,
+) -> dict[str, Any]:
+    """The sandbox pod. ``identity`` (orchard_async.labels.controller_identity) goes into an
+    annotation for reap, with the owner unshortened."""
+    ttl = max(1, math.ceil(spec.ttl))
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": image,
+        "imagePullPolicy": pull_policy(spec, image),
+        "command": ["sh", "-c", TIMER, "orchard-timer", *timer_args(ttl, settings.attach_grace)],
+        "env": [{"name": key, "value": value} for key, value in spec.env.items()],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    quantities: dict[str, str] = {}
+    if spec.cpu:
+        quantities["cpu"] = f"{math.ceil(spec.cpu * 1000)}m"
+    if spec.memory_bytes:
+        quantities["memory"] = str(spec.memory_bytes)
+    if quantities:  # requests = limits: what the scheduler reserves is what the pod may use
+        container["resources"] = {"requests": quantities, "limits": dict(quantities)}
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "activeDeadlineSeconds": ttl,
+        "terminationGracePeriodSeconds": 1,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "shareProcessNamespace": True,
+        "containers": [container],
+    }
+    if settings.read_only:
+        container["securityContext"]["readOnlyRootFilesystem"] = True
+        workdir = spec.workdir or DEFAULT_WORKDIR
+        container["volumeMounts"] = [{"name": "work", "mountPath": workdir}, {"name": "ctl", "mountPath": CTL_DIR}]
+        pod_spec["volumes"] = [{"name": "work", "emptyDir": {}}, {"name": "ctl", "emptyDir": {}}]
+    optional = {
+        "nodeSelector": settings.node_selector,
+        "tolerations": settings.tolerations,
+        "runtimeClassName": settings.runtime_class,
+        "priorityClassName": settings.priority_class,
+    }
+    pod_spec.update({key: value for key, value in optional.items() if value})
+    annotations = {names.CONTROLLER_ANNOTATION: json.dumps(identity), names.OWNER_ANNOTATION: owner}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "spec": pod_spec,
+    }
+
+
+def namespace_manifest(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": namespace, "labels": {names.NAMESPACE: "true"}},
+    }
+
+
+def deny_egress_policy() -> dict[str, Any]:
+    """Namespace-wide, every sandbox pod (label ``orchard.sandbox``) may send nothing.
+    NetworkPolicies add up: a sandbox that asks for network gets its own allow policy. Pods
+    without the label (a controller running in the same namespace) are not affected."""
+    return {
+        "apiVersion": NETWORKING,
+        "kind": "NetworkPolicy",
+        "metadata": {"name": DENY_POLICY, "labels": {names.POLICY: "deny-egress"}},
+        "spec": {
+            "podSelector": {"matchExpressions": [{"key": names.SANDBOX, "operator": "Exists"}]},
+            "policyTypes": ["Egress"],
+            "egress": [],
+        },
+    }
+
+
+def allow_egress_policy(name: str, uid: str | None) -> dict[str, Any]:
+    """All egress for one sandbox pod, owned by it (the garbage collector deletes it with
+    the pod; the adapter deletes it too, and reap removes orphans)."""
+    metadata: dict[str, Any] = {
+        "name": allow_policy_name(name),
+        "labels": {names.SANDBOX: name, names.POLICY: "allow-egress"},
+    }
+    if uid:
+        metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}]
+    return {
+        "apiVersion": NETWORKING,
+        "kind": "NetworkPolicy",
+        "metadata": metadata,
+        "spec": {"podSelector": {"matchLabels": {names.SANDBOX: name}}, "policyTypes": ["Egress"], "egress": [{}]},
+    }
+
+
+def allow_policy_name(pod: str) -> str:
+    return f"{pod}-egress"

@@ -1,0 +1,186 @@
+"""The kubernetes adapter's pure parts, no cluster needed: the pod and policy manifests, the
+labels and the controller identity, pod verdicts, exec statuses, and the reap's refusal to
+delete after a failed list."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import orchard_async as oa
+from orchard_async import labels as names
+
+pytest.importorskip("kubernetes_asyncio")
+
+from orchard_async.adapters.kubernetes import KubernetesAdapter, manifests, transport, watch  # noqa: E402
+
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def test_label_values_are_valid() -> None:
+    for text in ["root@host", "-x-", "a" * 100, "ünïcode user", "ok.value_1"]:
+        value = names.label_value(text)
+        assert len(value) <= 63 and LABEL_VALUE.match(value), value
+    identity = {"host": "a-very-long-host-name." * 5, "pid": "123456", "start": "987654321"}
+    label = names.controller_label(identity)
+    assert len(label) <= 63 and LABEL_VALUE.match(label) and label.endswith(".123456.987654321")
+
+
+def test_controller_liveness_from_the_annotation() -> None:
+    me = names.controller_identity()
+    assert names.annotated_controller_alive(json.dumps(me)) is True
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = {**me, "pid": done.stdout.strip()}
+    assert names.annotated_controller_alive(json.dumps(dead)) is False
+    assert names.annotated_controller_alive(json.dumps({**me, "host": "another-host"})) is None
+    assert names.annotated_controller_alive(json.dumps({**me, "pidns": "pid:[1]"})) is None
+    assert names.annotated_controller_alive(None) is None and names.annotated_controller_alive("garbage") is None
+
+
+def _pod(phase: str = "Pending", state: dict | None = None, conditions: list | None = None, **status: Any) -> dict:
+    statuses = [{"name": "sandbox", "state": state}] if state is not None else []
+    return {"status": {"phase": phase, "containerStatuses": statuses, "conditions": conditions or [], **status}}
+
+
+def test_pod_verdicts() -> None:
+    assert watch.pod_verdict(_pod("Running", {"running": {}}))[0] == "ready"
+    assert watch.pod_verdict(_pod("Pending", {"waiting": {"reason": "ContainerCreating"}}))[0] == "pending"
+    verdict, why = watch.pod_verdict(
+        _pod("Pending", {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x"'}})
+    )
+    assert verdict == "failed" and "ImagePullBackOff" in why and "Back-off pulling" in why
+    unschedulable = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}]
+    assert watch.pod_verdict(_pod(conditions=unschedulable)) == ("pending", "Unschedulable: 0/1 nodes")
+    ended = watch.pod_verdict(_pod("Failed", {"terminated": {"exitCode": 137}}, reason="DeadlineExceeded"))
+    assert ended[0] == "failed" and "DeadlineExceeded" in ended[1]
+
+
+def test_exit_code_from_the_exec_status() -> None:
+    assert transport.exit_code('{"metadata":{},"status":"Success"}') == 0
+    failure = {
+        "status": "Failure",
+        "reason": "NonZeroExitCode",
+        "details": {"causes": [{"reason": "ExitCode", "message": "3"}]},
+    }
+    assert transport.exit_code(json.dumps(failure)) == 3
+    assert transport.exit_code("") is None
+
+
+def test_pod_manifest_from_the_spec() -> None:
+    settings = manifests.PodSettings(
+        attach_grace=120,
+        node_selector={"pool": "sandboxes"},
+        tolerations=[{"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"}],
+        runtime_class="gvisor",
+    )
+    identity = {"host": "h", "pidns": "pid:[9]", "pid": "42", "start": "7"}
+    spec = oa.SandboxSpec(cpu=0.5, memory="256Mi", ttl=600, env={"A": "1"}, labels={"team": "x"}, pull="never")
+    labels = manifests.sandbox_labels(
+        spec, name="orchard-abc", owner="me@host", run="run1", expires_at=2000000000.0, controller="h.42.7"
+    )
+    manifest = manifests.pod_manifest("orchard-abc", spec, "img:1", labels, settings, identity=identity, owner="me@x")
+    pod, container = manifest["spec"], manifest["spec"]["containers"][0]
+    assert manifest["metadata"]["labels"] == {
+        "team": "x",
+        "orchard.owner": "me_host",
+        "orchard.run": "run1",
+        "orchard.expires": "2000000000",
+        "orchard.controller": "h.42.7",
+        "orchard.sandbox": "orchard-abc",
+    }
+    assert manifest["metadata"]["annotations"] == {"orchard/controller": json.dumps(identity), "orchard/owner": "me@x"}
+    assert pod["activeDeadlineSeconds"] == 600 and pod["restartPolicy"] == "Never"
+    assert pod["automountServiceAccountToken"] is False and pod["shareProcessNamespace"] is True
+    assert pod["nodeSelector"] == {"pool": "sandboxes"} and pod["tolerations"][0]["key"] == "sandbox"
+    assert pod["runtimeClassName"] == "gvisor" and "priorityClassName" not in pod
+    assert container["imagePullPolicy"] == "Never"
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert container["resources"] == {
+        "requests": {"cpu": "500m", "memory": str(256 * 1024**2)},
+        "limits": {"cpu": "500m", "memory": str(256 * 1024**2)},
+    }
+    assert container["env"] == [{"name": "A", "value": "1"}]
+    # the timer: the attach grace, the rest of the TTL, the shell's pid file
+    assert container["command"][:2] == ["sh", "-c"] and "sleep" in container["command"][2]
+    assert container["command"][4:] == ["120", "480", "/tmp/.orchard/shell.pid"]
+    assert "volumes" not in pod and "readOnlyRootFilesystem" not in container["securityContext"]
+
+    def built(pull: str, image: str, **options: Any) -> dict:
+        settings = manifests.PodSettings(attach_grace=60, **options)
+        return manifests.pod_manifest("p", oa.SandboxSpec(pull=pull), image, {}, settings, identity=identity, owner="")
+
+    for pull, policy in (("missing", "IfNotPresent"), ("always", "Always")):
+        assert built(pull, "i")["spec"]["containers"][0]["imagePullPolicy"] == policy
+    # what `orchard-async images build` makes is on no registry: "missing" never pulls it
+    assert built("missing", "orchard/busybox:test")["spec"]["containers"][0]["imagePullPolicy"] == "Never"
+    read_only = built("missing", "i", read_only=True)["spec"]
+    assert read_only["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"] for m in read_only["containers"][0]["volumeMounts"]}
+    assert mounts == {"/workspace", "/tmp/.orchard"} and all("emptyDir" in v for v in read_only["volumes"])
+
+
+def test_the_adapter_builds_pods_from_its_options() -> None:
+    adapter = KubernetesAdapter(image="img:1", namespace="ns1", run_id="run1", priority_class="high", attach_grace=30)
+    spec = oa.SandboxSpec(ttl=20)
+    manifest = adapter._pod_manifest("orchard-x", spec, "img:1", adapter._labels(spec, 1.0, "orchard-x"))
+    assert manifest["spec"]["priorityClassName"] == "high"
+    assert manifest["spec"]["containers"][0]["command"][4:6] == ["20", "0"]  # the grace is cut to the TTL
+    assert manifest["metadata"]["labels"]["orchard.controller"] == adapter.controller
+    assert json.loads(manifest["metadata"]["annotations"]["orchard/controller"]) == adapter.identity
+
+
+def test_network_policies_select_the_right_pods() -> None:
+    deny = manifests.deny_egress_policy()
+    assert deny["spec"]["policyTypes"] == ["Egress"] and deny["spec"]["egress"] == []
+    assert deny["spec"]["podSelector"] == {"matchExpressions": [{"key": "orchard.sandbox", "operator": "Exists"}]}
+    allow = manifests.allow_egress_policy("orchard-abc", "uid-1")
+    assert allow["metadata"]["name"] == "orchard-abc-egress"
+    assert allow["spec"]["podSelector"] == {"matchLabels": {"orchard.sandbox": "orchard-abc"}}
+    assert allow["spec"]["egress"] == [{}] and allow["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert "ownerReferences" not in manifests.allow_egress_policy("orchard-abc", None)["metadata"]
+
+
+async def test_missing_configuration_is_unavailable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "nope"))
+    with pytest.raises(oa.AdapterUnavailable, match="does not exist"):
+        await KubernetesAdapter().doctor()
+    monkeypatch.delenv("KUBECONFIG")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(oa.AdapterUnavailable, match="no Kubernetes configuration"):
+        await KubernetesAdapter().doctor()
+    (tmp_path / "cfg").write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "cfg"))
+    with pytest.raises(oa.AdapterUnavailable):
+        await KubernetesAdapter(context="missing").doctor()
+
+
+async def test_reap_deletes_nothing_when_a_list_fails() -> None:
+    adapter = KubernetesAdapter(namespace="ns1")
+    calls: list[tuple[str, str]] = []
+
+    async def fake_start() -> None:
+        pass
+
+    async def fake_request(method: str, path: str, **kwargs: Any) -> dict:
+        calls.append((method, path))
+        if method == "GET" and path.endswith("/networkpolicies"):
+            return {"items": [{"metadata": {"name": "orchard-x-egress", "labels": {"orchard.sandbox": "orchard-x"}}}]}
+        raise oa.BackendUnavailable("the API server went away")
+
+    adapter._start = fake_start  # type: ignore[method-assign]
+    adapter.api.request = fake_request  # type: ignore[method-assign]
+    with pytest.raises(oa.BackendUnavailable):
+        await adapter.reap()
+    assert calls and all(method == "GET" for method, _ in calls)
