@@ -326,9 +326,12 @@ class RemoteAdapter:
             pass
 
     async def _wait(self, sandbox_id: str) -> dict[str, Any]:
-        response = await self._http.get(
-            f"/sandboxes/{sandbox_id}/wait", params={"timeout": WAIT_STEP}, timeout=WAIT_STEP + HTTP_MARGIN
-        )
+        try:
+            response = await self._http.get(
+                f"/sandboxes/{sandbox_id}/wait", params={"timeout": WAIT_STEP}, timeout=WAIT_STEP + HTTP_MARGIN
+            )
+        except httpx.TransportError as exc:  # e.g. the service restarted under the wait
+            raise BackendUnavailable(f"the service at {self.url} stopped answering: {exc!r}") from None
         if response.status_code == 408:
             return {"status": "pending"}
         return self._answer(response, file=False)
