@@ -20,6 +20,7 @@ from __future__ import annotations
 from orchard_async import ConfigError, Policy
 
 from .actions import ActionParseError, parse_text, tool_schemas
+from .doctor import doctor
 from .policies import EmptyPolicy, OraclePolicy
 from .task import IMAGE, SITES, GuiTask, load_tasks
 
@@ -49,6 +50,7 @@ __all__ = [
     "EmptyPolicy",
     "GuiTask",
     "OraclePolicy",
+    "doctor",
     "load_tasks",
     "make_policy",
     "parse_text",

@@ -324,3 +324,22 @@ def test_sites_are_deterministic_per_seed(sites):
     assert shop.generate_catalog(0) != shop.generate_catalog(1)
     assert len(shop.generate_catalog(0)) == 300
     assert booking.taken_slots(2) == booking.taken_slots(2) != booking.taken_slots(3)
+
+
+# -- doctor ------------------------------------------------------------------------------------
+
+
+def _fake_browser(path, script):
+    path.write_text("#!/bin/sh\n" + script + "\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_doctor_names_the_chromium_the_driver_would_start(tmp_path, monkeypatch):
+    fake = _fake_browser(tmp_path / "chromium", 'echo "FakeChromium 1.2.3"')
+    monkeypatch.setenv("ORCHARD_CHROMIUM", str(fake))
+    assert gui.doctor() == {"chromium (local adapter)": f"FakeChromium 1.2.3 at {fake}"}
+    broken = _fake_browser(tmp_path / "broken", "echo 'libfoo.so: cannot open' >&2; exit 3")
+    monkeypatch.setenv("ORCHARD_CHROMIUM", str(broken))
+    line = gui.doctor()["chromium (local adapter)"]
+    assert line.startswith(f"found at {broken}, but `--version` failed") and "libfoo" in line

@@ -790,11 +790,17 @@ class Channel:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--run", required=True)
+    parser.add_argument("--which", action="store_true", help="print the chromium this driver would start, and exit")
+    parser.add_argument("--run")
     parser.add_argument("--width", type=int, default=1280)
     parser.add_argument("--height", type=int, default=720)
     parser.add_argument("--any-host", action="store_true", help="live mode: any site may be opened")
     args = parser.parse_args()
+    if args.which:  # the host's `doctor` asks the driver itself: one list of candidates
+        print(find_chromium())
+        return
+    if not args.run:
+        parser.error("--run is required")
     key = read_key()
     make_undumpable()
     allowed = None if args.any_host else {"127.0.0.1", "localhost"}

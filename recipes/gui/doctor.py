@@ -1,0 +1,39 @@
+"""What `orchard-async doctor` should say about the GUI recipe on this host.
+
+The local adapter runs the host's chromium inside its sandboxes; the container adapters
+use the recipe's image instead. The driver (``inside/browserd.py --which``) is asked which
+chromium it would start, so this check and the episodes look in the same places.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+BROWSERD = Path(__file__).parent / "inside" / "browserd.py"
+MISSING = "not found: install Debian's chromium (apt-get install chromium) or set ORCHARD_CHROMIUM=PATH"
+
+
+def doctor() -> dict[str, str]:
+    """One line per thing checked: {"chromium (local adapter)": "found ... | not found: ..."}."""
+    return {"chromium (local adapter)": _chromium_line()}
+
+
+def _chromium_line() -> str:
+    try:
+        which = subprocess.run(
+            [sys.executable, str(BROWSERD), "--which"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return "unknown: the driver did not answer within 30 s"
+    path = which.stdout.strip()
+    if which.returncode != 0 or not path:
+        return MISSING
+    try:
+        version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"found at {path}, but it does not run: {exc}"
+    if version.returncode != 0:
+        return f"found at {path}, but `--version` failed: {(version.stderr or version.stdout).strip()[:200]}"
+    return f"{version.stdout.strip()} at {path}"
