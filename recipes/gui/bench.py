@@ -2,7 +2,7 @@
 one ``exec`` per step) against Playwright on the controller (``connect_over_cdp`` through
 ``orchard_async.forward`` to a Chromium in the same sandbox started with a debugging port).
 
-    python -m orchard_async.recipes.gui.bench [--adapter local] [--steps 30]
+    python -m orchard_async.recipes.gui.bench [--adapter local] [--steps 30] [--setups 5] [--no-playwright]
 
 Both drive the same pages in the same sandbox and do the same work per step: the action,
 then a PNG screenshot of the viewport and the full accessibility tree. Printed: p50/p99 of
@@ -110,7 +110,20 @@ async def sandbox_memory(box: Any) -> int:
     return int(result.text.strip() or 0) * 1024
 
 
-async def main(adapter_name: str, steps: int) -> None:
+async def setup_and_memory(adapter: Any, task: GuiTask, setups: int) -> tuple[list[float], list[int]]:
+    """``setups`` sandboxes one after another: seconds from create to the start page observed
+    (sandbox + sites + browser ready), and each one's memory once there."""
+    seconds, memory = [], []
+    for _ in range(setups):
+        start = time.perf_counter()
+        async with await adapter.create(task.spec) as box:
+            await task.setup(box)
+            seconds.append(time.perf_counter() - start)
+            memory.append(await sandbox_memory(box))
+    return seconds, memory
+
+
+async def main(adapter_name: str, steps: int, setups: int, playwright: bool) -> None:
     adapter = oa.get_adapter(adapter_name)
     line = TaskLine(
         id="bench",
@@ -121,22 +134,25 @@ async def main(adapter_name: str, steps: int) -> None:
     )
     task = GuiTask(line)
     try:
-        async with await adapter.create(oa.SandboxSpec(ttl=900)) as box:
-            start = time.perf_counter()
+        setup_s, memory = await setup_and_memory(adapter, task, setups)
+        async with await adapter.create(task.spec) as box:
             await task.setup(box)
-            setup = time.perf_counter() - start
             results = {"in-sandbox driver (exec + CDP pipe)": await in_sandbox(box, task, steps)}
-            memory = await sandbox_memory(box)
-            try:
-                results["Playwright via forward (connect_over_cdp)"] = await playwright_side(box, steps)
-            except ImportError:
-                print("playwright is not installed: pip install playwright (no browser download needed)")
+            if playwright:
+                try:
+                    results["Playwright via forward (connect_over_cdp)"] = await playwright_side(box, steps)
+                except ImportError:
+                    print("playwright is not installed: pip install playwright (no browser download needed)")
     finally:
         await adapter.close()
+    mib = sorted(m / 2**20 for m in memory)
     print(
-        f"adapter {adapter_name}, {steps} steps each, setup (sandbox ready -> start page observed) {setup * 1000:.0f} ms"
+        f"adapter {adapter_name}: {setups} setups (create -> start page observed) p50 {_p(setup_s, 0.5):.0f} ms, "
+        f"max {max(setup_s) * 1000:.0f} ms"
     )
-    print(f"memory of the sandbox's processes (browser, driver, sites; PSS): {memory / 2**20:.0f} MiB")
+    print(
+        f"memory of one sandbox's processes (browser, driver, sites; PSS): {mib[len(mib) // 2]:.0f} MiB p50, {mib[-1]:.0f} MiB max"
+    )
     print(f"{'driver':45s} {'tab p50':>9s} {'tab p99':>9s} {'nav p50':>9s} {'nav p99':>9s} {'shot p50':>9s}")
     for name, times in results.items():
         print(
@@ -149,5 +165,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--adapter", default="local")
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--setups", type=int, default=5, help="sandboxes set up one after another (default 5)")
+    parser.add_argument("--no-playwright", dest="playwright", action="store_false", help="only the in-sandbox driver")
     args = parser.parse_args()
-    oa.run(main, args.adapter, args.steps)
+    oa.run(main, args.adapter, args.steps, args.setups, args.playwright)
