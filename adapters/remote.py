@@ -26,8 +26,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import aiohttp
 import anyio
-import httpx
+import msgspec
 
 from orchard_async.errors import (
     AdapterUnavailable,
@@ -44,6 +45,23 @@ ATTEMPTS = 3
 MAX_RETRY_AFTER = 30.0
 WAIT_STEP = 300  # seconds per /wait call while a sandbox is being made
 HTTP_MARGIN = 60.0  # beyond a command's own timeout before the HTTP call gives up
+CONNECT_TIMEOUT = 10.0
+READ_TIMEOUT = 60.0  # a call without a timeout of its own: the longest wait for the next bytes
+DEFAULT = object()  # a call's timeout: the client's default (READ_TIMEOUT between bytes)
+# Connection errors and client timeouts: the service did not answer (retried).
+TRANSPORT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
+
+
+class Answer:
+    """An HTTP answer, read whole."""
+
+    def __init__(self, status: int, headers: Any, body: bytes):
+        self.status_code = status
+        self.headers = headers
+        self.body = body
+
+    def json(self) -> Any:
+        return msgspec.json.decode(self.body)
 
 
 def _b64(data: bytes) -> str:
@@ -209,12 +227,12 @@ class RemoteAdapter:
             raise ConfigError(f"url must start with http:// or https://, got {self.url!r}")
         key = api_key or os.environ.get("ORCHARD_REMOTE_KEY") or os.environ.get("SANDBOX_API_KEY")
         self.create_timeout = create_timeout
-        self._http = httpx.AsyncClient(
-            base_url=self.url,
-            headers={"X-API-Key": key} if key else {},
-            timeout=httpx.Timeout(60.0, connect=10.0),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
+        # aiohttp, not httpx: at 64 callers httpx's pool made the tail seconds long (p99 10.6 s
+        # for GET /health on loopback, aiohttp's 0.8 s; docs/perf-service.md). Made on first
+        # use: a session belongs to the event loop it is made in.
+        self._headers = {"X-API-Key": key} if key else {}
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
         self._live: dict[str, RemoteSandbox] = {}
 
     async def doctor(self) -> str:
@@ -232,17 +250,15 @@ class RemoteAdapter:
         json: Any = None,
         params: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
-        timeout: float | None | type = httpx.USE_CLIENT_DEFAULT,
+        timeout: float | None | object = DEFAULT,
         file: bool = False,
     ) -> dict[str, Any]:
         """One API call, retried on connection errors and 503; errors mapped to the library's.
         ``file``: a 404 names a missing file rather than a missing sandbox."""
         for attempt in range(1, ATTEMPTS + 1):
             try:
-                response = await self._http.request(
-                    method, path, json=json, params=params, headers=headers, timeout=timeout
-                )
-            except httpx.TransportError as exc:
+                response = await self._request(method, path, json=json, params=params, headers=headers, timeout=timeout)
+            except TRANSPORT_ERRORS as exc:
                 if attempt == ATTEMPTS:
                     raise BackendUnavailable(f"the service at {self.url} did not answer: {exc!r}") from None
                 await anyio.sleep(attempt * 0.5)
@@ -253,10 +269,39 @@ class RemoteAdapter:
             return self._answer(response, file)
         raise AssertionError("unreachable")
 
-    def _answer(self, response: httpx.Response, file: bool) -> dict[str, Any]:
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float | None | object = DEFAULT,
+    ) -> Answer:
+        """One HTTP exchange, its body read whole. Raises TRANSPORT_ERRORS."""
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                headers=self._headers,
+                connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=self._max_connections),
+                json_serialize=lambda value: msgspec.json.encode(value).decode(),
+            )
+        if timeout is DEFAULT:
+            limits = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
+        else:
+            limits = aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_TIMEOUT)  # type: ignore[arg-type]
+        query = {name: str(value) for name, value in params.items()} if params else None
+        async with self._session.request(
+            method, self.url + path, json=json, params=query, headers=headers, timeout=limits
+        ) as response:
+            return Answer(response.status, response.headers, await response.read())
+
+    def _answer(self, response: Answer, file: bool) -> dict[str, Any]:
         try:
             body = response.json()
-        except ValueError:
+        except msgspec.DecodeError:
+            body = {}
+        if not isinstance(body, dict):
             body = {}
         if response.status_code < 400:
             return body
@@ -327,10 +372,10 @@ class RemoteAdapter:
 
     async def _wait(self, sandbox_id: str) -> dict[str, Any]:
         try:
-            response = await self._http.get(
-                f"/sandboxes/{sandbox_id}/wait", params={"timeout": WAIT_STEP}, timeout=WAIT_STEP + HTTP_MARGIN
+            response = await self._request(
+                "GET", f"/sandboxes/{sandbox_id}/wait", params={"timeout": WAIT_STEP}, timeout=WAIT_STEP + HTTP_MARGIN
             )
-        except httpx.TransportError as exc:  # e.g. the service restarted under the wait
+        except TRANSPORT_ERRORS as exc:  # e.g. the service restarted under the wait
             raise BackendUnavailable(f"the service at {self.url} stopped answering: {exc!r}") from None
         if response.status_code == 408:
             return {"status": "pending"}
@@ -350,4 +395,5 @@ class RemoteAdapter:
         async with anyio.create_task_group() as tg:
             for sandbox in list(self._live.values()):
                 tg.start_soon(sandbox.close)
-        await self._http.aclose()
+        if self._session is not None:
+            await self._session.close()
