@@ -4,6 +4,7 @@ indexed runs.
     GET /                          the page (static/index.html; assets under /static/)
     GET /api/runs                  the runs: path, episodes, warnings
     GET /api/summary?run=N         inspect --json's numbers, histograms, time share, facets
+                                   (``pending`` until pass@k is computed; ``&complete=1`` waits for it)
     GET /api/episodes?run=N&...    a filtered, sorted page of the episodes table (query.Filters)
     GET /api/episode?run=N&row=I   one episode in full
     GET /api/group?run=N&group=G   a group's samples side by side, with advantages
@@ -21,11 +22,14 @@ server through a rebinding DNS name.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import msgspec
 from aiohttp import web
 
@@ -147,11 +151,26 @@ async def runs(request: web.Request) -> web.Response:
 
 async def summary(request: web.Request) -> web.Response:
     index = _run_of(request)
+    if request.query.get("complete") in ("1", "true", "yes"):
+        await anyio.to_thread.run_sync(index.complete_summary)
     cache = request.app[CACHE]
-    key = f"summary:{id(index)}"
+    key = f"summary:{id(index)}:{index.summary_complete}"
     if key not in cache:
         cache[key] = msgspec.json.encode(summary_of(index))
     return web.Response(body=cache[key], content_type="application/json")
+
+
+async def complete_summaries(app: web.Application) -> AsyncIterator[None]:
+    """pass@k of every run, computed once the server is up, so the page opens with the other
+    numbers and fills these in when they are ready. A daemon thread: stopping the server
+    never waits for it."""
+
+    def complete() -> None:
+        for index in app[RUNS]:
+            index.complete_summary()
+
+    threading.Thread(target=complete, name="view-pass-at-k", daemon=True).start()
+    yield
 
 
 async def episodes(request: web.Request) -> web.Response:
@@ -198,6 +217,7 @@ def create_app(indexes: list[RunIndex]) -> web.Application:
     app = web.Application(middlewares=[guard])
     app[RUNS] = indexes
     app[CACHE] = {}
+    app.cleanup_ctx.append(complete_summaries)
     app.router.add_get("/", page)
     app.router.add_get("/static/{name}", static)
     app.router.add_get("/api/runs", runs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import struct
+import threading
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -111,10 +112,13 @@ class SummaryAccumulator:
         for task, outcome in zip(self.task_of, self.outcomes, strict=True):
             yield _Outcome(self.tasks.values[task], "finished" if outcome else "failed", outcome == 2)
 
-    def result(self) -> Summary:
+    def result(self, *, pass_k: bool = True) -> Summary:
+        """The summary; without ``pass_k``, pass@k and pass^k are left empty (they can take
+        minutes on a large run: ``passk`` works with exact binomials up to the smallest
+        number of samples of a task)."""
         count = self.episodes
         spent = sum(self.phase_totals.values()) or 1.0
-        groups = summarize_groups(self._outcomes())
+        groups = summarize_groups(self._outcomes()) if pass_k else {"group_size": 0}
         repeated = groups["group_size"] > 1
         return Summary(
             episodes=count,
@@ -161,7 +165,10 @@ class RunIndex:
         self.policies = Interned()
         self.end_reasons = Interned()
         self.warnings: list[str] = []
-        self.summary: Summary | None = None
+        self.summary: Summary | None = None  # inspect's numbers; pass@k only once complete
+        self.summary_complete = False
+        self._accumulator = SummaryAccumulator()
+        self._completing = threading.Lock()
 
     # -- building ------------------------------------------------------------------------
 
@@ -176,7 +183,7 @@ class RunIndex:
         return index
 
     def _scan(self) -> None:
-        accumulator = SummaryAccumulator()
+        accumulator = self._accumulator
         # Buffered reads, not a memory map: the file's pages never count as the server's memory.
         with open(self.path, "rb", buffering=1 << 20) as fh:
             records = self._msgpack_records(fh) if self.msgpack else self._json_records(fh)
@@ -185,7 +192,17 @@ class RunIndex:
                 if trajectory is not None:
                     self._add(offset, len(record), trajectory)
                     accumulator.add(trajectory)
-        self.summary = accumulator.result()
+        self.summary = accumulator.result(pass_k=False)
+
+    def complete_summary(self) -> Summary:
+        """The summary with pass@k and pass^k: equal to ``inspect --json``'s. Computed once
+        (blocking: call it from a thread)."""
+        with self._completing:
+            if not self.summary_complete:
+                self.summary = self._accumulator.result()
+                self.summary_complete = True
+        assert self.summary is not None
+        return self.summary
 
     def _json_records(self, fh: BinaryIO) -> Iterator[tuple[int, bytes]]:
         offset = 0

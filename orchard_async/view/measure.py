@@ -2,8 +2,8 @@
 
     python -m orchard_async.view.measure out/big.jsonl --episodes 100000 [--screenshots DIR]
 
-Makes the run first when the file does not exist (``orchard-async run toy --adapter sim``
-with groups of 4 and a few infrastructure faults), then starts the view command in its own
+With ``--episodes`` it first makes the run, or completes it (the toy recipe's oracle on sim
+in groups of 4, as ``orchard-async run toy --adapter sim --group-size 4``), then starts the view command in its own
 process and reports, as one JSON object:
 
 * ``index_s``: the server's one scan of the file (its own report), and ``ready_s``: from
@@ -39,13 +39,26 @@ CHROMIUM = "/usr/bin/chromium"
 
 
 def make_run(path: Path, episodes: int) -> None:
-    from orchard_async import cli
+    """The toy recipe's oracle on sim, through the library's ``collect`` (what ``orchard-async
+    run toy --adapter sim`` does, less the progress bar's per-episode bookkeeping)."""
+    from orchard_async import collect, get_adapter, load_recipe, run
 
-    faults = json.dumps({"create_failure_rate": 0.02, "seed": 1})
-    argv = ["run", "toy", "--adapter", "sim", "--adapter-options", faults, "--episodes", str(episodes)]
-    argv += ["--group-size", "4", "--concurrency", "500", "--out", str(path)]
-    if cli.main(argv) != 0:
-        raise SystemExit(f"making the run failed: orchard-async {' '.join(argv)}")
+    options: dict[str, Any] = {}  # no faults: what is measured here is size
+    recipe = load_recipe("toy")
+    resume = path.exists()
+
+    async def go() -> None:
+        adapter = get_adapter("sim", **options)
+        try:
+            header = {"recipe": "toy", "task_source": "builtin", "adapter_options": options}
+            await collect(
+                recipe.load_tasks("builtin"), recipe.make_policy("oracle"), adapter, path,
+                n=episodes, group_size=4, concurrency=500, resume=resume, run_header=header,
+            )  # fmt: skip
+        finally:
+            await adapter.close()
+
+    run(go)
 
 
 def memory_mb(pid: int) -> tuple[float, float]:
@@ -171,13 +184,13 @@ def measure(path: Path, screenshots: Path | None) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("file", type=Path, help="trajectory file (made when missing and --episodes is given)")
-    parser.add_argument("--episodes", type=int, help="make a toy run on sim of this many episodes if FILE is missing")
+    parser.add_argument("--episodes", type=int, help="make (or complete) FILE: a toy run on sim of this many episodes")
     parser.add_argument("--screenshots", type=Path, help="save the summary and an episode page here as PNG")
     args = parser.parse_args()
-    if not args.file.exists():
-        if not args.episodes:
-            raise SystemExit(f"{args.file} does not exist; pass --episodes N to make it")
-        make_run(args.file, args.episodes)
+    if args.episodes:
+        make_run(args.file, args.episodes)  # resumes a file that has fewer
+    elif not args.file.exists():
+        raise SystemExit(f"{args.file} does not exist; pass --episodes N to make it")
     print(json.dumps(measure(args.file, args.screenshots), indent=2))
 
 

@@ -94,10 +94,12 @@ class Filters(msgspec.Struct, kw_only=True):
 
 
 def summary_of(index: RunIndex) -> dict[str, Any]:
-    """``inspect --json``'s object, and what the page draws besides: histograms, facets."""
+    """``inspect --json``'s object, and what the page draws besides: histograms, facets.
+    ``pending`` while pass@k and pass^k are still being computed (they are empty until then)."""
     assert index.summary is not None
     summary = msgspec.json.decode(to_json(index.summary))
     return {
+        "pending": not index.summary_complete,
         "path": str(index.path),
         "header": index.header,
         "warnings": index.warnings,

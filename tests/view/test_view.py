@@ -51,11 +51,12 @@ def inspect_json(path: Path, capsysbinary: pytest.CaptureFixture[bytes]) -> dict
 async def test_summary_is_inspects(view: TestClient, runs: dict[str, Path], capsysbinary) -> None:
     for run, name in enumerate(("toy", "swe", "crafted")):
         expected = inspect_json(runs[name], capsysbinary)
-        data = await get(view, "/api/summary", run=run)
+        data = await get(view, "/api/summary", run=run, complete=1)
         assert data["summary"] == expected
         assert data["summary"]["episodes"] == len(list(read_trajectories(runs[name]))) > 0
-    toy = await get(view, "/api/summary", run=0)
+    toy = await get(view, "/api/summary", run=0, complete=1)
     assert toy["summary"]["retries"] > 0, "the toy run's faults should have caused retries"
+    assert toy["summary"]["pass_at_k"] and not toy["pending"], "tasks sampled 4 times: pass@k is filled in"
     assert sum(toy["reward_histogram"]["counts"]) == sum(toy["time_histogram"]["counts"]) == 24
     assert toy["phases"][:2] == ["create", "setup"]
     assert math.isclose(sum(toy["summary"]["time_share"].values()), 1.0, abs_tol=1e-3)
@@ -69,7 +70,7 @@ async def test_msgpack_file_summary_is_inspects(tmp_path: Path, runs: dict[str, 
             writer.write(trajectory)
     client = await client_for(copy)
     try:
-        data = await get(client, "/api/summary")
+        data = await get(client, "/api/summary", complete=1)
         assert data["summary"] == inspect_json(copy, capsysbinary)
         page = await get(client, "/api/episodes", limit=500)
         assert [row["episode_id"] for row in page["rows"]] == [t.episode_id for t in read_trajectories(runs["toy"])]
@@ -262,7 +263,7 @@ async def test_truncated_last_line_shows_the_good_ones(tmp_path: Path, runs: dic
     cut.write_bytes(data[: len(data) - 40])  # the last record loses its end (and its newline)
     client = await client_for(cut)
     try:
-        summary = await get(client, "/api/summary")
+        summary = await get(client, "/api/summary", complete=1)
         assert summary["summary"] == inspect_json(cut, capsysbinary)
         assert summary["summary"]["episodes"] == 23
         assert any("torn last record" in warning for warning in summary["warnings"])

@@ -100,7 +100,7 @@ def test_the_page_in_chromium(served: str, runs: dict[str, Path], browser: Any, 
 
     # The summary: every number on the page is inspect --json's.
     page.goto(served + "#/run/1")
-    page.wait_for_selector("[data-field=episodes]")
+    page.wait_for_selector("#summary[data-pending=false]")  # pass@k filled in (computed after start)
     expected = inspect_json(runs["crafted"], capsysbinary)
     shown = {
         element.get_attribute("data-field"): json.loads(element.get_attribute("data-value"))

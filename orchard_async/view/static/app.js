@@ -149,7 +149,7 @@ async function summaryOf(run) {
 
 function summarySection(data) {
   const sm = data.summary;
-  const wrap = h("section", { id: "summary" });
+  const wrap = h("section", { id: "summary", "data-pending": String(Boolean(data.pending)) });
   for (const warning of data.warnings) wrap.append(h("div", { class: "banner", "data-testid": "warning", text: `warning: ${warning}` }));
   wrap.append(h("div", { class: "cards" },
     card("episodes", "", num("episodes", sm.episodes)),
@@ -161,6 +161,7 @@ function summarySection(data) {
     card("model unavailable", sm.model_unavailable ? "bad" : "", num("model_unavailable", sm.model_unavailable)),
     card("exec p50 / p99", "", num("exec_p50_ms", sm.exec_p50_ms, fmt(sm.exec_p50_ms, 1)), " / ", num("exec_p99_ms", sm.exec_p99_ms, fmt(sm.exec_p99_ms, 1)), " ms"),
     card("infra retries", sm.retries ? "warn" : "", num("retries", sm.retries)),
+    data.pending ? card("pass@k, pass^k", "muted", "computing…") : null,
     Object.keys(sm.pass_at_k || {}).length ? card("pass@k", "", num("pass_at_k", sm.pass_at_k, someOf(sm.pass_at_k).map(([k, v]) => `@${k} ${fmt(v)}`).join("  "))) : null,
     Object.keys(sm.pass_hat_k || {}).length ? card("pass^k", "", num("pass_hat_k", sm.pass_hat_k, someOf(sm.pass_hat_k).map(([k, v]) => `^${k} ${fmt(v)}`).join("  "))) : null,
   ));
@@ -263,6 +264,21 @@ async function runPage(run, query) {
   const about = [header.recipe, header.policy, header.adapter].filter(Boolean).join(" · ");
   main(h("h1", { text: data.path }), about ? h("p", { class: "muted", text: about }) : null, summarySection(data), table.section);
   await table.load();
+  if (data.pending) fillInWhenComplete(run);
+}
+
+// pass@k takes the server a while on a large run: the page opens without it, then asks
+// again until it is there, and redraws the summary (only while this run's page is shown).
+function fillInWhenComplete(run) {
+  const shownAt = location.hash;
+  setTimeout(async () => {
+    if (location.hash !== shownAt) return;
+    const data = await api("summary", { run });
+    if (data.pending) return fillInWhenComplete(run);
+    state.summaries[run] = data;
+    const old = document.getElementById("summary");
+    if (old && location.hash === shownAt) old.replaceWith(summarySection(data));
+  }, 1500);
 }
 
 function screenshotView(run, shot, action) {
