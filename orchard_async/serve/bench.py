@@ -1,7 +1,7 @@
 """What the service costs: exec round trip and create/delete rate, through ``serve`` and in-process, in one run.
 
     python -m orchard_async.serve.bench [--adapter local] [--ops 400] [--levels 1/1,64/64,64/8]
-                                        [--json FILE] [--markdown FILE]
+                                        [--clients] [--json FILE] [--markdown FILE]
 
 One service (``orchard-async serve``, its own process, on loopback) and one in-process adapter of
 the same kind, side by side. For each level ``C/S`` (C callers over S sandboxes; a sandbox's
@@ -13,6 +13,7 @@ shell runs one command at a time, so C > S queues) it measures ``true`` round tr
 * ``remote adapter``: ``sandbox.exec`` of ``get_adapter("remote")`` (native mode).
 
 Then sandboxes created and deleted per second, in-process and through the remote adapter.
+``--clients`` first times ``GET /health`` with httpx and with aiohttp (the client's own cost).
 """
 
 from __future__ import annotations
@@ -157,6 +158,36 @@ async def create_delete_rate(adapter: oa.Adapter, count: int, concurrency: int) 
     return {"per_s": round(count / elapsed, 1), **percentiles(latencies)}
 
 
+async def probe_clients(url: str, ops: int, callers_levels: tuple[int, ...] = (1, 64)) -> list[dict[str, Any]]:
+    """``GET /health`` (no sandbox involved) with httpx and with aiohttp: what the HTTP client
+    itself costs at each concurrency (docs/perf-service.md: httpx's pool at 64 callers)."""
+    rows: list[dict[str, Any]] = []
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    async with (
+        httpx.AsyncClient(base_url=url, limits=limits, timeout=300) as with_httpx,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as with_aiohttp,
+    ):
+
+        async def httpx_health() -> None:
+            if (await with_httpx.get("/health")).status_code != 200:
+                raise RuntimeError("GET /health failed")
+
+        async def aiohttp_health() -> None:
+            async with with_aiohttp.get(f"{url}/health") as response:
+                await response.read()
+                if response.status != 200:
+                    raise RuntimeError("GET /health failed")
+
+        for client, call in (("httpx", httpx_health), ("aiohttp", aiohttp_health)):
+            for callers in callers_levels:
+                await round_trips([call], callers, min(ops, callers * 5))
+                latencies, elapsed = await round_trips([call], callers, ops)
+                row = {"client": client, "callers": callers, "ops": len(latencies)}
+                rows.append({**row, **percentiles(latencies), "ops_per_s": round(len(latencies) / elapsed)})
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     scratch = Path(tempfile.mkdtemp(prefix="serve-bench-"))
     options = json.loads(args.adapter_options) if args.adapter_options else {}
@@ -170,7 +201,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     remote = oa.get_adapter("remote", url=service.url, max_connections=args.max_connections)
     http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.max_connections))
     rows: list[dict[str, Any]] = []
+    clients: list[dict[str, Any]] = []
     try:
+        if args.clients:
+            clients = await probe_clients(service.url, args.ops)
         most = max(s for _, s in args.levels)
         spec = oa.SandboxSpec(image=IMAGE, ttl=3600)
         own = [await local.create(spec) for _ in range(most)]
@@ -205,6 +239,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "load_average": list(os.getloadavg()),
         "cpus": os.cpu_count(),
         "exec": rows,
+        "clients": clients,
         "create_delete": {"count": args.creates, "concurrency": args.create_concurrency, **rates},
     }
 
@@ -222,6 +257,13 @@ def to_markdown(result: dict[str, Any]) -> str:
             f"| {row['way']} | {row['callers']} / {row['sandboxes']} | {row['ops']} | {row['p50_ms']} "
             f"| {row['p99_ms']} | {row['mean_ms']} | {row['ops_per_s']} |"
         )
+    if result.get("clients"):
+        lines += ["", "`GET /health` by HTTP client:", "", "| client | callers | p50 ms | p99 ms | req/s |"]
+        lines.append("| --- | ---: | ---: | ---: | ---: |")
+        for row in result["clients"]:
+            lines.append(
+                f"| {row['client']} | {row['callers']} | {row['p50_ms']} | {row['p99_ms']} | {row['ops_per_s']} |"
+            )
     rates = result["create_delete"]
     lines += [
         "",
@@ -253,6 +295,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--creates", type=int, default=32, help="sandboxes created and deleted per way")
     parser.add_argument("--create-concurrency", type=int, default=8)
     parser.add_argument("--max-connections", type=int, default=256, help="HTTP connections of the clients")
+    parser.add_argument("--clients", action="store_true", help="also GET /health with httpx vs aiohttp")
     parser.add_argument("--json", dest="json_out", help="write the result as JSON here")
     parser.add_argument("--markdown", help="write the tables as markdown here")
 
