@@ -11,6 +11,7 @@ the records it shows. Memory grows by a few dozen bytes per episode, not with th
 from __future__ import annotations
 
 import math
+import multiprocessing
 import struct
 import threading
 from array import array
@@ -31,6 +32,8 @@ _json_decoder = msgspec.json.Decoder(Trajectory)
 _mp_decoder = msgspec.msgpack.Decoder(Trajectory)
 _JSON_HEADER_PREFIX = b'{"orchard_run":'
 _MP_HEADER_PREFIX = b"\x81\xab" + b"orchard_run"
+
+CHILD_FROM = 5000  # episodes from which pass@k is computed in a child process
 
 # Flag bits of one episode (the ``flags`` column).
 FINISHED = 1
@@ -108,17 +111,36 @@ class SummaryAccumulator:
         self.task_of.append(self.tasks.number(trajectory.task_id))
         self.outcomes.append(0 if trajectory.status != "finished" else 2 if trajectory.success else 1)
 
-    def _outcomes(self) -> Iterator[_Outcome]:
-        for task, outcome in zip(self.task_of, self.outcomes, strict=True):
-            yield _Outcome(self.tasks.values[task], "finished" if outcome else "failed", outcome == 2)
+    def groups(self, *, in_child: bool | None = None) -> dict[str, Any]:
+        """``passk.summarize_groups`` of these trajectories; for a large run (or ``in_child``)
+        in a child process: with exact binomials up to the smallest number of samples of a
+        task it can take minutes, and in this process it would hold the GIL the server needs."""
+        if not (len(self.outcomes) > CHILD_FROM if in_child is None else in_child):
+            return summarize_groups(_outcomes(self.tasks.values, self.task_of, self.outcomes))
+        context = multiprocessing.get_context("spawn")
+        receive, send = context.Pipe(duplex=False)
+        child = context.Process(
+            target=_groups_in_child,
+            args=(self.tasks.values, self.task_of.tobytes(), self.outcomes.tobytes(), send),
+            name="orchard-view-pass-at-k",
+            daemon=True,  # ends with the server
+        )
+        child.start()
+        send.close()
+        try:
+            return receive.recv()
+        except EOFError:  # the child died (killed, out of memory): do it here after all
+            return summarize_groups(_outcomes(self.tasks.values, self.task_of, self.outcomes))
+        finally:
+            receive.close()
+            child.join()
 
-    def result(self, *, pass_k: bool = True) -> Summary:
-        """The summary; without ``pass_k``, pass@k and pass^k are left empty (they can take
-        minutes on a large run: ``passk`` works with exact binomials up to the smallest
-        number of samples of a task)."""
+    def result(self, groups: dict[str, Any] | None = None) -> Summary:
+        """The summary; pass@k and pass^k from ``groups`` (``passk.summarize_groups`` of these
+        trajectories: ``groups()``), left empty without it."""
         count = self.episodes
         spent = sum(self.phase_totals.values()) or 1.0
-        groups = summarize_groups(self._outcomes()) if pass_k else {"group_size": 0}
+        groups = groups or {"group_size": 0}
         repeated = groups["group_size"] > 1
         return Summary(
             episodes=count,
@@ -138,6 +160,19 @@ class SummaryAccumulator:
             pass_at_k={str(k): round(v, 4) for k, v in groups["pass_at_k"].items()} if repeated else {},
             pass_hat_k={str(k): round(v, 4) for k, v in groups["pass_hat_k"].items()} if repeated else {},
         )
+
+
+def _outcomes(tasks: list[str], task_of: Iterable[int], outcomes: Iterable[int]) -> Iterator[_Outcome]:
+    for task, outcome in zip(task_of, outcomes, strict=True):
+        yield _Outcome(tasks[task], "finished" if outcome else "failed", outcome == 2)
+
+
+def _groups_in_child(tasks: list[str], task_of: bytes, outcomes: bytes, send: Any) -> None:
+    columns = array("l"), array("b")
+    columns[0].frombytes(task_of)
+    columns[1].frombytes(outcomes)
+    send.send(summarize_groups(_outcomes(tasks, *columns)))
+    send.close()
 
 
 class RunIndex:
@@ -192,14 +227,14 @@ class RunIndex:
                 if trajectory is not None:
                     self._add(offset, len(record), trajectory)
                     accumulator.add(trajectory)
-        self.summary = accumulator.result(pass_k=False)
+        self.summary = accumulator.result()
 
     def complete_summary(self) -> Summary:
         """The summary with pass@k and pass^k: equal to ``inspect --json``'s. Computed once
         (blocking: call it from a thread)."""
         with self._completing:
             if not self.summary_complete:
-                self.summary = self._accumulator.result()
+                self.summary = self._accumulator.result(self._accumulator.groups())
                 self.summary_complete = True
         assert self.summary is not None
         return self.summary

@@ -6,8 +6,8 @@ With ``--episodes`` it first makes the run, or completes it (the toy recipe's or
 in groups of 4, as ``orchard-async run toy --adapter sim --group-size 4``), then starts the view command in its own
 process and reports, as one JSON object:
 
-* ``index_s``: the server's one scan of the file (its own report), and ``ready_s``: from
-  starting the process to the server listening;
+* ``index_s``: the server's one scan of the file (its own report), ``ready_s``: from
+  starting the process to the server listening, and the CPU seconds it had used by then;
 * ``first_load_s``: the page's first load: in headless Chromium (Playwright, Debian's
   chromium) from navigation to the summary and the first page of the table drawn; without
   a browser, the page's own requests (HTML, script, style, runs, summary, first table page)
@@ -68,6 +68,13 @@ def memory_mb(pid: int) -> tuple[float, float]:
         name, _, value = line.partition(":")
         fields[name] = value.strip()
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def cpu_s(pid: int) -> float:
+    """User and system CPU seconds a process has used (load on the machine does not inflate
+    them as it does wall-clock times)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_view(path: Path) -> tuple[subprocess.Popen[str], str, float, float]:
@@ -157,6 +164,7 @@ def time_queries(url: str) -> dict[str, float]:
 
 def measure(path: Path, screenshots: Path | None) -> dict[str, Any]:
     process, url, index_s, ready_s = start_view(path)
+    ready_cpu_s = cpu_s(process.pid)
     try:
         browser_s = load_in_browser(url, screenshots)
         http_s = load_with_http(url)
@@ -172,6 +180,7 @@ def measure(path: Path, screenshots: Path | None) -> dict[str, Any]:
         "episodes": episodes,
         "index_s": index_s,
         "ready_s": round(ready_s, 2),
+        "server_cpu_s_at_ready": round(ready_cpu_s, 2),
         "first_load_s": round(browser_s if browser_s is not None else http_s, 3),
         "first_load_in": "chromium" if browser_s is not None else "http requests",
         "first_load_http_s": round(http_s, 3),

@@ -17,6 +17,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from orchard_async import cli
+from orchard_async.passk import summarize_groups
 from orchard_async.trajectory import TrajectoryWriter, read_trajectories
 from orchard_async.view.app import create_app
 from orchard_async.view.index import RunIndex
@@ -61,6 +62,13 @@ async def test_summary_is_inspects(view: TestClient, runs: dict[str, Path], caps
     assert toy["phases"][:2] == ["create", "setup"]
     assert math.isclose(sum(toy["summary"]["time_share"].values()), 1.0, abs_tol=1e-3)
     assert len(toy["facets"]["tasks"]) == toy["facets"]["task_count"] == 6  # 24 episodes / groups of 4
+
+
+def test_pass_at_k_in_a_child_process(runs: dict[str, Path]) -> None:
+    index = RunIndex.open(runs["toy"])
+    expected = summarize_groups(read_trajectories(runs["toy"]))
+    assert expected["group_size"] > 1
+    assert index._accumulator.groups(in_child=True) == index._accumulator.groups(in_child=False) == expected
 
 
 async def test_msgpack_file_summary_is_inspects(tmp_path: Path, runs: dict[str, Path], capsysbinary) -> None:
