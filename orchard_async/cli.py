@@ -148,10 +148,13 @@ async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, re
         ) as progress:
             bar = progress.add_task(f"{args.recipe} on {args.adapter}", total=args.episodes, ok=0, failed=0)
 
+            counts = {"ok": 0, "failed": 0}  # running: a sum over every episode each time is quadratic
+
             def advance(trajectory: Trajectory) -> None:
                 finished.append(trajectory)
-                ok = sum(t.success for t in finished)
-                progress.update(bar, advance=1, ok=ok, failed=sum(t.status == "failed" for t in finished))
+                counts["ok"] += bool(trajectory.success)
+                counts["failed"] += trajectory.status == "failed"
+                progress.update(bar, advance=1, **counts)
 
             try:
                 result = await collect(

@@ -30,3 +30,12 @@ def test_pass_at_k_and_pass_hat_k_per_task_leave_out_unjudged_episodes() -> None
 
 def test_single_samples_report_no_pass_at_k() -> None:
     assert summarize([episode("a", 0, True), episode("b", 0, False)]).pass_at_k == {}
+
+
+def test_a_task_sampled_thousands_of_times_reports_landmark_ks_with_exact_values() -> None:
+    runs = [episode("a", i, i % 4 == 0) for i in range(2000)]  # 500 of 2000 pass
+    summary = summarize(runs)
+    assert list(summary.pass_at_k) == [str(k) for k in (*range(1, 17), 20, 32, 50, 64, 100, 128, 256, 2000)]
+    assert summary.pass_at_k["1"] == pytest.approx(0.25) and summary.pass_hat_k["1"] == pytest.approx(0.25)
+    assert summary.pass_at_k["2000"] == 1.0 and summary.pass_hat_k["2000"] == 0.0
+    assert summary.pass_at_k["2"] == pytest.approx(1 - (1500 * 1499) / (2000 * 1999), abs=1e-4)
