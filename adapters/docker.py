@@ -40,20 +40,20 @@ it was not available on the reference machine, so it is untested.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import json
-import math
 import os
 import socket
 import time
 import uuid
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import aiodocker
 import aiohttp
 import anyio
+import msgspec
 from aiodocker.containers import DockerContainer
 from aiodocker.stream import Stream
 
@@ -64,8 +64,11 @@ from orchard_async.container_shell import (
     SHELL_ONLY,
     DuplexStream,
     ExecStream,
+    Heartbeat,
     OutputStream,
     close_streams,
+    concurrently,
+    container_sandbox,
     is_abandoned,
     shell_command,
     start_shell,
@@ -150,60 +153,47 @@ class AttachConnection:
 # -- the adapter ----------------------------------------------------------------------------
 
 
-class DockerAdapter:
-    """Sandboxes as Docker containers. Options (``--adapter-options`` JSON in the CLI):
+class DockerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """The docker adapter's options (``--adapter-options`` JSON in the CLI)."""
 
-    image          default image when a spec names none
-    url            daemon address (else DOCKER_HOST, else docker context or default socket)
-    run_id, owner  lease labels (default: a fresh run id; user@host)
-    max_creating   containers being created at once (the daemon serialises most of it)
-    api_timeout    seconds any single daemon call may take
-    read_only      read-only root file system; the workdir and the control dir get tmpfs mounts
-    tmpfs          {path: mount options} extra tmpfs mounts (executable unless 'noexec')
-    exit_with_shell  end the container when its shell ends (default); False keeps it until
-                   its TTL (tests of the TTL and reap paths use this)
-    keepalive      seconds without a byte from this controller after which a container ends
-                   itself (default 6; 0 turns it off); needs exit_with_shell
-    attach_grace   seconds a started container waits for its shell before ending itself
-    output_cap     bytes kept per output stream
-    """
+    image: str = DEFAULT_IMAGE  # default image when a spec names none
+    url: str | None = None  # daemon address (else DOCKER_HOST, else the docker context or the default socket)
+    run_id: str | None = None  # lease label (default: a fresh run id)
+    owner: str | None = None  # lease label (default: user@host)
+    max_creating: Annotated[int, msgspec.Meta(ge=1)] = 8  # containers being created at once (the daemon serialises)
+    api_timeout: Annotated[float, msgspec.Meta(gt=0)] = API_TIMEOUT  # seconds any single daemon call may take
+    read_only: bool = False  # read-only root file system; the workdir and the control dir get tmpfs mounts
+    tmpfs: dict[str, str] = {}  # {path: mount options}: extra tmpfs mounts (executable unless 'noexec')
+    # end the container when its shell ends; False keeps it until its TTL (tests of the TTL and reap paths)
+    exit_with_shell: bool = True
+    # seconds without a byte from this controller after which a container ends itself (0: off; needs
+    # exit_with_shell); at least 1: heartbeats go out every second
+    keepalive: Annotated[float, msgspec.Meta(ge=0, le=86400)] = KEEPALIVE
+    attach_grace: Annotated[float, msgspec.Meta(gt=0)] = ATTACH_GRACE  # a started container's wait for its shell
+    output_cap: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_OUTPUT_CAP  # bytes kept per output stream
+
+    def __post_init__(self) -> None:
+        if 0 < self.keepalive < 1:
+            raise ValueError(f"keepalive must be 0 (off) or at least 1 second, got {self.keepalive}")
+
+
+class DockerAdapter:
+    """Sandboxes as Docker containers, configured by a DockerConfig (or its fields by keyword)."""
 
     name = "docker"
 
-    def __init__(
-        self,
-        *,
-        image: str = DEFAULT_IMAGE,
-        url: str | None = None,
-        run_id: str | None = None,
-        owner: str | None = None,
-        max_creating: int = 8,
-        api_timeout: float = API_TIMEOUT,
-        read_only: bool = False,
-        tmpfs: dict[str, str] | None = None,
-        exit_with_shell: bool = True,
-        attach_grace: float = ATTACH_GRACE,
-        output_cap: int = DEFAULT_OUTPUT_CAP,
-        keepalive: float = KEEPALIVE,
-    ):
-        if max_creating < 1:
-            raise ConfigError(f"max_creating must be at least 1, got {max_creating}")
-        if not (isinstance(keepalive, int | float) and not isinstance(keepalive, bool) and 0 <= keepalive < math.inf):
-            raise ConfigError(f"keepalive must be a number of seconds (0 turns it off), got {keepalive!r}")
-        if 0 < keepalive < 1:
-            raise ConfigError(f"keepalive must be at least 1 second (heartbeats go out every second), got {keepalive}")
-        self.image = image
-        self.url = url or os.environ.get("DOCKER_HOST") or None
-        self.run_id = run_id or uuid.uuid4().hex[:12]
-        self.owner = owner or f"{os.environ.get('USER', 'user')}@{socket.gethostname()}"
-        self.max_creating = max_creating
-        self.api_timeout = api_timeout
-        self.read_only = read_only
-        self.tmpfs = dict(tmpfs or {})
-        self.exit_with_shell = exit_with_shell
-        self.attach_grace = attach_grace
-        self.output_cap = output_cap
-        self.keepalive = float(keepalive) if exit_with_shell else 0.0
+    def __init__(self, config: DockerConfig | None = None, **options: Any):
+        try:
+            config = config or msgspec.convert(options, DockerConfig)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"bad option for the docker adapter: {exc}") from None
+        self.config = config
+        self.image = config.image
+        self.url = config.url or os.environ.get("DOCKER_HOST") or None
+        self.run_id = config.run_id or uuid.uuid4().hex[:12]
+        self.owner = config.owner or f"{os.environ.get('USER', 'user')}@{socket.gethostname()}"
+        self.api_timeout = config.api_timeout
+        self.keepalive = float(config.keepalive) if config.exit_with_shell else 0.0
         self.controller = names.controller_id()
         # Event-loop objects are made on first use: the constructor may run outside a loop.
         self._docker: aiodocker.Docker | None = None
@@ -215,8 +205,7 @@ class DockerAdapter:
         # the answer for an image (and pull policy) is cached, not asked per create
         self._images_missing: dict[tuple[str, str], ImageMissing] = {}
         self._live: dict[str, ShellSandbox] = {}
-        self._streams: dict[str, ExecStream] = {}  # the heartbeat's round
-        self._heartbeat: asyncio.Task[None] | None = None
+        self._heartbeat = Heartbeat(self.keepalive)
         self._unremoved: set[str] = set()  # destroyed, but the daemon did not confirm removal
 
     # -- daemon access ------------------------------------------------------------------------
@@ -227,7 +216,7 @@ class DockerAdapter:
             self._connecting = self._connecting or anyio.Lock()
             async with self._connecting:
                 if self._docker is None:
-                    self._create_gate = anyio.Semaphore(self.max_creating)
+                    self._create_gate = anyio.Semaphore(self.config.max_creating)
                     self._docker = await self._connect()
         return self._docker
 
@@ -296,29 +285,23 @@ class DockerAdapter:
             try:
                 client, relays = await self._open_shell(container, spec, name)
             except BaseException:
-                self._streams.pop(name, None)
+                self._heartbeat.discard(name)
                 await self._remove(name)
                 raise
 
         async def teardown() -> None:
             self._live.pop(name, None)
-            self._streams.pop(name, None)
+            self._heartbeat.discard(name)
             # Remove first: closing the stream first would make the container end itself
             # (exit_with_shell) and race our removal with AutoRemove's.
             await self._remove(name)
             await client.aclose()
             await close_streams(relays)
 
-        sandbox = ShellSandbox(
-            id=name,
-            client=client,
-            root="/",
-            labels=labels,
-            on_close=teardown,
-            expires_at=expires_at,
-            stream_opener=lambda sandbox, command: self._open_stream(container, sandbox, command),
+        opener = functools.partial(self._open_stream, container)
+        sandbox = self._live[name] = container_sandbox(
+            name, client, labels, expires_at, teardown=teardown, open_stream=opener
         )
-        self._live[name] = sandbox
         return sandbox
 
     def _labels(self, spec: SandboxSpec, expires_at: float) -> dict[str, str]:
@@ -334,7 +317,7 @@ class DockerAdapter:
             "Init": True,  # reaps zombies of commands; forwards the end signal to the timer
             "NetworkMode": "bridge" if spec.network == "on" else "none",
             "PidsLimit": (spec.pids + PIDS_OVERHEAD) if spec.pids else None,
-            "ReadonlyRootfs": self.read_only,
+            "ReadonlyRootfs": self.config.read_only,
             "Tmpfs": self._tmpfs_mounts(spec),
             "LogConfig": {"Type": "none", "Config": {}},  # the timer prints nothing
             "CapDrop": ["ALL"],  # the shell server needs none (see the module docstring)
@@ -348,7 +331,7 @@ class DockerAdapter:
         return {
             "Image": image,
             "Entrypoint": ["sh", "-c", TIMER, "orchard-timer"],
-            "Cmd": timer_args(spec.ttl, self.attach_grace),
+            "Cmd": timer_args(spec.ttl, self.config.attach_grace),
             "Env": [f"{key}={value}" for key, value in spec.env.items()],
             "Labels": labels,
             "HostConfig": {key: value for key, value in host.items() if value is not None},
@@ -357,8 +340,8 @@ class DockerAdapter:
     def _tmpfs_mounts(self, spec: SandboxSpec) -> dict[str, str]:
         """Docker mounts tmpfs noexec by default; sandboxes run what they write, so add exec.
         A read-only root gets tmpfs for the two places the sandbox must write."""
-        mounts = dict(self.tmpfs)
-        if self.read_only:
+        mounts = dict(self.config.tmpfs)
+        if self.config.read_only:
             mounts.setdefault(self._workdir(spec), "")
             mounts.setdefault(CTL_DIR, "mode=0700")
         return {path: _with_exec(options) for path, options in mounts.items()}
@@ -454,11 +437,10 @@ class DockerAdapter:
         self, container: DockerContainer, spec: SandboxSpec, name: str
     ) -> tuple[CgroupShellClient, list[OutputStream]]:
         """Start the long-lived shell exec, its output relays, and the shell-session server."""
-        command = shell_command(self.keepalive) if self.exit_with_shell else SHELL_ONLY
+        command = shell_command(self.keepalive) if self.config.exit_with_shell else SHELL_ONLY
         stream = ExecStream(await self._attach(container, command, "shell", stdin=True))
         if self.keepalive:  # from the first byte: the watchdog is already counting
-            self._streams[name] = stream
-            self._start_heartbeat()
+            self._heartbeat.add(name, stream)
 
         async def open_output(command: list[str]) -> OutputStream:
             return OutputStream(await self._attach(container, command, "output relay", stdin=False))
@@ -468,7 +450,7 @@ class DockerAdapter:
             workdir=self._workdir(spec),
             open_output=open_output,
             interrupt=lambda _client: self._interrupt(container),
-            output_cap=self.output_cap,
+            output_cap=self.config.output_cap,
             mount="a tmpfs",
         )
 
@@ -478,21 +460,6 @@ class DockerAdapter:
             return DuplexStream(await self._attach(container, command, "stream", stdin=True))
         except CreateFailed as exc:  # the container is gone, or the daemon refused the exec
             raise SandboxLost(f"no stream into {sandbox.id}: {exc}") from None
-
-    def _start_heartbeat(self) -> None:
-        if self._heartbeat is None or self._heartbeat.done():
-            self._heartbeat = asyncio.get_running_loop().create_task(self._beat_idle_streams())
-
-    async def _beat_idle_streams(self) -> None:
-        """One task per adapter: every second, a heartbeat on each stream that sent nothing
-        for a second (a busy stream needs none). It ends when no stream is left."""
-        interval = min(1.0, self.keepalive / 6)
-        while self._streams:
-            await asyncio.sleep(interval)
-            due = time.monotonic() - interval
-            idle = [stream for stream in self._streams.values() if stream.last_sent <= due]
-            if idle:
-                await asyncio.gather(*(stream.beat(interval) for stream in idle), return_exceptions=True)
 
     async def _interrupt(self, container: DockerContainer) -> None:
         """Deliver the client's timeout interrupt: SIGUSR1 to the container, which its
@@ -564,24 +531,15 @@ class DockerAdapter:
             if await self._remove(name):
                 removed.append(name)
 
-        async with anyio.create_task_group() as group:
-            for name in doomed:
-                group.start_soon(remove, name)
+        await concurrently(*(functools.partial(remove, name) for name in doomed))
         return sorted(removed)
 
     async def close(self) -> None:
         """Destroy every live sandbox, retry unconfirmed removals, close the connection."""
         with anyio.CancelScope(shield=True):
-            async with anyio.create_task_group() as group:
-                for sandbox in list(self._live.values()):
-                    group.start_soon(sandbox.close)
-                for name in list(self._unremoved):
-                    group.start_soon(self._remove, name)
-            if self._heartbeat is not None:
-                self._heartbeat.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await self._heartbeat
-                self._heartbeat = None
+            closes = [sandbox.close for sandbox in self._live.values()]
+            await concurrently(*closes, *(functools.partial(self._remove, name) for name in list(self._unremoved)))
+            await self._heartbeat.aclose()
             if self._docker is not None:
                 await self._disconnect(self._docker)
                 self._docker = None

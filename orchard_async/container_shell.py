@@ -29,7 +29,9 @@ import anyio.abc
 
 from .errors import BackendUnavailable, ConfigError, CreateFailed, SandboxLost
 from .labels import expiry
+from .sandbox import ShellSandbox
 from .shell import READY_TIMEOUT, CgroupShellClient, ShellClient, quote
+from .streams import StreamOpener
 
 DEFAULT_WORKDIR = "/workspace"
 CTL_DIR = "/tmp/.orchard"  # the shell protocol's scratch files; a tmpfs or emptyDir on read-only roots
@@ -303,6 +305,69 @@ async def close_streams(streams: Sequence[anyio.abc.AsyncResource]) -> None:
     with anyio.CancelScope(shield=True):
         for stream in streams:
             await stream.aclose()
+
+
+def container_sandbox(
+    name: str,
+    client: ShellClient,
+    labels: dict[str, str],
+    expires_at: float,
+    *,
+    teardown: Callable[[], Awaitable[None]],
+    open_stream: StreamOpener,
+) -> ShellSandbox:
+    """A container's sandbox: the shell client at the container's root, closed by
+    ``teardown``, its streams opened by ``open_stream`` (an exec per stream)."""
+    return ShellSandbox(
+        id=name,
+        client=client,
+        root="/",
+        labels=labels,
+        on_close=teardown,
+        expires_at=expires_at,
+        stream_opener=open_stream,
+    )
+
+
+class Heartbeat:
+    """The keepalive's sender (see SHELL_WRAPPER): one task per adapter that, every second,
+    beats on each shell stream that sent nothing for a second (a busy stream needs none).
+    It runs while there are streams and is started again by the next ``add``."""
+
+    def __init__(self, keepalive: float):
+        self.interval = min(1.0, keepalive / 6)
+        self.streams: dict[str, ExecStream] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, name: str, stream: ExecStream) -> None:
+        self.streams[name] = stream
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._beat_idle_streams())
+
+    def discard(self, name: str) -> None:
+        self.streams.pop(name, None)
+
+    async def _beat_idle_streams(self) -> None:
+        while self.streams:
+            await asyncio.sleep(self.interval)
+            due = time.monotonic() - self.interval
+            idle = [stream for stream in self.streams.values() if stream.last_sent <= due]
+            if idle:
+                await asyncio.gather(*(stream.beat(self.interval) for stream in idle), return_exceptions=True)
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+
+async def concurrently(*calls: Callable[[], Awaitable[object]]) -> None:
+    """Every call at once, until all have returned (a task group)."""
+    async with anyio.create_task_group() as group:
+        for call in calls:
+            group.start_soon(call)
 
 
 # -- the bootstrap --------------------------------------------------------------------------------

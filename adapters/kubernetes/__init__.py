@@ -3,6 +3,7 @@
 The package, bottom up (each module imports only those above it):
 
 * ``api``: configuration, and requests under one gate with retries and pagination;
+* ``config``: ``KubernetesConfig``, the adapter's options as a checked struct;
 * ``manifests``: pure functions: the pod, its labels, the namespace, the NetworkPolicies;
 * ``watch``: the pod informer (given the api) and ``pod_verdict``;
 * ``transport``: how a pod is reached (``Transport``; ``ExecTransport``: exec websockets);
@@ -68,6 +69,7 @@ from __future__ import annotations
 
 from .adapter import KubernetesAdapter
 from .api import ApiError, KubeApi
+from .config import KubernetesConfig
 from .manifests import PodSettings, allow_egress_policy, deny_egress_policy, pod_manifest, sandbox_labels
 from .transport import ExecTransport, PodRef, Transport
 from .watch import PodInformer, pod_verdict
@@ -77,6 +79,7 @@ __all__ = [
     "ExecTransport",
     "KubeApi",
     "KubernetesAdapter",
+    "KubernetesConfig",
     "PodInformer",
     "PodRef",
     "PodSettings",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import re
 import socket
@@ -14,25 +15,19 @@ import uuid
 from typing import Any
 
 import anyio
+import msgspec
 
+from orchard_async import container_shell
 from orchard_async import labels as names
-from orchard_async.container_shell import (
-    DEFAULT_WORKDIR,
-    SHELL_ONLY,
-    OutputStream,
-    close_streams,
-    is_abandoned,
-    shell_command,
-    start_shell,
-)
 from orchard_async.errors import ConfigError, CreateFailed, OrchardError, SandboxLost
 from orchard_async.images import ImageMissing, missing_image_hint
 from orchard_async.protocols import Sandbox
 from orchard_async.sandbox import ShellSandbox
 from orchard_async.shell import CgroupShellClient, ShellClient
-from orchard_async.types import DEFAULT_OUTPUT_CAP, SandboxSpec
+from orchard_async.types import SandboxSpec
 
-from .api import API_RETRY_FOR, API_TIMEOUT, NETWORKING, ApiError, KubeApi
+from .api import NETWORKING, ApiError, KubeApi
+from .config import KubernetesConfig
 from .manifests import (
     PodSettings,
     allow_egress_policy,
@@ -47,8 +42,6 @@ from .watch import PodInformer, pod_verdict
 
 DEFAULT_NAMESPACE = "orchard"
 DEFAULT_IMAGE = "local/busybox:1"
-CREATE_TIMEOUT = 180.0  # pod POST to shell answering
-ATTACH_GRACE = 120.0  # the timer's wait for a shell before the pod ends itself
 INTERRUPT_TIMEOUT = 10.0
 IMAGE_HINT = (
     "check the image name; on a cluster without a registry import it into the node's runtime "
@@ -59,91 +52,39 @@ IMAGE_ABSENT = ("ErrImageNeverPull", "InvalidImageName")
 
 
 class KubernetesAdapter:
-    """Sandboxes as pods. Options (``--adapter-options`` JSON in the CLI):
-
-    image            default image when a spec names none (ORCHARD_K8S_IMAGE, else local/busybox:1)
-    namespace        where the pods live (ORCHARD_K8S_NAMESPACE, else "orchard"); created if missing
-    context          kubeconfig context (ORCHARD_K8S_CONTEXT, else the current context)
-    kubeconfig       kubeconfig path(s) (else KUBECONFIG, else ~/.kube/config, else in-cluster)
-    in_cluster       True: use the pod's service account even when a kubeconfig exists
-    run_id, owner    lease labels (default: a fresh run id; user@host)
-    node_selector    {label: value} for every pod
-    tolerations      list of core/v1 Toleration dicts for every pod
-    runtime_class    runtimeClassName (e.g. gvisor, kata) for stronger isolation
-    priority_class   priorityClassName
-    manage_network_policies  create the namespace's deny-egress policy and per-sandbox allow
-                     policies (default True; False where an admin manages policies)
-    read_only        read-only root file system; the workdir and the control dir get emptyDirs
-    exit_with_shell  end the pod when its exec websocket closes (default True)
-    max_creating     creates in flight at once (pod POST to shell answering)
-    max_api          API calls in flight at once
-    api_timeout      seconds one attempt of one API call may take
-    api_retry_for    seconds one API call retries 429/5xx/connection errors (default 60)
-    create_timeout   seconds from the pod POST to its shell answering
-    attach_grace     seconds a pod waits for its shell before ending itself
-    output_cap       bytes kept per output stream
-    transport        a Transport (default ExecTransport(): the exec websocket)
-    """
+    """Sandboxes as pods, configured by a KubernetesConfig (or its fields by keyword);
+    ``transport`` reaches the pods (default ExecTransport(): the exec websocket)."""
 
     name = "kubernetes"
 
-    def __init__(
-        self,
-        *,
-        image: str | None = None,
-        namespace: str | None = None,
-        context: str | None = None,
-        kubeconfig: str | None = None,
-        in_cluster: bool = False,
-        run_id: str | None = None,
-        owner: str | None = None,
-        node_selector: dict[str, str] | None = None,
-        tolerations: list[dict[str, Any]] | None = None,
-        runtime_class: str | None = None,
-        priority_class: str | None = None,
-        manage_network_policies: bool = True,
-        read_only: bool = False,
-        exit_with_shell: bool = True,
-        max_creating: int = 32,
-        max_api: int = 32,
-        api_timeout: float = API_TIMEOUT,
-        api_retry_for: float = API_RETRY_FOR,
-        create_timeout: float = CREATE_TIMEOUT,
-        attach_grace: float = ATTACH_GRACE,
-        output_cap: int = DEFAULT_OUTPUT_CAP,
-        transport: Transport | None = None,
-    ):
-        if max_creating < 1 or max_api < 1:
-            raise ConfigError("max_creating and max_api must be at least 1")
-        if create_timeout <= 0 or api_timeout <= 0:
-            raise ConfigError("create_timeout and api_timeout must be positive")
-        self.image = image or os.environ.get("ORCHARD_K8S_IMAGE") or DEFAULT_IMAGE
-        self.namespace = namespace or os.environ.get("ORCHARD_K8S_NAMESPACE") or DEFAULT_NAMESPACE
+    def __init__(self, config: KubernetesConfig | None = None, *, transport: Transport | None = None, **options: Any):
+        try:
+            config = config or msgspec.convert(options, KubernetesConfig)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"bad option for the kubernetes adapter: {exc}") from None
+        self.config = config
+        self.image = config.image or os.environ.get("ORCHARD_K8S_IMAGE") or DEFAULT_IMAGE
+        self.namespace = config.namespace or os.environ.get("ORCHARD_K8S_NAMESPACE") or DEFAULT_NAMESPACE
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", self.namespace):
             raise ConfigError(f"namespace {self.namespace!r} is not a valid Kubernetes namespace name")
-        self.run_id = names.label_value(run_id or uuid.uuid4().hex[:12])
-        self.owner = owner or f"{os.environ.get('USER', 'user')}@{socket.gethostname()}"
+        self.run_id = names.label_value(config.run_id or uuid.uuid4().hex[:12])
+        self.owner = config.owner or f"{os.environ.get('USER', 'user')}@{socket.gethostname()}"
         self.pod_settings = PodSettings(
-            attach_grace=attach_grace,
-            read_only=read_only,
-            node_selector=dict(node_selector or {}),
-            tolerations=list(tolerations or []),
-            runtime_class=runtime_class,
-            priority_class=priority_class,
+            attach_grace=config.attach_grace,
+            read_only=config.read_only,
+            node_selector=config.node_selector,
+            tolerations=config.tolerations,
+            runtime_class=config.runtime_class,
+            priority_class=config.priority_class,
         )
-        self.manage_network_policies = manage_network_policies
-        self.exit_with_shell = exit_with_shell
-        self.max_creating = max_creating
-        self.create_timeout = create_timeout
-        self.output_cap = output_cap
         self.api = KubeApi(
             namespace=self.namespace,
-            context=context or os.environ.get("ORCHARD_K8S_CONTEXT") or None,
-            kubeconfig=kubeconfig,
-            in_cluster=in_cluster,
-            max_api=max_api,
-            api_timeout=api_timeout,
-            api_retry_for=api_retry_for,
+            context=config.context or os.environ.get("ORCHARD_K8S_CONTEXT") or None,
+            kubeconfig=config.kubeconfig,
+            in_cluster=config.in_cluster,
+            max_api=config.max_api,
+            api_timeout=config.api_timeout,
+            api_retry_for=config.api_retry_for,
         )
         self.transport: Transport = transport or ExecTransport()
         self.identity = names.controller_identity()
@@ -178,7 +119,7 @@ class KubernetesAdapter:
             if self._started:
                 return
             configuration = await self.api.start()
-            self._create_gate = anyio.Semaphore(self.max_creating)
+            self._create_gate = anyio.Semaphore(self.config.max_creating)
             await self.transport.start(configuration)
             self._started = True
 
@@ -191,7 +132,7 @@ class KubernetesAdapter:
         async with self._starting:
             if self._namespace_ready:
                 return
-            if self.manage_network_policies:
+            if self.config.manage_network_policies:
                 await self._create_deny_policy()
             if self.informer is None:
                 selector = f"{names.RUN}={self.run_id},{names.CONTROLLER}={self.controller}"
@@ -244,14 +185,14 @@ class KubernetesAdapter:
         name = f"orchard-{uuid.uuid4().hex[:16]}"
         expires_at = time.time() + spec.ttl
         labels = self._labels(spec, expires_at, name)
-        allow = spec.network == "on" and self.manage_network_policies
+        allow = spec.network == "on" and self.config.manage_network_policies
         informer = self.informer
         assert informer is not None
         async with self._create_gate:
             informer.creating.add(name)
             try:
                 with anyio.CancelScope() as scope:
-                    scope.deadline = anyio.current_time() + self.create_timeout
+                    scope.deadline = anyio.current_time() + self.config.create_timeout
                     client, relays = await self._create(name, spec, image, labels, allow)
                 if scope.cancelled_caught:
                     raise CreateFailed(await self._explain_timeout(name, image))
@@ -270,27 +211,20 @@ class KubernetesAdapter:
             # The websockets' close handshakes (up to seconds while the kubelet is busy
             # killing the pod) are not the caller's to wait for: they run in the background,
             # and close() waits for what is still running.
-            for closing in (client.aclose(), close_streams(relays)):
+            for closing in (client.aclose(), container_shell.close_streams(relays)):
                 task = asyncio.get_running_loop().create_task(closing)
                 self._closing.add(task)
                 task.add_done_callback(self._closing.discard)
 
-        pod = PodRef(self.namespace, name)
-        sandbox = ShellSandbox(
-            id=name,
-            client=client,
-            root="/",
-            labels=labels,
-            on_close=teardown,
-            expires_at=expires_at,
-            stream_opener=lambda sandbox, command: self._open_stream(pod, sandbox, command),
+        opener = functools.partial(self._open_stream, PodRef(self.namespace, name))
+        sandbox = self._live[name] = container_shell.container_sandbox(
+            name, client, labels, expires_at, teardown=teardown, open_stream=opener
         )
-        self._live[name] = sandbox
         return sandbox
 
     async def _create(
         self, name: str, spec: SandboxSpec, image: str, labels: dict[str, str], allow: bool
-    ) -> tuple[CgroupShellClient, list[OutputStream]]:
+    ) -> tuple[CgroupShellClient, list[container_shell.OutputStream]]:
         manifest = self._pod_manifest(name, spec, image, labels)
         try:
             pod = await self.api.request("POST", self.api.path("pods"), body=manifest, what="pod create")
@@ -349,7 +283,7 @@ class KubernetesAdapter:
             await changed.wait()
 
     async def _failure_message(self, name: str, image: str, why: str) -> str:
-        event = await self._last_warning(name)
+        event = await self.api.last_warning(name)
         hint = f"; {IMAGE_HINT}" if any(word in why for word in ("Image", "image")) else ""
         extra = f"; last event: {event}" if event and event not in why else ""
         return f"sandbox pod {name} (image {image}) failed to start: {why}{extra}{hint}"
@@ -361,37 +295,28 @@ class KubernetesAdapter:
             why = pod_verdict(pod)[1] if pod else "the pod watch has not seen it"
             if informer is not None and not informer.connected:
                 why += f" (the pod watch is reconnecting: {informer.last_error})"
-            event = await self._last_warning(name)
+            event = await self.api.last_warning(name)
         extra = f"; last event: {event}" if event and event not in why else ""
-        return f"sandbox pod {name} (image {image}) was not ready within {self.create_timeout:.0f}s: {why}{extra}"
+        return (
+            f"sandbox pod {name} (image {image}) was not ready within {self.config.create_timeout:.0f}s: {why}{extra}"
+        )
 
-    async def _last_warning(self, name: str) -> str:
-        """The newest Warning event about the pod, if the API answers quickly."""
-        query = [("fieldSelector", f"involvedObject.name={name},type=Warning")]
-        try:
-            with anyio.fail_after(5):
-                events = await self.api.request("GET", self.api.path("events"), query=query, what="events", retry_for=0)
-        except (OrchardError, ApiError, TimeoutError):
-            return ""
-        items = sorted(events.get("items") or [], key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
-        if not items:
-            return ""
-        return f"{items[-1].get('reason')}: {items[-1].get('message')}"
-
-    async def _open_shell(self, name: str, spec: SandboxSpec) -> tuple[CgroupShellClient, list[OutputStream]]:
+    async def _open_shell(
+        self, name: str, spec: SandboxSpec
+    ) -> tuple[CgroupShellClient, list[container_shell.OutputStream]]:
         """The long-lived shell exec, its output relays (when the transport has them), and
         the shell-session server; the client and the relays (closed with the pod)."""
         seen = self.informer.pods.get(name, {}) if self.informer else {}
         pod = PodRef(self.namespace, name, (seen.get("status") or {}).get("podIP"))
-        command = shell_command() if self.exit_with_shell else SHELL_ONLY
+        command = container_shell.shell_command() if self.config.exit_with_shell else container_shell.SHELL_ONLY
         stream = await self.transport.open_shell(pod, command)
         opener = getattr(self.transport, "open_output", None)
-        return await start_shell(
+        return await container_shell.start_shell(
             stream,
-            workdir=spec.workdir or DEFAULT_WORKDIR,
+            workdir=spec.workdir or container_shell.DEFAULT_WORKDIR,
             open_output=(lambda command: opener(pod, command)) if opener else None,
             interrupt=lambda shell: self._interrupt(pod, shell),
-            output_cap=self.output_cap,
+            output_cap=self.config.output_cap,
             mount="an emptyDir",
             where=f" in pod {name}",
         )
@@ -473,7 +398,9 @@ class KubernetesAdapter:
         # policies before pods: a policy is created after its pod, so one whose pod is
         # missing from the later pod list belongs to a pod that is really gone
         policies = (
-            await self.api.list_all(policy_path, names.SANDBOX, "policy list") if self.manage_network_policies else []
+            await self.api.list_all(policy_path, names.SANDBOX, "policy list")
+            if self.config.manage_network_policies
+            else []
         )
         pods = await self.api.list_all(self.api.path("pods"), f"{names.OWNER},{names.EXPIRES}", "pod list for reap")
         now = time.time()
@@ -505,19 +432,16 @@ class KubernetesAdapter:
             except (OrchardError, ApiError):
                 return
 
-        async with anyio.create_task_group() as group:
-            for name in doomed:
-                group.start_soon(remove_pod, name)
-            for name in orphans:
-                group.start_soon(remove_policy, name)
+        await container_shell.concurrently(
+            *(functools.partial(remove_pod, name) for name in doomed),
+            *(functools.partial(remove_policy, name) for name in orphans),
+        )
         return sorted(removed)
 
     async def close(self) -> None:
         """Destroy every live sandbox, retry unconfirmed deletions, stop the watch."""
         with anyio.CancelScope(shield=True):
-            async with anyio.create_task_group() as group:
-                for sandbox in list(self._live.values()):
-                    group.start_soon(sandbox.close)
+            await container_shell.concurrently(*(sandbox.close for sandbox in list(self._live.values())))
             if self._retrier is not None:
                 self._retrier.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -543,7 +467,7 @@ class KubernetesAdapter:
         version = await self.api.version()
         egress = (
             "denied by NetworkPolicy unless spec.network='on'"
-            if self.manage_network_policies
+            if self.config.manage_network_policies
             else "left to the cluster admin"
         )
         return (
@@ -560,6 +484,6 @@ def _pod_abandoned(pod: dict[str, Any], now: float, older_than: float) -> bool:
     # ended (TTL, deadline, its shell's websocket closed): of no use to anyone
     ended = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
     alive = names.annotated_controller_alive((metadata.get("annotations") or {}).get(names.CONTROLLER_ANNOTATION))
-    return is_abandoned(
+    return container_shell.is_abandoned(
         metadata.get("labels") or {}, ended=ended, controller_alive=alive, now=now, older_than=older_than
     )

@@ -20,7 +20,7 @@ import anyio
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
-from orchard_async.errors import AdapterUnavailable, BackendUnavailable
+from orchard_async.errors import AdapterUnavailable, BackendUnavailable, OrchardError
 
 API_TIMEOUT = 30.0  # one attempt of one API call
 API_RETRY_FOR = 60.0  # how long one call retries 429/5xx/connection errors
@@ -262,6 +262,19 @@ class KubeApi:
         except ApiError as exc:
             if exc.status != 404:
                 raise
+
+    async def last_warning(self, name: str) -> str:
+        """The newest Warning event about the pod, if the API answers quickly."""
+        query = [("fieldSelector", f"involvedObject.name={name},type=Warning")]
+        try:
+            with anyio.fail_after(5):
+                events = await self.request("GET", self.path("events"), query=query, what="events", retry_for=0)
+        except (OrchardError, ApiError, TimeoutError):
+            return ""
+        items = sorted(events.get("items") or [], key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        if not items:
+            return ""
+        return f"{items[-1].get('reason')}: {items[-1].get('message')}"
 
     async def version(self) -> dict[str, Any]:
         """The server's /version with a client of its own, within 10 s; AdapterUnavailable

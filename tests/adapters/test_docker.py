@@ -101,6 +101,28 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float, what: 
 # -- images and pull policy --------------------------------------------------------------------
 
 
+def test_options_are_a_checked_struct() -> None:
+    """Bad options fail at construction with one line naming the option; by name through
+    get_adapter too, which lists the struct's fields as the adapter's options."""
+    from orchard_async.adapters.docker import DockerConfig
+    from orchard_async.runtime import adapter_options
+
+    for bad, field in (
+        ({"keepalive": 0.5}, "keepalive"),
+        ({"max_creating": 0}, "max_creating"),
+        ({"tmpfs": "/x"}, "tmpfs"),
+    ):
+        with pytest.raises(oa.ConfigError, match=field) as caught:
+            DockerAdapter(**bad)
+        assert "\n" not in str(caught.value)
+    with pytest.raises(oa.ConfigError, match="no option 'imagee'"):
+        oa.get_adapter("docker", imagee="x")
+    assert set(DockerConfig.__struct_fields__) <= set(adapter_options(DockerAdapter)[0] or [])
+    adapter = oa.get_adapter("docker", keepalive=0, tmpfs={"/scratch": "size=1m"}, run_id="r1")
+    assert adapter.keepalive == 0 and adapter.run_id == "r1" and adapter.config.tmpfs == {"/scratch": "size=1m"}
+    assert DockerAdapter(DockerConfig(exit_with_shell=False)).keepalive == 0  # no shell to watch: no keepalive
+
+
 async def test_no_socket_is_an_outage_for_a_run_and_unavailable_for_doctor(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -184,3 +184,27 @@ async def test_reap_deletes_nothing_when_a_list_fails() -> None:
     with pytest.raises(oa.BackendUnavailable):
         await adapter.reap()
     assert calls and all(method == "GET" for method, _ in calls)
+
+
+def test_options_are_a_checked_struct() -> None:
+    """Bad options fail at construction with one line naming the option; get_adapter lists
+    the struct's fields (and the transport) as the adapter's options."""
+    from orchard_async.adapters.kubernetes import KubernetesConfig
+    from orchard_async.runtime import adapter_options
+
+    for bad, field in (
+        ({"max_api": 0}, "max_api"),
+        ({"create_timeout": -1}, "create_timeout"),
+        ({"tolerations": {}}, "tolerations"),
+    ):
+        with pytest.raises(oa.ConfigError, match=field) as caught:
+            KubernetesAdapter(**bad)
+        assert "\n" not in str(caught.value)
+    with pytest.raises(oa.ConfigError, match="not a valid Kubernetes namespace"):
+        KubernetesAdapter(namespace="Not_Valid")
+    with pytest.raises(oa.ConfigError, match="no option 'namespaces'"):
+        oa.get_adapter("kubernetes", namespaces="x")
+    assert {"transport", *KubernetesConfig.__struct_fields__} <= set(adapter_options(KubernetesAdapter)[0] or [])
+    adapter = oa.get_adapter("kubernetes", namespace="ns2", create_timeout=5, node_selector={"a": "b"})
+    assert adapter.namespace == "ns2" and adapter.config.create_timeout == 5
+    assert adapter.pod_settings.node_selector == {"a": "b"}

@@ -1,0 +1,44 @@
+"""The kubernetes adapter's options (``--adapter-options`` JSON in the CLI), checked as they
+are converted: a wrong type or an out-of-range number is a one-line ConfigError."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+from orchard_async.types import DEFAULT_OUTPUT_CAP
+
+from .api import API_RETRY_FOR, API_TIMEOUT
+
+CREATE_TIMEOUT = 180.0  # pod POST to shell answering
+ATTACH_GRACE = 120.0  # the timer's wait for a shell before the pod ends itself
+
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    image: str | None = None  # default image when a spec names none (else ORCHARD_K8S_IMAGE, else local/busybox:1)
+    namespace: str | None = None  # where the pods live (else ORCHARD_K8S_NAMESPACE, else "orchard"); made if missing
+    context: str | None = None  # kubeconfig context (else ORCHARD_K8S_CONTEXT, else the current context)
+    kubeconfig: str | None = None  # kubeconfig path(s) (else KUBECONFIG, else ~/.kube/config, else in-cluster)
+    in_cluster: bool = False  # use the pod's service account even when a kubeconfig exists
+    run_id: str | None = None  # lease label (default: a fresh run id)
+    owner: str | None = None  # lease label (default: user@host)
+    node_selector: dict[str, str] = {}  # {label: value} for every pod
+    tolerations: list[dict[str, Any]] = []  # core/v1 Toleration objects for every pod
+    runtime_class: str | None = None  # runtimeClassName (e.g. gvisor, kata) for stronger isolation
+    priority_class: str | None = None  # priorityClassName
+    # create the namespace's deny-egress policy and per-sandbox allow policies (False where an
+    # admin manages policies)
+    manage_network_policies: bool = True
+    read_only: bool = False  # read-only root file system; the workdir and the control dir get emptyDirs
+    exit_with_shell: bool = True  # end the pod when its exec websocket closes
+    max_creating: AtLeastOne = 32  # creates in flight at once (pod POST to shell answering)
+    max_api: AtLeastOne = 32  # API calls in flight at once
+    api_timeout: Positive = API_TIMEOUT  # seconds one attempt of one API call may take
+    api_retry_for: Annotated[float, msgspec.Meta(ge=0)] = API_RETRY_FOR  # seconds one call retries 429/5xx/errors
+    create_timeout: Positive = CREATE_TIMEOUT  # seconds from the pod POST to its shell answering
+    attach_grace: Positive = ATTACH_GRACE  # seconds a pod waits for its shell before ending itself
+    output_cap: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_OUTPUT_CAP  # bytes kept per output stream
