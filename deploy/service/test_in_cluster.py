@@ -118,6 +118,15 @@ async def main() -> None:
         if time.monotonic() > deadline:
             raise SystemExit(f"sandbox pods left: {[p.metadata.name for p in left.items]}")
         await anyio.sleep(1)
+    # The Deployment goes before the cluster does: its ReplicaSet would remake the pod that
+    # the cluster's teardown deletes.
+    await k8s.AppsV1Api(api).delete_namespaced_deployment("orchard-serve", NAMESPACE)
+    deadline = time.monotonic() + 120
+    selector = "app.kubernetes.io/name=orchard-serve"
+    while (left := await core.list_namespaced_pod(NAMESPACE, label_selector=selector)).items:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the service's pod did not end: {[p.metadata.name for p in left.items]}")
+        await anyio.sleep(1)
     print("OK: created, ran, moved a file, deleted through the in-cluster service; no sandbox pod left")
     await api.close()
 
