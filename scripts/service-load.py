@@ -234,9 +234,13 @@ async def main(args: argparse.Namespace) -> dict:
         async with limiter:
             await load.episode(adapter, number)
 
-    async with anyio.create_task_group() as tg:
-        for number in range(args.sandboxes):
-            tg.start_soon(one, number)
+    try:
+        async with anyio.create_task_group() as tg:
+            for number in range(args.sandboxes):
+                tg.start_soon(one, number)
+    except BaseException:
+        service.stop()  # not left running behind a failed run (it deletes its sandboxes)
+        raise
     elapsed = time.monotonic() - started
     await adapter.close()
     while_running = await settle(service, args.adapter, root)
