@@ -39,8 +39,8 @@ from typing import BinaryIO
 import anyio
 from anyio.streams.stapled import StapledByteStream
 
+from orchard_async import labels as names
 from orchard_async.errors import ConfigError, CreateFailed, SandboxLost
-from orchard_async.lease import CONTROLLER_LABEL, controller_alive, controller_id
 from orchard_async.protocols import Sandbox
 from orchard_async.sandbox import ShellSandbox
 from orchard_async.shell import ShellClient, make_output_pipes, quote
@@ -146,7 +146,7 @@ class LocalAdapter:
         self.requested_isolation = isolation
         self.isolation, self._probe = iso.resolve(isolation)
         self.output_cap = output_cap
-        self.controller = controller_id()
+        self.controller = names.controller_id()
         self._live: dict[str, tuple[ShellSandbox, anyio.abc.Process]] = {}
 
     @property
@@ -193,10 +193,7 @@ class LocalAdapter:
         expires_at = time.time() + spec.ttl
         labels = {
             **spec.labels,
-            "orchard.owner": self.owner,
-            "orchard.run": self.run_id,
-            "orchard.expires": str(int(expires_at)),
-            CONTROLLER_LABEL: self.controller,
+            **names.lease_labels(owner=self.owner, run=self.run_id, expires_at=expires_at, controller=self.controller),
         }
         lease = {"id": sandbox_id, "labels": labels, "expires_at": expires_at}
         self._prepare_dirs(base, lease)
@@ -439,7 +436,7 @@ def _kill_sandbox_processes(dirs: set[str], settle: float = 2.0) -> None:
 def _lease_is_dead(lease: dict, now: float, older_than: float) -> bool:
     if lease.get("expires_at", 0) + older_than < now:
         return True
-    return controller_alive(lease.get("labels", {}).get(CONTROLLER_LABEL, "")) is not True
+    return names.controller_alive(lease.get("labels", {}).get(names.CONTROLLER, "")) is not True
 
 
 def reap_local(root: Path, older_than: float = 0.0, keep: set[str] | None = None) -> list[str]:

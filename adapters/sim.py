@@ -26,6 +26,7 @@ from typing import NoReturn
 import anyio
 import msgspec
 
+from orchard_async import labels as names
 from orchard_async.errors import BackendUnavailable, ConfigError, CreateFailed, PathOutsideSandbox, SandboxLost
 from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec
 
@@ -224,8 +225,8 @@ class SimAdapter:
         self._ids = itertools.count()
 
     def _rng(self, spec: SandboxSpec) -> random.Random:
-        key = f"{self.config.seed}/{spec.labels.get('orchard.episode', '')}/{spec.labels.get('orchard.attempt', '')}"
-        if not spec.labels.get("orchard.episode"):
+        key = f"{self.config.seed}/{spec.labels.get(names.EPISODE, '')}/{spec.labels.get(names.ATTEMPT, '')}"
+        if not spec.labels.get(names.EPISODE):
             key += f"/{self.creates}"
         return random.Random(int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big"))
 

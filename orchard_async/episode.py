@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from . import labels as names
 from .errors import ContextExhausted, InfraError, SandboxLost, VerifierError
 from .pool import Pool
 from .protocols import GradedApart, Policy, Sandbox, Task
@@ -125,8 +126,8 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
         ttl=task.deadline + TTL_MARGIN,
         labels={
             **task.spec.labels,
-            "orchard.episode": _label_safe(episode.episode_id),
-            "orchard.attempt": str(attempt),
+            names.EPISODE: _label_safe(episode.episode_id),
+            names.ATTEMPT: str(attempt),
         },
     )
     status, error, instruction = "finished", "", ""
@@ -269,7 +270,7 @@ async def _grade_apart(
             submission = await task.submission(sandbox)
             await release()
             start = time.monotonic()
-            scorer = await pool.acquire(msgspec.structs.replace(spec, labels={**spec.labels, "orchard.role": "scorer"}))
+            scorer = await pool.acquire(msgspec.structs.replace(spec, labels={**spec.labels, names.ROLE: "scorer"}))
             ops.append(Op("create", start - t0, time.monotonic() - start, "scorer"))
             try:
                 reward = await task.grade(submission, RecordingSandbox(scorer, ops, t0))
