@@ -56,6 +56,10 @@ async def run_episodes(
             owned = len(await adapter.list_owned())  # the engine destroys every sandbox it made
             summary = summarize(finished, wall_s=wall, leaked=owned)
             durations = [t.timings.get("total", 0.0) for t in finished if t.timings]
+            # until the agent's first turn: the sandbox and the task's setup (a browser, a checkout)
+            setups = ms_percentiles(
+                [t.timings.get("create", 0.0) + t.timings.get("setup", 0.0) for t in finished if t.timings]
+            )
             ids = Counter(t.episode_id for t in finished)
             lost = n - len(ids)
             lost_total += lost
@@ -77,6 +81,8 @@ async def run_episodes(
                         "exec_p99_ms": _round(summary.exec_p99_ms),
                         "end_reasons": summary.exit_reasons,
                         "retries": summary.retries,
+                        "setup_p50_ms": setups["p50_ms"],
+                        "setup_p99_ms": setups["p99_ms"],
                     },
                     **ms_percentiles(durations),
                 )

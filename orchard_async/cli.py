@@ -302,8 +302,26 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for what, status in isolation_report().items():
         isolation.add_row(what, status)
     out.print(isolation)
+    out.print(_recipes_report())
     out.print(f"event loop: {loop_choice()} (set ORCHARD_LOOP=asyncio|uvloop|auto)")
     return 0
+
+
+def _recipes_report() -> Table:
+    """What each installed recipe with a ``doctor()`` needs here (e.g. the GUI recipe's chromium)."""
+    table = Table(title="recipes")
+    table.add_column("recipe", style="bold")
+    table.add_column("what", style="bold")
+    table.add_column("status")
+    for name in recipe_names():
+        try:
+            check = getattr(load_recipe(name), "doctor", None)
+            lines = check() if callable(check) else {}
+        except Exception as exc:  # noqa: BLE001 - one recipe's bug must not hide the others' reports
+            lines = {"doctor": f"[red]failed:[/] {escape(f'{type(exc).__name__}: {exc}')}"}
+        for what, status in lines.items():
+            table.add_row(name, what, status)
+    return table
 
 
 def cmd_images(args: argparse.Namespace) -> int:
