@@ -228,7 +228,7 @@ class RemoteAdapter:
         key = api_key or os.environ.get("ORCHARD_REMOTE_KEY") or os.environ.get("SANDBOX_API_KEY")
         self.create_timeout = create_timeout
         # aiohttp, not httpx: at 64 callers httpx's pool made the tail seconds long (p99 10.6 s
-        # for GET /health on loopback, aiohttp's 0.8 s; docs/perf-service.md). Made on first
+        # for GET /health on loopback, aiohttp's 0.8 s; docs/performance.md, "The service's overhead"). Made on first
         # use: a session belongs to the event loop it is made in.
         self._headers = {"X-API-Key": key} if key else {}
         self._max_connections = max_connections

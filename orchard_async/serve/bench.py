@@ -160,7 +160,7 @@ async def create_delete_rate(adapter: oa.Adapter, count: int, concurrency: int) 
 
 async def probe_clients(url: str, ops: int, callers_levels: tuple[int, ...] = (1, 64)) -> list[dict[str, Any]]:
     """``GET /health`` (no sandbox involved) with httpx and with aiohttp: what the HTTP client
-    itself costs at each concurrency (docs/perf-service.md: httpx's pool at 64 callers)."""
+    itself costs at each concurrency (docs/performance.md, "The service's overhead": httpx's pool at 64 callers)."""
     rows: list[dict[str, Any]] = []
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with (
