@@ -370,6 +370,7 @@ async def test_a_stalled_daemon_is_a_bounded_backend_error(make_adapter, tmp_pat
         listener.close()
 
 
+@pytest.mark.soak  # long: the default run leaves it to `pytest -m soak` (CI runs both)
 async def test_more_live_sandboxes_than_an_http_connection_pool(make_adapter) -> None:
     """Each live sandbox holds one connection (its exec stream): aiohttp's default pool of
     100 would make the 101st create wait forever."""
@@ -611,6 +612,7 @@ class SlowOracle(OraclePolicy):
         return await super().act(observation)
 
 
+@pytest.mark.soak  # long: the default run leaves it to `pytest -m soak` (CI runs both)
 async def test_daemon_restart_mid_rollout_accounts_for_every_episode(tmp_path: Path) -> None:
     """Runs last in this module: it stops and restarts dockerd (scripts/docker-down.sh and
     docker-up.sh), so it only runs where docker-up.sh started the daemon."""

@@ -322,6 +322,7 @@ async def _script(*argv: str) -> None:
     assert done.returncode == 0, (done.stdout + done.stderr).decode(errors="replace")
 
 
+@pytest.mark.soak  # long: the default run leaves it to `pytest -m soak` (CI runs both)
 async def test_watch_recovers_from_an_api_server_restart(make_adapter: Callable[..., KubernetesAdapter]) -> None:
     work, scripts = _needs_ci_cluster()
     from orchard_async.recipes.toy import builtin_tasks, make_policy

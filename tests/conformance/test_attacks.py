@@ -428,6 +428,7 @@ def disk_usage(path: str) -> int:
 SPOOL_LIMIT = 8 * 2**20  # "a few MiB": the cap (1 MiB by default) plus what is in flight
 
 
+@pytest.mark.soak  # long: the default run leaves it to `pytest -m soak` (CI runs both)
 async def test_huge_output_is_capped_and_never_spooled(make_adapter: Callable[..., oa.Adapter]) -> None:
     """2 GB on stdout: the result is capped (head, tail, the count of what was cut) and the
     sandbox's spool holds no more than a few MiB at any time. The command measures its own

@@ -183,6 +183,7 @@ async def test_cancel_mid_way_destroys_everything_and_resume_completes(tmp_path:
     assert again.written == 0
 
 
+@pytest.mark.soak  # long: the default run leaves it to `pytest -m soak` (CI runs both)
 async def test_ten_thousand_concurrent_episodes_complete() -> None:
     adapter = SimAdapter()
     count = 0
