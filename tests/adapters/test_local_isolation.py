@@ -166,12 +166,29 @@ async def test_pids_cgroup_limits_each_sandbox(adapter: LocalAdapter) -> None:
     cgroup = os.path.join(parent, box.id)
     assert read(f"{cgroup}/pids.max").strip() == str(16 + iso.ADAPTER_PROCESSES)
     await box.exec("sleep 30 >/dev/null 2>&1 &")
-    members = set(read(f"{cgroup}/cgroup.procs").split())
-    assert {str(p) for p in _sandbox_processes()[box.root]} - members <= {str(p) for p in launcher_pids(box.root)}, (
-        "a sandbox process is outside its cgroup"
-    )
+    # Asked of each process (/proc/PID/cgroup), not of a cgroup.procs snapshot taken apart
+    # from the process scan: a process gone in between ("") is not one outside.
+    mount, _ = iso._own_cgroup("pids") or ("", "")
+    inside = "/" + os.path.relpath(cgroup, mount)
+    launcher = set(launcher_pids(box.root))
+    outside = {
+        pid: (where, read(f"/proc/{pid}/cmdline").replace("\0", " ")[:200])
+        for pid in _sandbox_processes()[box.root]
+        if pid not in launcher and (where := pids_cgroup_of(pid)) not in ("", inside)
+    }
+    assert not outside, f"sandbox processes outside {inside}: {outside}"
     await adapter.destroy(box)
     assert read(f"{cgroup}/pids.max") == "", "the sandbox's cgroup outlived it"
+
+
+def pids_cgroup_of(pid: int) -> str:
+    """A process's pids cgroup (v1 line, else the v2 one), or '' when it is gone."""
+    lines = read(f"/proc/{pid}/cgroup").splitlines()
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "pids" in controllers.split(","):
+            return path
+    return next((line[3:] for line in lines if line.startswith("0::")), "")
 
 
 def launcher_pids(base: str) -> list[int]:
