@@ -24,10 +24,12 @@ def cluster_configured() -> bool:
 
 # -- running in parallel ---------------------------------------------------------------------
 # `python -m pytest` runs on several workers (pytest-xdist, `-n` in pyproject's addopts). Tests of
-# one group run one after another on one worker. Everything that drives the Docker daemon is one
-# group (one test restarts the daemon; others count its containers), everything that drives the
-# cluster another (one test restarts the API server); the rest is grouped by file, so a module's
-# fixtures are built once, and the files sharing the bundled SWE set's session fixture go together.
+# one group run one after another on one worker; the groups are files (a conformance file's
+# docker and kubernetes tests apart from the rest), except that the files sharing the bundled
+# SWE set's session fixture go together, and in the soak run (`-m soak`)
+# everything that drives the Docker daemon is one group and everything that drives the cluster
+# another: the soak tests restart the daemon and the API server under whatever else runs. The
+# default run has no such test, and its tests find their own containers and pods by run id.
 # (A scheduler of our own: xdist's `loadgroup` marks do not reach the scheduler under pytest 9.)
 SHARED_SESSION_FIXTURE_FILES = {
     "tests/recipes/test_swe_builtin_data.py": "swe-builtin",
@@ -44,21 +46,50 @@ DOCKER_FILES = {
 }
 
 
-def group_of(nodeid: str) -> str:
+def group_of(nodeid: str, *, soak: bool) -> str:
     path = nodeid.split("::", 1)[0]
     params = set(nodeid.partition("[")[2].rstrip("]").split("-"))  # conformance: the backend's name
-    if path in DOCKER_FILES or "docker" in params:
+    backend = next((name for name in ("docker", "kubernetes") if name in params), "")
+    if soak and (path in DOCKER_FILES or backend == "docker"):
         return "docker"
-    if path == "tests/adapters/test_kubernetes.py" or "kubernetes" in params:
+    if soak and (path == "tests/adapters/test_kubernetes.py" or backend == "kubernetes"):
         return "kubernetes"
-    return SHARED_SESSION_FIXTURE_FILES.get(path, path)
+    return SHARED_SESSION_FIXTURE_FILES.get(path, f"{path} {backend}".strip())
+
+
+# The longest groups, longest first (by `--durations=0` summed per group), are handed out first:
+# a long group that starts last ends the run last. The rest keep their order.
+LONGEST_GROUPS = (
+    "swe-builtin",
+    "tests/adapters/test_kubernetes.py",
+    "tests/recipes/test_swe_docker.py",
+    "tests/adapters/test_docker.py",
+    "tests/core/test_cli.py",
+    "tests/conformance/test_stream.py",
+    "tests/recipes/test_gui_browser.py",
+    "tests/bench/test_scenarios.py",
+    "tests/recipes/test_swe_real_instances.py",
+    "tests/recipes/test_swe_openai.py",
+)
+
+
+def running_soak(config: pytest.Config) -> bool:
+    return "soak" in (config.getoption("markexpr") or "").replace("not soak", "")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {group: place for place, group in enumerate(LONGEST_GROUPS)}
+    soak = running_soak(config)
+    items.sort(key=lambda item: rank.get(group_of(item.nodeid, soak=soak), len(rank)))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
+    soak = running_soak(config)
+
     class ByBackend(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return group_of(nodeid)
+            return group_of(nodeid, soak=soak)
 
     return ByBackend(config, log)

@@ -169,7 +169,7 @@ async def test_pids_cgroup_limits_each_sandbox(adapter: LocalAdapter) -> None:
     # Asked of each process (/proc/PID/cgroup), not of a cgroup.procs snapshot taken apart
     # from the process scan: a process gone in between ("") is not one outside.
     mount, _ = iso._own_cgroup("pids") or ("", "")
-    inside = "/" + os.path.relpath(cgroup, mount)
+    inside = cgroup.removeprefix(mount)
     launcher = set(launcher_pids(box.root))
     outside = {
         pid: (where, read(f"/proc/{pid}/cmdline").replace("\0", " ")[:200])

@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from orchard_async.recipes import swe
-from tests.recipes.swe_support import Reply, RunResult, ScriptedChatServer, run_rollout
+from tests.recipes.swe_support import Reply, RunResult, ScriptedChatServer, run_rollout, side_by_side
 
 
 @pytest.fixture
@@ -35,9 +35,9 @@ def builtin_validation(tmp_path_factory) -> dict[str, RunResult]:
     root = tmp_path_factory.mktemp("swe-validate")
 
     async def both() -> dict[str, RunResult]:
-        return {
-            "oracle": await run_rollout(tasks, swe.make_policy("oracle"), root / "oracle"),
-            "empty": await run_rollout(tasks, swe.make_policy("empty"), root / "empty"),
-        }
+        return await side_by_side(
+            oracle=lambda: run_rollout(tasks, swe.make_policy("oracle"), root / "oracle"),
+            empty=lambda: run_rollout(tasks, swe.make_policy("empty"), root / "empty"),
+        )
 
     return anyio.run(both)

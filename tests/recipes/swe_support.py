@@ -7,7 +7,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,6 +163,19 @@ async def run_rollout(
     left = await anyio.to_thread.run_sync(lambda: sorted(p.name for p in root.iterdir()) if root.exists() else [])
     found.sort(key=lambda t: t.episode_id)
     return RunResult(found, leaked, left, wall)
+
+
+async def side_by_side(**runs: Callable[[], Awaitable[RunResult]]) -> dict[str, RunResult]:
+    """Several rollouts at once (each on its own adapter root), by name."""
+    results: dict[str, RunResult] = {}
+
+    async def one(name: str) -> None:
+        results[name] = await runs[name]()
+
+    async with anyio.create_task_group() as group:
+        for name in runs:
+            group.start_soon(one, name)
+    return {name: results[name] for name in runs}
 
 
 class ScriptPolicy:

@@ -25,7 +25,7 @@ import pytest
 from orchard_async.recipes import swe
 from orchard_async.recipes.swe import scoring
 from orchard_async.recipes.swe import swebench_harness as official
-from tests.recipes.swe_support import run_rollout
+from tests.recipes.swe_support import run_rollout, side_by_side
 from tests.recipes.swebench_rows import BUILTIN, official_row
 
 if not official.usable():
@@ -84,10 +84,10 @@ def official_runs(tmp_path_factory) -> dict:
         patch.setattr(official.OfficialHarness, "judge", keep)
 
         async def both() -> dict:
-            return {
-                "oracle": await run_rollout(tasks, swe.make_policy("oracle"), tmp / "oracle"),
-                "empty": await run_rollout(tasks, swe.make_policy("empty"), tmp / "empty"),
-            }
+            return await side_by_side(
+                oracle=lambda: run_rollout(tasks, swe.make_policy("oracle"), tmp / "oracle"),
+                empty=lambda: run_rollout(tasks, swe.make_policy("empty"), tmp / "empty"),
+            )
 
         runs = anyio.run(both)
     return {"tasks": {t.id: t for t in tasks}, "runs": runs, "judged": judged, "tmp": tmp}
