@@ -17,7 +17,13 @@ import anyio
 import orchard_async as oa
 from orchard_async.adapters.local import LocalAdapter
 
-REASONS = {200: "OK", 400: "Bad Request", 429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 
 
 @dataclass
@@ -93,7 +99,9 @@ class ScriptedChatServer:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
                 method, path, _ = lines[0].split(" ", 2)
-                headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
+                headers = {
+                    k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)
+                }
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
                 with self._lock:
                     index = len(self.requests)
@@ -111,8 +119,10 @@ class ScriptedChatServer:
                 finally:
                     with self._lock:
                         self.in_flight -= 1
-                data = reply.body if isinstance(reply.body, bytes) else (
-                    reply.body.encode() if isinstance(reply.body, str) else json.dumps(reply.body).encode()
+                data = (
+                    reply.body
+                    if isinstance(reply.body, bytes)
+                    else (reply.body.encode() if isinstance(reply.body, str) else json.dumps(reply.body).encode())
                 )
                 extra = "".join(f"{k}: {v}\r\n" for k, v in reply.headers.items())
                 writer.write(

@@ -147,13 +147,17 @@ def test_parse_test_outcomes():
     # the recipe's scorer reads outcomes by the same rule
     from orchard_async.recipes.swe.scoring import parse_test_outcomes as recipe_parse
 
-    assert parse_test_outcomes(output) == recipe_parse(output) == {
-        "tests/test_a.py::test_x": "PASSED",
-        "tests/test_a.py::test_p[a-b]": "PASSED",
-        "tests/test_a.py::test_y": "FAILED",
-        "tests/test_a.py::test_z": "ERROR",
-        "tests/test_b.py": "ERROR",
-    }
+    assert (
+        parse_test_outcomes(output)
+        == recipe_parse(output)
+        == {
+            "tests/test_a.py::test_x": "PASSED",
+            "tests/test_a.py::test_p[a-b]": "PASSED",
+            "tests/test_a.py::test_y": "FAILED",
+            "tests/test_a.py::test_z": "ERROR",
+            "tests/test_b.py": "ERROR",
+        }
+    )
 
 
 def test_instances_schema():
@@ -232,4 +236,6 @@ def test_instance_validates(instance_id, builtin_validation):
     apply_step = after.steps[0]
     assert apply_step.exit_code == 0, f"gold patch does not apply:\n{apply_step.observation}"
     not_passing = [t for t in f2p + p2p if after.info["tests"][t] != "PASSED"]
-    assert not not_passing, f"not passing with the gold patch: {not_passing}\n{_tail(after.info.get('test_output_tail', ''))}"
+    assert not not_passing, (
+        f"not passing with the gold patch: {not_passing}\n{_tail(after.info.get('test_output_tail', ''))}"
+    )
