@@ -160,6 +160,9 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
                 instruction = await task.setup(sandbox)
             finally:
                 timings["setup"] = time.monotonic() - mark
+            # Replies in a row that were not actions; at the task's limit (if it sets one) the episode ends.
+            parse_failure_limit = getattr(task, "parse_failure_limit", 0) or 0
+            parse_failures = 0
             for index in range(task.max_steps):
                 mark = time.monotonic()
                 observation = Observation(episode.episode_id, task, instruction, index, steps, agent_deadline - mark)
@@ -184,7 +187,12 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
                     steps.append(
                         Step(index=index, action=action, observation=f"error: {action.error}", agent_s=agent_s)
                     )
+                    parse_failures += 1
+                    if parse_failure_limit and parse_failures >= parse_failure_limit:
+                        end_reason = EndReason.PARSE_FAILURES
+                        break
                     continue
+                parse_failures = 0
                 timeout = max(0.001, min(task.exec_timeout, agent_deadline - time.monotonic()))
                 # Straight to the sandbox: the step itself records this command's timing.
                 result = await raw.exec(action.command, timeout=timeout)

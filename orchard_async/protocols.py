@@ -145,6 +145,10 @@ class Task(Protocol):
     A task scores in one of two ways: ``evaluate(sandbox)`` judges the agent's own sandbox
     (fine for toy chores), or, as ``GradedApart``, ``submission`` + ``grade`` judge the
     agent's output in a clean sandbox (what any reward a policy could learn to forge needs).
+
+    Optional: ``parse_failure_limit: int``: that many policy replies in a row that are not
+    actions (``Action(kind="invalid")``) end the episode as ``parse_failures`` (absent or
+    0: no limit; each is a step the policy is told about).
     """
 
     id: str

@@ -43,6 +43,11 @@ class EndReason(enum.StrEnum):
     * ``deadline``: the agent's share of the task's deadline ran out.
     * ``context_exhausted``: the policy could not go on (``ContextExhausted``, e.g. its
       model's context is full).
+    * ``parse_failures``: the policy's replies could not be turned into actions
+      (``Action(kind="invalid")``) the task's ``parse_failure_limit`` times in a row. The
+      policy's failure, not the infrastructure's: never retried, and scored like
+      ``max_steps`` on what the agent left (so RL sees the cost of unparseable output;
+      the SFT export leaves it out).
 
     The episode's own failures (``status == "failed"``, never retried, reward 0 and not
     judged):
@@ -64,6 +69,7 @@ class EndReason(enum.StrEnum):
     MAX_STEPS = "max_steps"
     DEADLINE = "deadline"
     CONTEXT_EXHAUSTED = "context_exhausted"
+    PARSE_FAILURES = "parse_failures"
     POLICY_ERROR = "policy_error"
     TASK_ERROR = "task_error"
     CREATE_FAILED = "create_failed"
@@ -91,7 +97,15 @@ class EndReason(enum.StrEnum):
         return cls.INFRA_ERROR
 
 
-_SCORED = frozenset({EndReason.SUBMITTED, EndReason.MAX_STEPS, EndReason.DEADLINE, EndReason.CONTEXT_EXHAUSTED})
+_SCORED = frozenset(
+    {
+        EndReason.SUBMITTED,
+        EndReason.MAX_STEPS,
+        EndReason.DEADLINE,
+        EndReason.CONTEXT_EXHAUSTED,
+        EndReason.PARSE_FAILURES,
+    }
+)
 _INFRA_ERROR_ENDS: tuple[tuple[type[InfraError], EndReason], ...] = (
     (VerifierError, EndReason.VERIFIER_ERROR),
     (ModelUnavailable, EndReason.MODEL_UNAVAILABLE),

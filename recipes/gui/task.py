@@ -139,6 +139,7 @@ class GuiTask:
     deadline: float = 240.0
     score_timeout: float = 30.0
     exec_timeout: float = 30.0
+    parse_failure_limit: int = 3  # replies in a row that are not actions end the episode (parse_failures)
     _live: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary, repr=False)
     _by_episode: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary, repr=False)
 

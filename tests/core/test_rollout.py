@@ -143,6 +143,44 @@ async def test_policy_errors_are_not_retried() -> None:
     assert not adapter.live
 
 
+async def test_replies_that_are_not_actions_end_the_episode_at_the_tasks_limit() -> None:
+    """Invalid replies are steps the policy is told about; the task's parse_failure_limit of
+    them in a row ends the episode as parse_failures, scored, never retried. A valid action
+    resets the count; a task without a limit lets them run to max_steps."""
+
+    @dataclass
+    class Strict(CountTask):
+        parse_failure_limit: int = 3
+        max_steps: int = 20
+
+    class Babbler:
+        name = "babbler"
+
+        def __init__(self, script: str):
+            self.script = script  # one letter per step: a = a valid action, x = a reply that is not one
+
+        async def act(self, observation: oa.Observation) -> oa.Action:
+            if observation.step >= len(self.script):
+                return oa.Action(kind="submit")
+            if self.script[observation.step] == "a":
+                return oa.Action(command=f"echo {observation.step}")
+            return oa.Action(kind="invalid", raw="hmm", error="no action found")
+
+    adapter = SimAdapter()
+    (ended,) = await drain([Strict("s")], Babbler("xxaxxxaaa"), adapter, n=1)
+    assert_accounted([ended], 1)
+    assert ended.status == "finished" and ended.end_reason == "parse_failures" and not ended.retries
+    assert [step.action.kind for step in ended.steps] == ["invalid", "invalid", "exec", "invalid", "invalid", "invalid"]
+    assert ended.steps[-1].observation == "error: no action found" and ended.success  # scored on what it left
+    assert oa.EndReason(ended.end_reason).scored and not oa.EndReason(ended.end_reason).is_infra
+
+    (recovered,) = await drain([Strict("s")], Babbler("xxaxxa"), adapter, n=1)
+    assert recovered.end_reason == "submitted" and len(recovered.steps) == 7
+    (unlimited,) = await drain([CountTask("u", max_steps=6)], Babbler("x" * 10), adapter, n=1)
+    assert unlimited.end_reason == "max_steps" and len(unlimited.steps) == 6
+    assert not adapter.live
+
+
 async def test_deadline_reserves_time_for_scoring() -> None:
     @dataclass
     class Slow(CountTask):

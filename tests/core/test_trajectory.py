@@ -176,7 +176,7 @@ def test_end_reasons_are_plain_strings_in_files_and_any_string_reads_back(tmp_pa
 def test_every_end_reason_is_scored_infrastructure_or_the_episodes_own() -> None:
     scored = {reason for reason in oa.EndReason if reason.scored}
     infra = {reason for reason in oa.EndReason if reason.is_infra}
-    assert scored == {"submitted", "max_steps", "deadline", "context_exhausted"}
+    assert scored == {"submitted", "max_steps", "deadline", "context_exhausted", "parse_failures"}
     assert infra == {"create_failed", "sandbox_lost", "verifier_error", "model_unavailable", "infra_error"}
     assert set(oa.EndReason) - scored - infra == {"policy_error", "task_error"}
     errors = {

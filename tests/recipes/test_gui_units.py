@@ -209,13 +209,12 @@ def test_the_oracle_resolves_targets_by_role_and_name():
         policies.resolve({"role": "link", "name": "Checkout"}, page)
 
 
-def test_three_format_errors_in_a_row_end_the_episode_and_an_answer_submits():
-    policy = GuiOpenAIPolicy(ModelConfig(model="m", base_url="http://127.0.0.1:9/v1"))
-    invalid = [oa.Step(index=i, action=oa.Action(kind="invalid", raw="hmm", error="no action found")) for i in range(3)]
-    action = anyio.run(policy.act, _observation(invalid))
-    assert action.kind == "submit" and action.error.startswith("parse_failures")
+def test_gui_tasks_end_after_three_format_errors_in_a_row_and_an_answer_submits():
+    (task,) = gui.load_tasks("builtin:shop-add-tote")
+    assert task.parse_failure_limit == 3  # the episode loop ends it as parse_failures (tests/core/test_rollout.py)
     answer = actions.to_action({"action": "answer", "text": "Fig"})
     answered = [oa.Step(index=0, action=answer, observation='feedback: answer recorded: "Fig"\nurl: x\n---\n')]
+    policy = GuiOpenAIPolicy(ModelConfig(model="m", base_url="http://127.0.0.1:9/v1"))
     assert anyio.run(policy.act, _observation(answered)).kind == "submit"
 
 
