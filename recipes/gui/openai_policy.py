@@ -30,18 +30,9 @@ from orchard_async.recipes.swe.openai_policy import ChatClient, ModelConfig
 from . import actions
 from .conversation import conversation, fill_images, system_prompt
 from .policies import answered
+from .task import marks_enabled
 
 DEFAULT_SCREENSHOTS = 3
-
-
-def marks_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``ORCHARD_GUI_MARKS`` asks for set-of-marks observations."""
-    value = (os.environ if environ is None else environ).get("ORCHARD_GUI_MARKS", "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
-        return False
-    if value in ("1", "true", "yes", "on"):
-        return True
-    raise ConfigError(f"ORCHARD_GUI_MARKS must be 1 or 0, got {value!r}")
 
 
 class GuiOpenAIPolicy:

@@ -31,6 +31,7 @@ import re
 import secrets
 import tarfile
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -140,6 +141,7 @@ class GuiTask:
     score_timeout: float = 30.0
     exec_timeout: float = 30.0
     parse_failure_limit: int = 3  # replies in a row that are not actions end the episode (parse_failures)
+    marks: bool = False  # set-of-marks observations (inside/marks.py): numbered boxes, listed with their boxes
     _live: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary, repr=False)
     _by_episode: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary, repr=False)
 
@@ -167,7 +169,9 @@ class GuiTask:
         key = secrets.token_bytes(32)
         start = (
             f"python3 {INSIDE}/start.py --width {self.width} --height {self.height} --seed {self.line.seed}"
-            f" --sites {','.join(SITES)}" + (" --any-host" if self.line.network == "on" else "")
+            f" --sites {','.join(SITES)}"
+            + (" --any-host" if self.line.network == "on" else "")
+            + (" --marks" if self.marks else "")
         )
         result = await sandbox.exec(start, stdin=key.hex().encode() + b"\n", timeout=60)
         if not result.ok:
@@ -350,7 +354,8 @@ def builtin_path() -> Path:
 def load_tasks(source: str = "builtin") -> list[GuiTask]:
     """``builtin``, ``builtin:ID,ID`` (a subset by id or site), a .jsonl file of tasks, or
     live-site tasks: ``webvoyager:FILE`` / ``mind2web:FILE`` (see ``live``; judged by a model).
-    ``ORCHARD_GUI_SCREENSHOTS=DIR`` keeps every episode's screenshots in DIR by hash."""
+    ``ORCHARD_GUI_SCREENSHOTS=DIR`` keeps every episode's screenshots in DIR by hash;
+    ``ORCHARD_GUI_MARKS=1`` gives set-of-marks observations."""
     from . import live  # it builds TaskLines: imported here, not at the top (a cycle)
 
     kind, _, rest = source.partition(":")
@@ -371,4 +376,15 @@ def load_tasks(source: str = "builtin") -> list[GuiTask]:
     shots = os.environ.get("ORCHARD_GUI_SCREENSHOTS")
     judged = any(check["type"] == "llm_judge" for line in lines for check in line.eval)
     judge = Judge(judge_config()) if judged else None  # ConfigError now, not at the first score
-    return [GuiTask(line, screenshot_dir=Path(shots) if shots else None, judge=judge) for line in lines]
+    marks = marks_enabled()
+    return [GuiTask(line, screenshot_dir=Path(shots) if shots else None, judge=judge, marks=marks) for line in lines]
+
+
+def marks_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``ORCHARD_GUI_MARKS`` asks for set-of-marks observations (tasks and the model's prompt)."""
+    value = (os.environ if environ is None else environ).get("ORCHARD_GUI_MARKS", "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"ORCHARD_GUI_MARKS must be 1 or 0, got {value!r}")

@@ -37,6 +37,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "sites"))
 
+import marks  # noqa: E402
 from common import make_undumpable, read_key, sign  # noqa: E402
 from web import BROWSER_COOKIE, browser_token  # noqa: E402
 
@@ -196,8 +197,9 @@ def find_chromium():
 
 
 class Browser:
-    def __init__(self, run_dir, width, height, key, allowed_hosts):
+    def __init__(self, run_dir, width, height, key, allowed_hosts, with_marks=False):
         self.run_dir, self.width, self.height, self.key = run_dir, width, height, key
+        self.with_marks = with_marks  # set-of-marks: boxes drawn into the screenshot, listed in the observation
         self.allowed_hosts = allowed_hosts  # None: any host (live mode)
         self.shots = os.path.join(run_dir, "shots")
         os.makedirs(self.shots, exist_ok=True)
@@ -567,8 +569,7 @@ class Browser:
         history = self.cdp.call("Page.getNavigationHistory", session=self.session)
         return history["entries"][history["currentIndex"]]["url"]
 
-    def tree(self):
-        nodes = self.cdp.call("Accessibility.getFullAXTree", session=self.session)["nodes"]
+    def tree(self, nodes, budget=TREE_CHARS):
         by_id = {node["nodeId"]: node for node in nodes}
         lines = []
         size = 0
@@ -616,7 +617,7 @@ class Browser:
         walk(nodes[0], 0, "")
         text, kept = [], 0
         for line in lines:
-            if kept + len(line) + 1 > TREE_CHARS:
+            if kept + len(line) + 1 > budget:
                 text.append(
                     "[... %d more lines of the tree cut; scroll or search to narrow ...]" % (len(lines) - len(text))
                 )
@@ -644,11 +645,25 @@ class Browser:
 
     def observe(self, feedback, timings):
         mark = time.monotonic()
-        digest, size = self.screenshot()
+        nodes = self.cdp.call("Accessibility.getFullAXTree", session=self.session)["nodes"]
+        timings["tree"] = time.monotonic() - mark
+        found, marks_text = [], ""
+        if self.with_marks:
+            mark = time.monotonic()
+            found = marks.find(self.cdp, self.session, nodes, self.width, self.height)
+            marks_text = marks.text(found) + "\n"
+            marks.draw(self.cdp, self.session, found)
+            timings["marks"] = time.monotonic() - mark
+        mark = time.monotonic()
+        try:
+            digest, size = self.screenshot()
+        finally:
+            if self.with_marks:
+                marks.remove(self.cdp, self.session)  # the page goes on as the site made it
         timings["screenshot"] = time.monotonic() - mark
         mark = time.monotonic()
-        tree = self.tree()
-        timings["tree"] = time.monotonic() - mark
+        tree = self.tree(nodes, TREE_CHARS - len(marks_text))
+        timings["tree"] += time.monotonic() - mark
         targets = {t["targetId"]: t for t in self.cdp.call("Target.getTargets")["targetInfos"]}
         tabs = []
         for index, tab in enumerate(self.tabs):
@@ -665,10 +680,11 @@ class Browser:
             "feedback: " + feedback,
             "url: " + self._url(),
             "tabs: " + " | ".join(tabs),
-            "screenshot: sha256=%s %dx%d %d bytes" % (digest, self.width, self.height, size),
+            "screenshot: sha256=%s %dx%d %d bytes%s"
+            % (digest, self.width, self.height, size, " set-of-marks" if self.with_marks else ""),
             "timing_ms: " + " ".join("%s=%.1f" % (k, v * 1000) for k, v in timings.items()),
         ]
-        return "\n".join(header) + "\n---\n" + tree + "\n"
+        return "\n".join(header) + "\n" + marks_text + "---\n" + tree + "\n"
 
     def grade(self, request):
         values = []
@@ -795,6 +811,7 @@ def main():
     parser.add_argument("--width", type=int, default=1280)
     parser.add_argument("--height", type=int, default=720)
     parser.add_argument("--any-host", action="store_true", help="live mode: any site may be opened")
+    parser.add_argument("--marks", action="store_true", help="set-of-marks observations (see marks.py)")
     args = parser.parse_args()
     if args.which:  # the host's `doctor` asks the driver itself: one list of candidates
         print(find_chromium())
@@ -804,7 +821,7 @@ def main():
     key = read_key()
     make_undumpable()
     allowed = None if args.any_host else {"127.0.0.1", "localhost"}
-    browser = Browser(args.run, args.width, args.height, key, allowed)
+    browser = Browser(args.run, args.width, args.height, key, allowed, with_marks=args.marks)
     channel = Channel(args.run)
     with open(os.path.join(args.run, "browser.ready"), "w") as ready:
         ready.write("%d\n" % browser.process.pid)

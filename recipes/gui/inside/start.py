@@ -1,6 +1,6 @@
 """Start the sites and the browser driver in this sandbox, wait until both are ready.
 
-    python3 start.py --width 1280 --height 720 [--sites shop,booking,forum] [--any-host] < key
+    python3 start.py --width 1280 --height 720 [--sites shop,booking,forum] [--any-host] [--marks] < key
 
 Each daemon gets the key on its own stdin and runs in its own session (it outlives this
 command). Prints one line of timings; exits non-zero, with the daemons' logs, if either
@@ -47,6 +47,7 @@ def main():
     parser.add_argument("--height", default="720")
     parser.add_argument("--sites", default="shop,booking,forum")
     parser.add_argument("--any-host", action="store_true")
+    parser.add_argument("--marks", action="store_true")
     parser.add_argument("--seed", default="0")
     parser.add_argument("--timeout", type=float, default=50.0)  # a loaded host; the exec allows 60 s
     args = parser.parse_args()
@@ -60,7 +61,8 @@ def main():
         os.path.join(run, "sites.log"),
     )
     driver_argv = ["browserd.py", "--run", run, "--width", args.width, "--height", args.height]
-    driver = spawn(driver_argv + (["--any-host"] if args.any_host else []), key, os.path.join(run, "browserd.log"))
+    driver_argv += (["--any-host"] if args.any_host else []) + (["--marks"] if args.marks else [])
+    driver = spawn(driver_argv, key, os.path.join(run, "browserd.log"))
     waiting = {"sites": os.path.join(run, "sites.ready"), "browser": os.path.join(run, "browser.ready")}
     ready_at = {}
     while waiting and time.monotonic() - started < args.timeout:
