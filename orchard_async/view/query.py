@@ -26,6 +26,8 @@ SORT_KEYS = ("file", "reward", "time", "steps", "retries")
 PHASES = ("create", "setup", "agent", "exec", "score", "destroy")
 GUI_CLIENT = ".gui/act "
 _SCREENSHOT_LINE = re.compile(r"screenshot: sha256=([0-9a-f]{64})(?: (\d+)x(\d+))?")
+# A set-of-marks line of a GUI observation's header: [id] role "name" x,y,w,h
+_MARK_LINE = re.compile(r'^\[(\d+)\] (\S+)(?: "(?:[^"\\]|\\.)*")? (-?\d+),(-?\d+),(\d+),(\d+)$')
 
 
 class Filters(msgspec.Struct, kw_only=True):
@@ -197,7 +199,31 @@ def screenshot_of(observation: str) -> dict[str, Any] | None:
     if match is None:
         return None
     width, height = match.group(2), match.group(3)
-    return {"sha256": match.group(1), "width": int(width) if width else None, "height": int(height) if height else None}
+    shot: dict[str, Any] = {
+        "sha256": match.group(1),
+        "width": int(width) if width else None,
+        "height": int(height) if height else None,
+    }
+    marks = marks_of(observation)
+    if marks:
+        shot["marks"] = marks
+    return shot
+
+
+def marks_of(observation: str) -> list[dict[str, Any]]:
+    """The set-of-marks boxes a GUI observation lists (``marks: N`` then ``[id] role "name"
+    x,y,w,h`` lines, before the tree), so the page can draw the box an action named."""
+    header, _, _ = observation.partition("\n---\n")
+    _, found, listed = header.partition("\nmarks: ")
+    if not found:
+        return []
+    marks = []
+    for line in listed.splitlines()[1:]:
+        match = _MARK_LINE.match(line)
+        if match:
+            element, role, *box = match.groups()
+            marks.append({"element": element, "role": role, "box": [int(value) for value in box]})
+    return marks
 
 
 def gui_action_of(command: str) -> dict[str, Any] | None:

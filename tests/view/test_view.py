@@ -278,3 +278,23 @@ async def test_truncated_last_line_shows_the_good_ones(tmp_path: Path, runs: dic
         assert (await get(client, "/api/episodes"))["total"] == 23
     finally:
         await client.close()
+
+
+def test_set_of_marks_boxes_of_a_gui_observation_reach_the_page() -> None:
+    from orchard_async.view.query import screenshot_of
+
+    digest = "ab" * 32
+    observation = (
+        f"feedback: scrolled down\nurl: http://127.0.0.1:7101/search\ntabs: *[0] Search\n"
+        f"screenshot: sha256={digest} 1280x400 9 bytes set-of-marks\ntiming_ms: action=1.0\n"
+        "marks: 2 (the number on a box is the element id; box x,y,w,h in pixels)\n"
+        '[115] link "Northwind \\"Outfitters\\"" 24,10,176,18\n[97] textbox 90,80,177,21\n'
+        '---\n[4] RootWebArea "Search"\n  [115] link "Northwind" 1,2,3,4\n'
+    )
+    shot = screenshot_of(observation)
+    assert shot is not None and (shot["sha256"], shot["width"], shot["height"]) == (digest, 1280, 400)
+    assert shot["marks"] == [
+        {"element": "115", "role": "link", "box": [24, 10, 176, 18]},
+        {"element": "97", "role": "textbox", "box": [90, 80, 177, 21]},
+    ]
+    assert "marks" not in screenshot_of(observation.replace("marks: 2", "nothing: 2"))

@@ -293,6 +293,11 @@ function screenshotView(run, shot, action) {
     if (typeof action.x === "number" && typeof action.y === "number") {
       svg.append(s("circle", { class: "mark", cx: action.x, cy: action.y, r: 14 }));
     }
+    const target = action.element !== undefined && (shot.marks || []).find((mark) => mark.element === String(action.element));
+    if (target) {  // a set-of-marks observation: the box of the element the action named
+      const [x, y, w, hgt] = target.box;
+      svg.append(s("rect", { class: "target", x, y, width: w, height: hgt }));
+    }
     if (typeof action.x1 === "number") {
       svg.append(s("line", { class: "drag", x1: action.x1, y1: action.y1, x2: action.x2, y2: action.y2 }));
       svg.append(s("circle", { class: "mark", cx: action.x2, cy: action.y2, r: 10 }));
