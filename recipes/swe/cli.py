@@ -11,7 +11,7 @@ import argparse
 
 from rich.console import Console
 
-from orchard_async import ConfigError, check_output_file, check_trajectory_file
+from orchard_async import ConfigError, check_output_file, check_trajectory_file, read_run_header
 
 from .export import add_arguments, run_export
 
@@ -31,6 +31,10 @@ def export_command(args: argparse.Namespace) -> int:
     given = args.trajectories if isinstance(args.trajectories, list) else [args.trajectories]
     given += getattr(args, "more_trajectories", None) or []
     sources = [check_trajectory_file(path) for path in given]
+    for source in sources:
+        recipe = (read_run_header(source) or {}).get("recipe")
+        if recipe == "gui":  # its chats have images, and a prompt of their own
+            raise ConfigError(f"{source} is a run of the gui recipe; export it with `orchard-async export-gui`")
     out = check_output_file(args.out)
     if out.exists() and any(out.resolve() == source.resolve() for source in sources):
         raise ConfigError(f"--out {out} is a trajectory file being exported; write the export elsewhere")

@@ -1,8 +1,8 @@
 """Trajectories -> training data: chat-format JSONL for SFT, one record per sample for RL.
 
 Only episodes the scorer judged are training data: ``status == "finished"`` with a scored
-end reason (``EndReason.scored``: ``submitted``, ``max_steps``, ``deadline`` or
-``context_exhausted``). Everything else is left out and counted by reason: the
+end reason (``EndReason.scored``: ``submitted``, ``max_steps``, ``deadline``,
+``context_exhausted`` or ``parse_failures``; the last is RL data only, never SFT). Everything else is left out and counted by reason: the
 infrastructure's failures (``verifier_error``, ``model_unavailable``, ``sandbox_lost``,
 ``create_failed``, ``infra_error``), a task's own bug (``task_error``) and a policy that
 raised (``policy_error``: a crash of the policy's code, or a request the model server
@@ -42,7 +42,7 @@ import json
 import math
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -195,9 +195,16 @@ def _usage(trajectory: Trajectory) -> dict[str, int]:
 
 
 def trajectory_messages(
-    trajectory: Trajectory, *, system_prompt: str = SYSTEM_PROMPT, observation_chars: int = OBSERVATION_CHARS
+    trajectory: Trajectory,
+    *,
+    system_prompt: str = SYSTEM_PROMPT,
+    observation_chars: int = OBSERVATION_CHARS,
+    messages_of: Callable[[Trajectory], list[dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The conversation exactly as the model saw it, plus its last reply."""
+    """The conversation exactly as the model saw it, plus its last reply. ``messages_of``:
+    another recipe's chat builder (the GUI export's, with image parts), used instead."""
+    if messages_of is not None:
+        return messages_of(trajectory)
     return build_messages(
         trajectory.instruction, trajectory.steps, system_prompt=system_prompt, observation_chars=observation_chars
     )
@@ -252,6 +259,8 @@ def sft_records(
         trajectory = item.trajectory if isinstance(item, Sample) else item
         if not is_scored(trajectory):
             skipped[_unscored_reason(trajectory)] += 1
+        elif trajectory.end_reason == EndReason.PARSE_FAILURES:  # its chat ends in replies that are not actions
+            skipped["parse_failures"] += 1
         elif (min_reward is None or only_resolved) and not trajectory.success:
             skipped["unresolved"] += 1
         elif min_reward is not None and not trajectory.reward >= min_reward:

@@ -1,0 +1,212 @@
+"""GUI trajectories -> training data with image parts: SFT chats and RL (GRPO) groups.
+
+The same two formats and the same rules as the SWE export (``recipes/swe/export.py``,
+docs/training-formats.md): only scored episodes are data (an infrastructure end, a task's
+or a policy's error is never exported, counted in ``skipped_reasons``); ``rl`` gives each
+sample its advantage within its run-prefixed group. What differs:
+
+* the chat is the GUI policy's own (``conversation``): the system prompt for the
+  addressing (and set-of-marks), the task and first page, then each model reply and the
+  observation that followed; a user turn that showed a screenshot is a list of parts,
+  ``{"type": "text"}`` then ``{"type": "image_url", "image_url": {"url": ...}}``, for the
+  latest ``screenshots`` observations the model had seen when it gave its last reply
+  (older ones say the image was omitted): the conversation as it saw it then;
+* images come from the folder the run kept them in (``ORCHARD_GUI_SCREENSHOTS=DIR``), by
+  hash: ``image_urls="inline"`` (default) puts each in as a ``data:image/png;base64`` URL
+  (self-contained records, as an OpenAI-compatible server takes them), ``"file"`` as a
+  ``file://`` URL of the PNG (small records; the trainer reads the files). A screenshot the
+  folder lacks is a ConfigError: a record without the image the model acted on would teach
+  something it never saw;
+* each record also lists its screenshots' hashes in order (``images``), and drops the SWE
+  record's ``patch``;
+* the policy's own ``submit`` after an answer is not a model turn and never trained on;
+* an episode that ended ``parse_failures`` is RL data (its reward teaches the format) but
+  not SFT data (its chat ends in replies that are not actions).
+
+    orchard-async export-gui sft out/gui.jsonl --screenshots out/shots --out out/gui-sft.jsonl
+    orchard-async export-gui rl  out/gui.jsonl --screenshots out/shots --out out/gui-rl.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import math
+import os
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from orchard_async import ConfigError, Trajectory
+from orchard_async.recipes.swe import export as swe_export
+
+from .conversation import OBSERVATION_CHARS, conversation, fill_images, model_steps, observation_text, system_prompt
+from .openai_policy import DEFAULT_SCREENSHOTS
+
+ImageUrls = Literal["inline", "file"]
+
+
+class GuiChats:
+    """Builds each trajectory's chat with its images, and remembers which images it used."""
+
+    def __init__(
+        self,
+        screenshots_dir: str | Path,
+        *,
+        screenshots: int = DEFAULT_SCREENSHOTS,
+        addressing: str = "element",
+        marks: bool = False,
+        image_urls: ImageUrls = "inline",
+    ):
+        self.folder = Path(screenshots_dir)
+        if not self.folder.is_dir():
+            raise ConfigError(
+                f"--screenshots {self.folder}: no such folder; give the folder the run kept its screenshots in "
+                "(ORCHARD_GUI_SCREENSHOTS=DIR during `orchard-async run gui`)"
+            )
+        if addressing not in ("element", "coordinates"):
+            raise ConfigError(f"--addressing must be element or coordinates, got {addressing!r}")
+        if image_urls not in ("inline", "file"):
+            raise ConfigError(f"--image-urls must be inline or file, got {image_urls!r}")
+        if screenshots < 0:
+            raise ConfigError("--last-screenshots must be 0 or more")
+        self.screenshots = screenshots
+        self.prompt = system_prompt(addressing, marks)
+        self.image_urls = image_urls
+        self.images: dict[str, list[str]] = {}  # episode id -> hashes of its record's images, in order
+
+    def __call__(self, trajectory: Trajectory) -> list[dict[str, Any]]:
+        """The chat as the model saw it at its last reply, then that reply and, as text only
+        (no model saw it), the observation that followed."""
+        steps = model_steps(trajectory.steps)
+        messages, shown = conversation(
+            trajectory.instruction, steps[:-1], prompt=self.prompt, screenshots=self.screenshots
+        )
+        if steps:
+            messages.append({"role": "assistant", "content": steps[-1].action.raw or steps[-1].action.command})
+            messages.append({"role": "user", "content": observation_text(steps[-1])[:OBSERVATION_CHARS]})
+        self.images[trajectory.episode_id] = shown
+        return fill_images(messages, {digest: self.url(digest) for digest in shown})
+
+    def url(self, digest: str) -> str:
+        path = self.folder / f"{digest}.png"
+        if not path.is_file():
+            raise ConfigError(
+                f"screenshot {digest[:12]}… is not in {self.folder}; export from the folder the run kept its "
+                "screenshots in (ORCHARD_GUI_SCREENSHOTS=DIR)"
+            )
+        if self.image_urls == "file":
+            return path.resolve().as_uri()
+        return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+
+    def finish(self, record: dict[str, Any]) -> dict[str, Any]:
+        record.pop("patch", None)
+        record["images"] = self.images.get(record["episode_id"], [])
+        return record
+
+
+def export(
+    kind: str,
+    sources: swe_export.Source | Sequence[swe_export.Source],
+    out: str | Path,
+    chats: GuiChats,
+    *,
+    min_reward: float | None = None,
+    only_resolved: bool = False,
+    advantage: swe_export.Advantage = "mean",
+    min_group_size: int = 1,
+    skip_degenerate: bool = False,
+    complete_groups_only: bool = False,
+    allow_mixed_runs: bool = False,
+) -> swe_export.ExportSummary:
+    """Write ``sft`` or ``rl`` (``grpo``) records of GUI trajectories to ``out``."""
+    if kind not in swe_export.FORMATS:
+        raise ConfigError(f"unknown export format {kind!r}; use one of {', '.join(swe_export.FORMATS)}")
+    if min_group_size < 1:
+        raise ConfigError(f"min_group_size must be at least 1, got {min_group_size}")
+    inputs = swe_export._as_sources(sources)
+    path = swe_export._check_out(out, inputs)
+    samples = swe_export._samples_of(inputs, allow_mixed_runs)
+    summary: dict[str, Any] = {}
+    if kind == "sft":
+        skipped: Counter[str] = Counter()
+        records = swe_export.sft_records(
+            samples, min_reward=min_reward, only_resolved=only_resolved, skipped=skipped, messages_of=chats
+        )
+    else:
+        result = swe_export.rl_records(
+            samples,
+            advantage=advantage,
+            min_group_size=min_group_size,
+            skip_degenerate=skip_degenerate,
+            complete_groups_only=complete_groups_only,
+            messages_of=chats,
+        )
+        records, skipped = result.records, result.skipped
+        summary = {"groups": result.groups, "groups_degenerate": result.degenerate, "groups_partial": result.partial}
+    records = [chats.finish(record) for record in records]
+    swe_export._write(path, records)
+    mean_reward, resolved_rate = swe_export._rates(records)
+    return swe_export.ExportSummary(
+        path=str(path),
+        records=len(records),
+        episodes=len(records),
+        skipped=sum(skipped.values()),
+        mean_reward=mean_reward,
+        resolved_rate=resolved_rate,
+        runs=list(dict.fromkeys(s.run for s in samples)),
+        skipped_reasons=dict(skipped),
+        **summary,
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    swe_export.add_arguments(parser)
+    gui = parser.add_argument_group("gui")
+    gui.add_argument(
+        "--screenshots",
+        default=os.environ.get("ORCHARD_GUI_SCREENSHOTS"),
+        help="the folder the run kept its screenshots in (default: $ORCHARD_GUI_SCREENSHOTS)",
+    )
+    gui.add_argument(
+        "--last-screenshots",
+        type=int,
+        default=DEFAULT_SCREENSHOTS,
+        help=f"images the chat keeps, the latest (default {DEFAULT_SCREENSHOTS}, as the policy)",
+    )
+    gui.add_argument("--addressing", choices=["element", "coordinates"], default="element", help="the policy's")
+    gui.add_argument("--marks", action="store_true", help="the run had set-of-marks observations (the prompt says so)")
+    gui.add_argument(
+        "--image-urls",
+        choices=["inline", "file"],
+        default="inline",
+        help="inline: data: URLs in the records (default); file: file:// URLs of the PNGs",
+    )
+
+
+def run_export(args: argparse.Namespace) -> swe_export.ExportSummary:
+    if args.min_reward is not None and not math.isfinite(args.min_reward):
+        raise ConfigError(f"--min-reward must be a finite number, got {args.min_reward}")
+    if not args.screenshots:
+        raise ConfigError("--screenshots DIR is required: the folder the run kept its screenshots in")
+    chats = GuiChats(
+        args.screenshots,
+        screenshots=args.last_screenshots,
+        addressing=args.addressing,
+        marks=args.marks,
+        image_urls=args.image_urls,
+    )
+    return export(
+        args.format,
+        [args.trajectories, *getattr(args, "more_trajectories", [])],
+        args.out,
+        chats,
+        min_reward=args.min_reward,
+        only_resolved=args.only_resolved,
+        advantage=args.advantage,
+        min_group_size=args.min_group_size,
+        skip_degenerate=args.skip_degenerate,
+        complete_groups_only=args.complete_groups_only,
+        allow_mixed_runs=args.allow_mixed_runs,
+    )
