@@ -202,6 +202,14 @@ def test_oracle_solves_and_empty_fails_one_task_per_site(tmp_path):
         assert len(images) == len(record["images"]) and all(_png_size(image) == (1280, 720) for image in images)
 
 
+def test_a_converted_deepshop_task_runs_offline_on_the_bundled_shop(tmp_path):
+    tasks = [task for task in gui.load_tasks("deepshop:builtin") if task.id == "deepshop-shop-reviewed-kitchen"]
+    oracle = anyio.run(run_rollout, tasks, gui.make_policy("oracle"), tmp_path / "oracle")
+    empty = anyio.run(run_rollout, tasks, gui.make_policy("empty"), tmp_path / "empty")
+    assert [t.reward for t in oracle.trajectories] == [1.0], [t.info for t in oracle.trajectories]
+    assert [t.reward for t in empty.trajectories] == [0.0] and oracle.leaked == empty.leaked == []
+
+
 DIRECT_HTTP = """python3 - <<'EOF'
 import urllib.request, urllib.error
 def status(url, data=None):

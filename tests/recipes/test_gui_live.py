@@ -1,4 +1,4 @@
-"""Live-site tasks (WebVoyager, Online-Mind2Web) in the GUI schema, and the llm_judge check
+"""Live-site tasks (WebVoyager, Online-Mind2Web, DeepShop) in the GUI schema, and the llm_judge check
 over real HTTP against a scripted judge. Parse and judge only: live sites never run here."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from orchard_async import ConfigError, VerifierError
 from orchard_async.recipes import gui
-from orchard_async.recipes.gui import checks, judge
+from orchard_async.recipes.gui import checks, judge, live
 from tests.recipes.swe_support import chat_reply
 
 WEBVOYAGER = [
@@ -80,6 +80,46 @@ def test_live_files_with_a_missing_field_or_no_judge_are_config_errors(tmp_path,
     monkeypatch.delenv("ORCHARD_JUDGE_MODEL")
     with pytest.raises(ConfigError, match="ORCHARD_JUDGE_MODEL"):
         gui.load_tasks(f"webvoyager:{good}")
+
+
+DEEPSHOP = {
+    "web_name": "Amazon",
+    "id": "Amazon--7",
+    "ques": "Find a USB-C hub with at least 4 ports under $40 rated 4 stars or more, and pick the best seller.",
+    "web": "https://www.amazon.com/?language=en_US&currency=USD",
+    "attribute": "USB-C hub with at least 4 ports",
+    "filter": "USB-C hub under $40 rated 4 stars or more",
+    "sort": "USB-C hub sorted by best sellers",
+    "category": "Electronics",
+    "difficulty": "medium",
+}
+
+
+def test_deepshop_lines_are_live_judged_tasks_or_on_the_bundled_shop_scored_by_program(tmp_path, judged):
+    path = tmp_path / "deepshop_test.jsonl"
+    path.write_text(json.dumps(DEEPSHOP) + "\n" + json.dumps(DEEPSHOP | {"id": "Amazon--8", "difficulty": "?"}) + "\n")
+    judged_tasks = gui.load_tasks(f"deepshop:{path}")
+    assert [(t.id, t.line.site, t.line.difficulty) for t in judged_tasks] == [
+        ("Amazon--7", "Amazon", "medium"),
+        ("Amazon--8", "Amazon", "medium"),
+    ]
+    assert all(t.spec.network == "on" and t.line.eval == [{"type": "llm_judge"}] and t.judge for t in judged_tasks)
+    offline = gui.load_tasks("deepshop:builtin")  # the converted examples: DeepShop's fields plus our checks
+    assert len(offline) >= 4 and {t.line.difficulty for t in offline} == {"easy", "medium", "hard"}
+    for task in offline:
+        assert task.line.site == "shop" and task.spec.network == "none" and task.judge is None
+        assert task.line.start_url.startswith("http://127.0.0.1:7101/") and task.solution
+        assert all(check["type"] != "llm_judge" for check in task.line.eval)
+    source = [json.loads(line) for line in live.deepshop_builtin_path().read_text().splitlines()]
+    assert all({"attribute", "filter", "sort", "category", "ques", "web", "web_name"} <= set(r) for r in source)
+    unscored = tmp_path / "unscored.jsonl"
+    unscored.write_text(json.dumps(DEEPSHOP | {"web": "http://127.0.0.1:7101/"}) + "\n")
+    with pytest.raises(ConfigError, match="unscored.jsonl:1: a DeepShop task on the bundled shop site needs 'eval'"):
+        gui.load_tasks(f"deepshop:{unscored}")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps(DEEPSHOP | {"web": "http://127.0.0.1:7101/", "eval": [{"type": "nope"}]}) + "\n")
+    with pytest.raises(ConfigError, match="broken.jsonl:1 eval\\[0\\]"):
+        gui.load_tasks(f"deepshop:{broken}")
 
 
 def test_verdicts_are_read_the_way_webvoyager_writes_them():
