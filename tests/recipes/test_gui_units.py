@@ -218,6 +218,20 @@ def test_gui_tasks_end_after_three_format_errors_in_a_row_and_an_answer_submits(
     assert anyio.run(policy.act, _observation(answered)).kind == "submit"
 
 
+def test_the_policy_and_the_tasks_read_their_screenshot_and_marks_settings_apart(monkeypatch, tmp_path):
+    env = {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "ORCHARD_MODEL": "m"}
+    policy = GuiOpenAIPolicy.from_env(env | {"ORCHARD_GUI_LAST_SCREENSHOTS": "1", "ORCHARD_GUI_MARKS": "1"})
+    assert policy.screenshots == 1 and "set-of-marks" in policy.system_prompt
+    plain = GuiOpenAIPolicy.from_env(env | {"ORCHARD_GUI_SCREENSHOTS": str(tmp_path)})  # the folder: not a count
+    assert plain.screenshots == 3 and "set-of-marks" not in plain.system_prompt
+    with pytest.raises(oa.ConfigError, match="ORCHARD_GUI_MARKS"):
+        GuiOpenAIPolicy.from_env(env | {"ORCHARD_GUI_MARKS": "maybe"})
+    monkeypatch.setenv("ORCHARD_GUI_MARKS", "1")
+    monkeypatch.setenv("ORCHARD_GUI_SCREENSHOTS", str(tmp_path))
+    (task,) = gui.load_tasks("builtin:shop-add-tote")
+    assert task.marks and task.screenshot_dir == tmp_path
+
+
 def test_the_model_sees_text_for_each_step_and_at_most_k_screenshots():
     digests = [hashlib.sha256(bytes([i])).hexdigest() for i in range(5)]
 
