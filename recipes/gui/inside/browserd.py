@@ -643,27 +643,45 @@ class Browser:
             os.replace(path + ".tmp", path)
         return digest, len(data)
 
-    def observe(self, feedback, timings):
-        mark = time.monotonic()
-        nodes = self.cdp.call("Accessibility.getFullAXTree", session=self.session)["nodes"]
-        timings["tree"] = time.monotonic() - mark
-        found, marks_text = [], ""
-        if self.with_marks:
+    def _ax_nodes(self):
+        return self.cdp.call("Accessibility.getFullAXTree", session=self.session)["nodes"]
+
+    def _marked_screenshot(self, timings):
+        """The screenshot with the marks drawn in, their text, and the tree's nodes read after
+        it (of the same document as the marks). A document that changed under the marks (a navigation that started late) is
+        marked again, once, so marks, screenshot and tree show the same page."""
+        timings["marks"] = timings["screenshot"] = 0.0
+        nodes = self._ax_nodes()
+        for _attempt in range(2):
             mark = time.monotonic()
             found = marks.find(self.cdp, self.session, nodes, self.width, self.height)
-            marks_text = marks.text(found) + "\n"
             marks.draw(self.cdp, self.session, found)
-            timings["marks"] = time.monotonic() - mark
-        mark = time.monotonic()
-        try:
-            digest, size = self.screenshot()
-        finally:
-            if self.with_marks:
+            timings["marks"] += time.monotonic() - mark
+            mark = time.monotonic()
+            try:
+                digest, size = self.screenshot()
+            finally:
                 marks.remove(self.cdp, self.session)  # the page goes on as the site made it
-        timings["screenshot"] = time.monotonic() - mark
+            timings["screenshot"] += time.monotonic() - mark
+            after = self._ax_nodes()
+            if after[0].get("backendDOMNodeId") == nodes[0].get("backendDOMNodeId"):
+                return digest, size, marks.text(found) + "\n", after
+            nodes = after
+        return digest, size, marks.text(found) + "\n", nodes
+
+    def observe(self, feedback, timings):
+        # The screenshot comes first: capturing a frame waits for the page to lay out, so a
+        # navigation that started late (a loaded host) is in the tree read after it.
+        if self.with_marks:
+            digest, size, marks_text, nodes = self._marked_screenshot(timings)
+        else:
+            mark = time.monotonic()
+            digest, size = self.screenshot()
+            timings["screenshot"] = time.monotonic() - mark
+            marks_text, nodes = "", None
         mark = time.monotonic()
-        tree = self.tree(nodes, TREE_CHARS - len(marks_text))
-        timings["tree"] += time.monotonic() - mark
+        tree = self.tree(nodes or self._ax_nodes(), TREE_CHARS - len(marks_text))
+        timings["tree"] = time.monotonic() - mark
         targets = {t["targetId"]: t for t in self.cdp.call("Target.getTargets")["targetInfos"]}
         tabs = []
         for index, tab in enumerate(self.tabs):
