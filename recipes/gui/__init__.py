@@ -8,11 +8,15 @@
   sandbox and driven over CDP from inside it; each step is one action, its output the next
   observation (feedback, URL, tabs, a screenshot stored by hash, the accessibility tree);
 * tasks: ``load_tasks("builtin")`` (``tasks/builtin.jsonl``), ``"builtin:shop,forum-reply"``
-  (a subset by site or id), or a .jsonl file of the same schema (see ``task``);
+  (a subset by site or id), a .jsonl file of the same schema (see ``task``), or a benchmark's
+  file (``webvoyager:``, ``mind2web:``, ``deepshop:``; ``deepshop:builtin`` runs offline on
+  the shop; see ``live``);
+* observations: optionally with set-of-marks (``ORCHARD_GUI_MARKS=1``, ``inside/marks.py``);
 * policies: ``oracle`` (scripted solutions), ``empty`` (answers nothing), ``openai`` (a
   multimodal chat model over an OpenAI-compatible endpoint: see ``openai_policy``).
 
-Registered as the ``gui`` recipe through the ``orchard_async.recipes`` entry point.
+Registered as the ``gui`` recipe through the ``orchard_async.recipes`` entry point; its
+runs export as training data with ``orchard-async export-gui`` (``export``).
 """
 
 from __future__ import annotations

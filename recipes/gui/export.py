@@ -74,7 +74,7 @@ class GuiChats:
         self.screenshots = screenshots
         self.prompt = system_prompt(addressing, marks)
         self.image_urls = image_urls
-        self.images: dict[str, list[str]] = {}  # episode id -> hashes of its record's images, in order
+        self._digest_of: dict[str, str] = {}  # image URL -> the screenshot's hash (to list a record's images)
 
     def __call__(self, trajectory: Trajectory) -> list[dict[str, Any]]:
         """The chat as the model saw it at its last reply, then that reply and, as text only
@@ -86,10 +86,14 @@ class GuiChats:
         if steps:
             messages.append({"role": "assistant", "content": steps[-1].action.raw or steps[-1].action.command})
             messages.append({"role": "user", "content": observation_text(steps[-1])[:OBSERVATION_CHARS]})
-        self.images[trajectory.episode_id] = shown
         return fill_images(messages, {digest: self.url(digest) for digest in shown})
 
     def url(self, digest: str) -> str:
+        url = self._url(digest)
+        self._digest_of[url] = digest
+        return url
+
+    def _url(self, digest: str) -> str:
         path = self.folder / f"{digest}.png"
         if not path.is_file():
             raise ConfigError(
@@ -101,8 +105,16 @@ class GuiChats:
         return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
 
     def finish(self, record: dict[str, Any]) -> dict[str, Any]:
+        """A record as the GUI export writes it: no SWE ``patch``; ``images``: the hashes of
+        its image parts, in order."""
         record.pop("patch", None)
-        record["images"] = self.images.get(record["episode_id"], [])
+        parts = [
+            part
+            for message in record["messages"]
+            if isinstance(message["content"], list)
+            for part in message["content"]
+        ]
+        record["images"] = [self._digest_of[p["image_url"]["url"]] for p in parts if p.get("type") == "image_url"]
         return record
 
 
