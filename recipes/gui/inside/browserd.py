@@ -651,7 +651,9 @@ class Browser:
         it (of the same document as the marks). A document that changed under the marks (a navigation that started late) is
         marked again, once, so marks, screenshot and tree show the same page."""
         timings["marks"] = timings["screenshot"] = 0.0
+        mark = time.monotonic()
         nodes = self._ax_nodes()
+        timings["marks"] += time.monotonic() - mark
         for _attempt in range(2):
             mark = time.monotonic()
             found = marks.find(self.cdp, self.session, nodes, self.width, self.height)
@@ -663,7 +665,9 @@ class Browser:
             finally:
                 marks.remove(self.cdp, self.session)  # the page goes on as the site made it
             timings["screenshot"] += time.monotonic() - mark
+            mark = time.monotonic()
             after = self._ax_nodes()
+            timings["tree"] = time.monotonic() - mark
             if after[0].get("backendDOMNodeId") == nodes[0].get("backendDOMNodeId"):
                 return digest, size, marks.text(found) + "\n", after
             nodes = after
@@ -681,7 +685,7 @@ class Browser:
             marks_text, nodes = "", None
         mark = time.monotonic()
         tree = self.tree(nodes or self._ax_nodes(), TREE_CHARS - len(marks_text))
-        timings["tree"] = time.monotonic() - mark
+        timings["tree"] = timings.get("tree", 0.0) + time.monotonic() - mark
         targets = {t["targetId"]: t for t in self.cdp.call("Target.getTargets")["targetInfos"]}
         tabs = []
         for index, tab in enumerate(self.tabs):
