@@ -58,3 +58,12 @@ def test_oracle_solves_empty_does_not_and_a_forged_server_is_caught_on_docker() 
     (task,) = gui.load_tasks("builtin:shop-fleece-size")
     (forged,) = anyio.run(rollout_on_docker, [task], ScriptPolicy([REPLACE_SERVER], name="cheater"))
     assert forged.status == "finished" and forged.reward == 0.0 and forged.info["tampered"] == ["shop"]
+
+
+def test_set_of_marks_observations_on_docker() -> None:
+    (task,) = gui.load_tasks("builtin:shop-add-tote")
+    task.marks = True
+    (trajectory,) = anyio.run(rollout_on_docker, [task], gui.make_policy("oracle"))
+    assert trajectory.reward == 1.0, trajectory.error or trajectory.info
+    pages = [step.observation for step in trajectory.steps if step.action.kind == "exec"]
+    assert pages and all("set-of-marks\n" in page and "\nmarks: " in page.split("\n---\n")[0] for page in pages)
