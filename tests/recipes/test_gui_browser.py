@@ -307,3 +307,21 @@ def test_a_model_over_http_sees_screenshots_and_the_tree_and_solves_a_task(tmp_p
     last_page = bodies[-1]["messages"][-1]["content"][0]["text"]
     assert 'cell "Elderberry"' in last_page  # the model answered from the table it was shown
     assert run.leaked == []
+
+
+def test_a_model_that_never_gives_an_action_ends_parse_failures_and_is_scored(tmp_path, chat_server):
+    (task,) = gui.load_tasks("builtin:forum-codename")
+    server = chat_server(lambda request, index: chat_reply("I am not sure what to do here."))
+    policy = GuiOpenAIPolicy(ModelConfig(model="test-model", base_url=server.base_url, max_retries=0))
+
+    async def episode():
+        try:
+            return await run_rollout([task], policy, tmp_path / "root")
+        finally:
+            await policy.aclose()
+
+    run = anyio.run(episode)
+    (trajectory,) = run.trajectories
+    assert (trajectory.status, trajectory.end_reason, trajectory.reward) == ("finished", "parse_failures", 0.0)
+    assert [step.action.kind for step in trajectory.steps] == ["invalid"] * 3 and len(server.requests) == 3
+    assert trajectory.info["checks"] and not trajectory.retries and run.leaked == []  # scored, never retried
