@@ -205,9 +205,8 @@ def test_oracle_solves_and_empty_fails_one_task_per_site(tmp_path):
 def test_a_converted_deepshop_task_runs_offline_on_the_bundled_shop(tmp_path):
     tasks = [task for task in gui.load_tasks("deepshop:builtin") if task.id == "deepshop-shop-reviewed-kitchen"]
     oracle = anyio.run(run_rollout, tasks, gui.make_policy("oracle"), tmp_path / "oracle")
-    empty = anyio.run(run_rollout, tasks, gui.make_policy("empty"), tmp_path / "empty")
     assert [t.reward for t in oracle.trajectories] == [1.0], [t.info for t in oracle.trajectories]
-    assert [t.reward for t in empty.trajectories] == [0.0] and oracle.leaked == empty.leaked == []
+    assert oracle.leaked == [] and oracle.trajectories[0].info["checks"][0]["type"] == "string_match"
 
 
 DIRECT_HTTP = """python3 - <<'EOF'
