@@ -101,6 +101,7 @@ def install_script(tools_json: str) -> str:
         f"mkdir -p {BIN}\n"
         + _heredoc(f"{HOME}/claw_server.py", (SOURCES / "claw_server.py").read_text())
         + _heredoc(f"{HOME}/claw_cli.py", (SOURCES / "claw_cli.py").read_text())
+        + _heredoc(f"{HOME}/claw_mcp.py", (SOURCES / "claw_mcp.py").read_text())
         + _heredoc(f"{HOME}/tools.json", tools_json)
         + f"for name in {shims}; do\n"
         "  case $name in claw) sub= ;; *) sub=$name ;; esac\n"

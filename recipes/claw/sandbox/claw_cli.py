@@ -6,6 +6,7 @@
     claw answer TEXT                          the final answer to the user (`-` reads stdin)
     ask QUESTION                              ask the user (multi-turn tasks)
     claw batch < calls.json                   [{"id", "name", "arguments"}...] -> [{"id", "content"}...]
+    claw mcp                                  the same tools as an MCP server over stdio (claw_mcp.py)
 
 Each service also has its own command (`mail ...`, `calendar ...`). The result is printed as
 JSON. Exit status: 0 done, 1 refused (bad arguments, not found), 75 temporary failure (429 or
@@ -149,6 +150,10 @@ def main(argv):
     command = argv[0]
     if command == "batch":
         return batch()
+    if command == "mcp":
+        import claw_mcp  # next to this file in the sandbox
+
+        return claw_mcp.serve()
     if command == "_snapshot":
         status, reply = request("POST", "/_control/snapshot", {"nonce": argv[1]}, via="control")
         print(json.dumps({"status": status, "reply": reply}))
