@@ -102,6 +102,7 @@ def install_script(tools_json: str) -> str:
         + _heredoc(f"{HOME}/claw_server.py", (SOURCES / "claw_server.py").read_text())
         + _heredoc(f"{HOME}/claw_cli.py", (SOURCES / "claw_cli.py").read_text())
         + _heredoc(f"{HOME}/claw_mcp.py", (SOURCES / "claw_mcp.py").read_text())
+        + _heredoc(f"{HOME}/claw_user.py", (SOURCES / "claw_user.py").read_text())
         + _heredoc(f"{HOME}/tools.json", tools_json)
         + f"for name in {shims}; do\n"
         "  case $name in claw) sub= ;; *) sub=$name ;; esac\n"
@@ -125,11 +126,13 @@ async def start(
     world: dict[str, Any],
     tools: list[str] | None,
     faults: dict[str, Any] | None,
+    user_model: dict[str, Any] | None = None,
 ) -> ServiceHandle:
-    """Install the services in ``sandbox`` and start them seeded with ``world``."""
+    """Install the services in ``sandbox`` and start them seeded with ``world`` (``user_model``:
+    where the simulated user's model is, as the sandbox reaches it; see ``simulated_user``)."""
     key = secrets.token_hex(32)
     offered = claw_server.catalogue(set(tools) if tools is not None else None)
-    config = {"key": key, "world": world, "tools": tools, "faults": faults or {}}
+    config = {"key": key, "world": world, "tools": tools, "faults": faults or {}, "user_model": user_model}
     result = await sandbox.exec(
         install_script(json.dumps(offered, indent=1)),
         stdin=(json.dumps(config) + "\n").encode(),

@@ -49,6 +49,7 @@ from orchard_async.images import ImageSpec
 
 from . import grading, services
 from .sandbox import claw_server
+from .simulated_user import DEADLINE_MARGIN, UserLink, UserModel, calls_info, check_user_turns
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 IMAGE = ImageSpec(tag="orchard/claw-python:bookworm", base="debian-minbase", apt_packages=("python3",))
@@ -112,6 +113,8 @@ class ClawTask:
     handles: dict[str, services.ServiceHandle] = field(default_factory=dict, repr=False)
     # the agent's sandbox by its episode label, for a policy that drives the sandbox itself (harness mode)
     sandboxes: dict[str, Sandbox] = field(default_factory=dict, repr=False)
+    user_model: UserModel | None = None  # set: a language model plays the user (simulated_user)
+    user_links: dict[str, UserLink] = field(default_factory=dict, repr=False)
 
     @property
     def services(self) -> list[str]:
@@ -131,7 +134,20 @@ class ClawTask:
         )
 
     async def setup(self, sandbox: Sandbox) -> str:
-        self.handles[sandbox.id] = await services.start(sandbox, world=self.world, tools=self.tools, faults=self.faults)
+        user_model = None
+        if self.user_model is not None and self.has_user:
+            label = sandbox.labels.get("orchard.episode", sandbox.id)
+            link = await self.user_model.attach(sandbox, label, lifetime=self.deadline + DEADLINE_MARGIN)
+            self.user_links[sandbox.id] = link
+            user_model = link.config(self.prompt)
+        try:
+            self.handles[sandbox.id] = await services.start(
+                sandbox, world=self.world, tools=self.tools, faults=self.faults, user_model=user_model
+            )
+        except BaseException:
+            if sandbox.id in self.user_links:
+                await UserModel.detach(self.user_links.pop(sandbox.id))
+            raise
         self.sandboxes[sandbox.labels.get("orchard.episode", sandbox.id)] = sandbox
         for path, text in self.sandbox_files.items():
             await sandbox.write_file(path, text)
@@ -149,7 +165,13 @@ class ClawTask:
         self.sandboxes.pop(sandbox.labels.get("orchard.episode", sandbox.id), None)
         if handle is None:
             raise RuntimeError(f"{self.id}: no services were started in sandbox {sandbox.id}")
-        snap = await services.snapshot(sandbox, handle)
+        link = self.user_links.pop(sandbox.id, None)
+        try:
+            snap = await services.snapshot(sandbox, handle)
+        finally:
+            user_calls = await UserModel.detach(link) if link is not None else []
+        if link is not None:
+            check_user_turns(snap.world, user_calls)  # a user model that failed: infrastructure, never a reward
         files: dict[str, str | None] = {}
         for path in self._needed_files():
             try:
@@ -158,7 +180,10 @@ class ClawTask:
                 files[path] = None
                 continue
             files[path] = data[:FILE_LIMIT].decode("utf-8", "replace")
-        return json.dumps({"problem": snap.problem, "audit": snap.audit, "world": snap.world, "files": files})
+        submission = {"problem": snap.problem, "audit": snap.audit, "world": snap.world, "files": files}
+        if link is not None:
+            submission["user_calls"] = calls_info(user_calls)
+        return json.dumps(submission)
 
     async def grade(self, submission: str, sandbox: Sandbox) -> Reward:
         start = time.monotonic()
@@ -171,6 +196,8 @@ class ClawTask:
             await self._run_grader_commands(commands, outcome, sandbox)
         result = grading.score(self.checks, self.safety, outcome)
         result.update({"task": self.id, "score_s": round(time.monotonic() - start, 3)})
+        if "user_calls" in data:  # the simulated user's model calls, as recorded by its proxy
+            result["simulated_user"] = {"model_calls": data["user_calls"]}
         return Reward(value=result["score"], success=result["passed"], info=result)
 
     async def evaluate(self, sandbox: Sandbox) -> Reward:
@@ -419,9 +446,14 @@ def load_task(path: Path, *, image: str | None = None) -> ClawTask:
     )
 
 
-def load_tasks(source: str = "builtin", *, image: str | None = None) -> list[ClawTask]:
+def load_tasks(
+    source: str = "builtin", *, image: str | None = None, user_model: UserModel | None | str = "env"
+) -> list[ClawTask]:
     """``builtin`` (the bundled tasks), ``builtin:ID,ID`` (some of them), a task file, or a
-    directory of task files (``*.yaml``)."""
+    directory of task files (``*.yaml``). ``user_model``: the model that plays the simulated
+    user ("env": from ``ORCHARD_CLAW_USER_*``, see ``simulated_user``; None: the scripts)."""
+    if user_model == "env":
+        user_model = UserModel.from_env()
     if source == "builtin" or source.startswith("builtin:"):
         paths = sorted(BUILTIN_DIR.glob("*.yaml"))
     else:
@@ -452,4 +484,6 @@ def load_tasks(source: str = "builtin", *, image: str | None = None) -> list[Cla
                 f"no builtin claw task named {', '.join(map(repr, unknown))}; have {', '.join(sorted(seen))}"
             )
         tasks = [t for t in tasks if t.id in wanted]
+    for task in tasks:
+        task.user_model = user_model
     return tasks

@@ -34,6 +34,11 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+try:
+    from . import claw_user  # the controller imports this file as part of its package
+except ImportError:
+    import claw_user  # in the sandbox, next to this file
+
 MAX_BODY = 64 * 1024  # bytes per request
 MAX_CALLS = 2000  # audited tool calls per sandbox; later calls are refused (and counted)
 AUDIT_VALUE_CHARS = 2000  # characters of a string kept in an audit entry's before/after
@@ -841,11 +846,26 @@ def web_fetch(world, args, changes):
 @tool(
     "user.ask", "Ask the user a question and wait for the answer.", mutates=True, question=("string!", "the question")
 )
-def user_ask(world, args, changes):
+def user_ask(world, args, changes, model=None):
+    """The scripted user, or with ``model`` (the controller's user model) a language model
+    grounded in the script (claw_user.py)."""
     user = world["user"]
     asked = user.setdefault("asked", [])
+    if user.get("model_failure"):
+        raise ToolError("the simulated user is unavailable", 503)
     if len(asked) >= int(user.get("max_rounds", 3)):
         raise ToolError("the user has stopped answering questions", 429)
+    if model:
+        try:
+            reply, confirms = claw_user.answer(user, args["question"], model)
+        except claw_user.UserModelFailure as exc:
+            changes.add("update", "user", "model_failure", None, str(exc))
+            user["model_failure"] = str(exc)
+            raise ToolError("the simulated user is unavailable", 503) from None
+        entry = {"question": args["question"], "reply": reply, "confirms": confirms, "by": "model"}
+        asked.append(entry)
+        changes.add("insert", "user.asked", len(asked), None, entry)
+        return {"reply": reply}
     question = args["question"].lower()
     reply, confirms = user.get("default_reply", "I have nothing to add; please go ahead as you see fit."), False
     for rule in user.get("script", []):
@@ -903,6 +923,7 @@ class Services:
         self.seed_world = config.get("world") or {}
         self.offered = set(config.get("tools") or TOOLS) | set(ALWAYS_OFFERED)
         self.faults = config.get("faults") or {}
+        self.user_model = config.get("user_model")  # {"url", "key", "model", "goal"}: an LLM plays the user
         self.lock = threading.Lock()
         self.used_nonces = set()
         self.reset()
@@ -979,7 +1000,10 @@ class Services:
             text = "Too Many Requests: slow down and retry" if fault == 429 else "Internal Server Error: try again"
             return fault, {"ok": False, "error": text, "fault": True}, changes
         try:
-            result = spec["fn"](self.world, args, changes)
+            if name == "user.ask" and self.user_model:
+                result = user_ask(self.world, args, changes, self.user_model)
+            else:
+                result = spec["fn"](self.world, args, changes)
         except ToolError as exc:
             return exc.status, {"ok": False, "error": str(exc)}, changes
         return 200, {"ok": True, "result": result}, changes
