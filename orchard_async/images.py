@@ -44,6 +44,7 @@ from typing import Literal
 
 import msgspec
 
+from . import image_wheels
 from .errors import ConfigError
 
 SPEC_LABEL = "orchard.image.spec"
@@ -63,6 +64,7 @@ class ImageSpec(msgspec.Struct, frozen=True):
     apt_packages: tuple[str, ...] = ()
     suite: str = "bookworm"
     check: str = ""
+    pip_packages: tuple[str, ...] = ()  # wheels the host downloads, installed with python3-pip (image_wheels)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_.-]+)?", self.tag or ""):
@@ -74,6 +76,8 @@ class ImageSpec(msgspec.Struct, frozen=True):
         for package in self.apt_packages:
             if not re.fullmatch(r"[a-z0-9][a-z0-9+.-]*", package):
                 raise ConfigError(f"{self.tag}: {package!r} is not a Debian package name")
+        if self.pip_packages and "python3-pip" not in self.apt_packages:
+            raise ConfigError(f"{self.tag}: pip_packages need 'python3-pip' among the apt_packages")
         if not re.fullmatch(r"[a-z]+", self.suite):
             raise ConfigError(f"{self.tag}: suite {self.suite!r} is not a Debian release name")
 
@@ -84,7 +88,10 @@ class ImageSpec(msgspec.Struct, frozen=True):
 
     @property
     def digest(self) -> str:
-        return hashlib.sha256(msgspec.json.encode(self)).hexdigest()[:16]
+        fields = msgspec.to_builtins(self)
+        if not self.pip_packages:  # specs without pip keep the digest they had before the field existed
+            del fields["pip_packages"]
+        return hashlib.sha256(msgspec.json.encode(fields)).hexdigest()[:16]
 
 
 BUSYBOX_APPLETS_CHECK = (
@@ -379,23 +386,34 @@ class Builder:
             f"FROM {base}\n"
             f"RUN apt-get {apt} update && DEBIAN_FRONTEND=noninteractive apt-get {apt} install -y "
             f"--no-install-recommends {packages} && apt-get clean && rm -rf /var/lib/apt/lists/*\n"
-            f"LABEL {SPEC_LABEL}={spec.digest}\n"
+            + (image_wheels.dockerfile_lines(spec.pip_packages) if spec.pip_packages else "")
+            + f"LABEL {SPEC_LABEL}={spec.digest}\n"
             'CMD ["/bin/bash"]\n'
         )
         log = self.state / f"build-{_safe(spec.tag)}.log"
         log.write_text("")
         env = {**os.environ, "DOCKER_BUILDKIT": "0"}  # Debian's docker.io has no buildx; one RUN needs none
-        try:
-            with _step(f"{spec.tag}: docker build (apt-get install {packages})"):
-                _run(
-                    ["docker", "build", "--force-rm", "-t", spec.tag, "-"], f"docker build of {spec.tag}",
-                    timeout=BUILD_TIMEOUT, log=log, input=dockerfile.encode(), env=env,
-                )  # fmt: skip
-            return
-        except ImageBuildError as exc:
-            if os.geteuid() != 0:
-                raise
-            _say(f"{exc}; trying apt-get in a chroot instead")
+        with contextlib.ExitStack() as stack:
+            context = "-"  # no files: the Dockerfile is the whole context
+            if spec.pip_packages:
+                context = str(stack.enter_context(_tree(self.state / f"context-{_safe(spec.tag)}")))
+                with _step(f"{spec.tag}: pip download {' '.join(spec.pip_packages)}"):
+                    try:
+                        image_wheels.download(spec.pip_packages, spec.suite, Path(context) / "wheels", log=log)
+                    except image_wheels.WheelDownloadFailed as exc:
+                        raise ImageBuildError(f"{spec.tag}: {exc}") from None
+            try:
+                with _step(f"{spec.tag}: docker build (apt-get install {packages})"):
+                    _run(
+                        ["docker", "build", "--force-rm", "-t", spec.tag, *(["-f", "-"] if context != "-" else []),
+                         context], f"docker build of {spec.tag}",
+                        timeout=BUILD_TIMEOUT, log=log, input=dockerfile.encode(), env=env,
+                    )  # fmt: skip
+                return
+            except ImageBuildError as exc:
+                if os.geteuid() != 0 or spec.pip_packages:  # the chroot path installs apt packages only
+                    raise
+                _say(f"{exc}; trying apt-get in a chroot instead")
         self._packages_in_chroot(spec, base, packages)
 
     def _packages_in_chroot(self, spec: ImageSpec, base: str, packages: str) -> None:

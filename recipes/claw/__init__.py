@@ -21,10 +21,11 @@ from orchard_async import ConfigError, Policy
 from orchard_async.passk import pass_at_k, pass_hat_k, summarize_groups
 
 from .grading import PASS_THRESHOLD, score
+from .harness import MINI_SWE_AGENT_IMAGE
 from .policies import EmptyPolicy, OraclePolicy
 from .task import IMAGE, ClawTask, load_task, load_tasks
 
-IMAGES = [IMAGE]  # what `orchard-async images build` builds for this recipe
+IMAGES = [IMAGE, MINI_SWE_AGENT_IMAGE]  # what `orchard-async images build` builds for this recipe
 
 POLICIES = ("oracle", "empty", "openai", "harness")
 

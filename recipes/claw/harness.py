@@ -13,9 +13,10 @@ status), its ``usage`` the call's tokens, its command a no-op naming the call. T
 submits, its ``raw`` the harness's exit status and the tail of its output. Grading is the
 task's own (the services' audit and state), as for every other policy.
 
-The default harness is ``sandbox/claw_harness.py`` (stdlib only), copied into the sandbox;
-``ORCHARD_CLAW_HARNESS`` (or ``command=``) runs another one, e.g. a pip-installed agent in the
-image, reading its task from stdin.
+The default harness is ``sandbox/claw_harness.py`` (stdlib only), copied into the sandbox.
+``ORCHARD_CLAW_HARNESS`` (or ``command=``) names a preset (``mini-swe-agent``: the third-party
+agent from PyPI, baked into ``MINI_SWE_AGENT_IMAGE``) or is a command that runs another
+harness already in the image, reading its task from stdin.
 """
 
 from __future__ import annotations
@@ -32,12 +33,36 @@ import anyio
 import msgspec
 
 from orchard_async import Action, ModelUnavailable, Observation
+from orchard_async.images import ImageSpec
 from orchard_async.model_proxy import ModelCall, ModelProxy, Upstream, serve_into
 from orchard_async.recipes.swe.openai_policy import ModelConfig
 
-HARNESS_SOURCE = Path(__file__).parent / "sandbox" / "claw_harness.py"
+SOURCES = Path(__file__).parent / "sandbox"
+HARNESS_SOURCE = SOURCES / "claw_harness.py"
 HARNESS_PATH = "/tmp/claw/harness.py"
 DEFAULT_COMMAND = f"python3 {HARNESS_PATH}"
+MINI_SWE_AGENT_VERSION = "2.4.6"
+# mini-swe-agent (pip) in a sandbox image, built here: `orchard-async images build orchard/claw-mini-swe-agent:bookworm`
+MINI_SWE_AGENT_IMAGE = ImageSpec(
+    tag="orchard/claw-mini-swe-agent:bookworm",
+    base="debian-minbase",
+    apt_packages=("python3", "python3-pip"),
+    pip_packages=(f"mini-swe-agent=={MINI_SWE_AGENT_VERSION}",),
+    check="mini --help >/dev/null && python3 -c 'import minisweagent, litellm'",
+)
+# Its task from stdin, the model through the proxy (litellm's openai provider), no prompts, no
+# cost tracking (a served model has no price), nothing fetched at start (the sandbox is offline).
+MINI_SWE_AGENT_COMMAND = (
+    "task=$(cat); export MSWEA_CONFIGURED=true MSWEA_SILENT_STARTUP=1 MSWEA_COST_TRACKING=ignore_errors "
+    "LITELLM_LOCAL_MODEL_COST_MAP=True MSWEA_GLOBAL_CONFIG_DIR=/tmp/claw/mini-home; "
+    'exec mini -y --exit-immediately -l 0 -m "openai/$OPENAI_MODEL" -c mini.yaml -c /tmp/claw/mini_claw.yaml '
+    '-c "model.model_kwargs.api_base=$OPENAI_BASE_URL" -o /tmp/claw/mini.traj.json -t "$task"'
+)
+# preset name -> (command, files copied into the sandbox first)
+PRESETS: dict[str, tuple[str, dict[str, Path]]] = {
+    "bundled": (DEFAULT_COMMAND, {HARNESS_PATH: HARNESS_SOURCE}),
+    "mini-swe-agent": (MINI_SWE_AGENT_COMMAND, {"/tmp/claw/mini_claw.yaml": SOURCES / "mini_claw.yaml"}),
+}
 HARNESS_ENV = "ORCHARD_CLAW_HARNESS"
 OUTPUT_TAIL = 4000  # characters of the harness's output kept in the last step
 SCORING_MARGIN = 0.9  # of the agent's remaining time the harness may use: the replay steps need the rest
@@ -72,11 +97,10 @@ class HarnessPolicy:
     ):
         self.config = config
         self.env = dict(env or {})  # more variables for the harness (CLAW_HARNESS_STREAM=1, its own settings)
-        self.command = command or DEFAULT_COMMAND
+        preset = command or "bundled"
+        self.command, self.files = PRESETS.get(preset, (preset, {}))
         self.upstream = upstream or Upstream.from_model_config(config)
-        self.name = (
-            f"harness:{'bundled' if self.command == DEFAULT_COMMAND else self.command.split()[0]}:{config.model}"
-        )
+        self.name = f"harness:{preset if preset in PRESETS else preset.split()[0]}:{config.model}"
         self.proxy: ModelProxy | None = None
         self._starting = anyio.Lock()
         self.runs: dict[str, HarnessRun] = {}
@@ -118,13 +142,11 @@ class HarnessPolicy:
             raise TypeError("harness mode needs Claw tasks (their setup hands the policy the agent's sandbox)")
         proxy = await self._proxy()
         session = proxy.open_session(observation.episode_id, max_calls=max(1, task.max_steps - 1))
-        if self.command == DEFAULT_COMMAND:
+        for path, source in self.files.items():
             # through the shell: an adapter's write_file may only reach the working directory
-            copied = await sandbox.exec(
-                f"cat > {HARNESS_PATH}", stdin=HARNESS_SOURCE.read_bytes(), timeout=task.exec_timeout
-            )
+            copied = await sandbox.exec(f"cat > {path}", stdin=source.read_bytes(), timeout=task.exec_timeout)
             if not copied.ok:
-                raise RuntimeError(f"harness mode: cannot copy the harness in: {copied.error_text or copied.text}")
+                raise RuntimeError(f"harness mode: cannot copy {path} in: {copied.error_text or copied.text}")
         timeout = max(1.0, (observation.remaining or task.exec_timeout) * SCORING_MARGIN)
         try:
             async with serve_into(sandbox, proxy.port) as port:
