@@ -36,6 +36,32 @@ def test_image_specs_are_checked_data() -> None:
             ImageSpec(**bad)
 
 
+def test_pip_packages_come_as_wheels_for_the_images_python(tmp_path: Path) -> None:
+    from orchard_async import image_wheels
+
+    plain = ImageSpec(tag="orchard/x:1", base="debian-minbase", apt_packages=("python3",))
+    assert plain.digest == "80dd0969fd59ed06"  # as before pip_packages existed: no rebuild of such images
+    with pytest.raises(ConfigError, match="need 'python3-pip'"):
+        ImageSpec(tag="orchard/x:1", base="debian-minbase", apt_packages=("python3",), pip_packages=("a",))
+    piped = ImageSpec(
+        tag="orchard/x:1", base="debian-minbase", apt_packages=("python3", "python3-pip"), pip_packages=("a==1",)
+    )
+    assert piped.digest != ImageSpec(**{**msgspec_fields(piped), "pip_packages": ("a==2",)}).digest
+    tags = image_wheels.platforms(36, "x86_64")
+    assert tags[0] == "manylinux_2_36_x86_64" and "manylinux_2_17_x86_64" in tags and "manylinux2014_x86_64" in tags
+    assert "manylinux_2_37_x86_64" not in tags  # nothing newer than the image's glibc
+    lines = image_wheels.dockerfile_lines(("mini-swe-agent==2.4.6",))
+    assert "COPY wheels /tmp/wheels" in lines and "--no-index --find-links /tmp/wheels" in lines
+    with pytest.raises(image_wheels.WheelDownloadFailed, match="no known python3 for Debian sid"):
+        image_wheels.download(("a",), "sid", tmp_path / "w", log=tmp_path / "log")
+
+
+def msgspec_fields(spec: ImageSpec) -> dict:
+    import msgspec
+
+    return msgspec.structs.asdict(spec)
+
+
 def test_the_recipes_declare_their_images_and_the_test_images_stay_buildable() -> None:
     declared = [spec.tag for name in oa.recipe_names() for spec in getattr(oa.load_recipe(name), "IMAGES", [])]
     recipe_tags = [spec.tag for spec in images.recipe_images()]
