@@ -1,7 +1,7 @@
 """The Claw recipe: personal-assistant agents over mock services (mail, calendar, contacts,
 to-do, notes, documents, helpdesk, finance, chat, web search), in the spirit of Claw-Eval.
 
-    orchard-async run claw --tasks builtin --policy oracle --episodes 18 --out out/claw.jsonl
+    orchard-async run claw --tasks builtin --policy oracle --episodes 40 --out out/claw.jsonl
 
 * tasks: ``load_tasks("builtin")`` (the bundled YAML tasks), ``"builtin:ID,ID"``, a task file
   or a directory of them (schema in ``task``);
