@@ -40,6 +40,7 @@ DOCKER_FILES = {
     "tests/adapters/test_docker.py",
     "tests/bench/test_docker.py",
     "tests/recipes/test_claw_docker.py",
+    "tests/recipes/test_claw_mini_swe_agent.py",
     "tests/recipes/test_gui_docker.py",
     "tests/recipes/test_swe_docker.py",
     "tests/recipes/test_swe_real_instances.py",
