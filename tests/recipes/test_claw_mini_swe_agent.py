@@ -45,7 +45,11 @@ COMMANDS = [
 
 def bash_call(index: int, command: str) -> Reply:
     """A chat.completion calling mini-swe-agent's one tool, as an OpenAI server sends it."""
-    call = {"id": f"call_{index}", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}
+    call = {
+        "id": f"call_{index}",
+        "type": "function",
+        "function": {"name": "bash", "arguments": json.dumps({"command": command})},
+    }
     message = {"role": "assistant", "content": f"Step {index + 1}.", "tool_calls": [call]}
     return Reply(
         body={
@@ -75,6 +79,7 @@ def test_mini_swe_agent_solves_a_claw_task_with_every_call_recorded(chat_server)
     policy = HarnessPolicy(config, command="mini-swe-agent")
     (task,) = claw.load_tasks("builtin:mail-reply-dana", image=IMAGE)
     assert task.spec.network == "none"
+    task.deadline = 900.0  # mini imports litellm: ~6 s of CPU, minutes on a loaded 2-core machine
 
     async def main() -> tuple[list[oa.Trajectory], list[str]]:
         adapter = DockerAdapter(run_id=f"t{uuid.uuid4().hex[:10]}")
