@@ -133,3 +133,16 @@ def test_the_harness_streams_through_the_proxy(tmp_path) -> None:
     sent = calls[2].response["choices"][0]["message"]["tool_calls"][0]["function"]
     assert sent["name"] == "mail__send" and json.loads(sent["arguments"])["to"] == "dana@example.com"
     assert calls[3].response["choices"][0]["message"]["content"] == SCRIPT[3].body["choices"][0]["message"]["content"]
+
+
+def test_harness_presets_by_name_or_a_command() -> None:
+    from orchard_async.recipes.claw.harness import MINI_SWE_AGENT_COMMAND
+
+    env = {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "ORCHARD_MODEL": "m", "ORCHARD_CLAW_HARNESS": "mini-swe-agent"}
+    mini = HarnessPolicy.from_env(env)
+    assert mini.command == MINI_SWE_AGENT_COMMAND and mini.name == "harness:mini-swe-agent:m"
+    assert [path.name for path in mini.files.values()] == ["mini_claw.yaml"]  # its Claw prompt, copied in
+    other = HarnessPolicy.from_env({**env, "ORCHARD_CLAW_HARNESS": "my-agent --stdin"})
+    assert (other.command, other.files, other.name) == ("my-agent --stdin", {}, "harness:my-agent:m")
+    bundled = HarnessPolicy.from_env({k: v for k, v in env.items() if k != "ORCHARD_CLAW_HARNESS"})
+    assert bundled.name == "harness:bundled:m" and "claw_harness.py" in str(list(bundled.files.values()))
