@@ -58,6 +58,7 @@ from aiodocker.containers import DockerContainer
 from aiodocker.stream import Stream
 
 from orchard_async import labels as names
+from orchard_async.background import Background, BackgroundOwner
 from orchard_async.container_shell import (
     CTL_DIR,
     DEFAULT_WORKDIR,
@@ -177,8 +178,10 @@ class DockerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
             raise ValueError(f"keepalive must be 0 (off) or at least 1 second, got {self.keepalive}")
 
 
-class DockerAdapter:
-    """Sandboxes as Docker containers, configured by a DockerConfig (or its fields by keyword)."""
+class DockerAdapter(BackgroundOwner):
+    """Sandboxes as Docker containers, configured by a DockerConfig (or its fields by keyword).
+    Hold it as ``async with DockerAdapter(...) as adapter:`` (or ``close()`` it): its exec
+    readers and keepalive heartbeat run in its task group (orchard_async.background)."""
 
     name = "docker"
 
@@ -205,7 +208,8 @@ class DockerAdapter:
         # the answer for an image (and pull policy) is cached, not asked per create
         self._images_missing: dict[tuple[str, str], ImageMissing] = {}
         self._live: dict[str, ShellSandbox] = {}
-        self._heartbeat = Heartbeat(self.keepalive)
+        self._background = Background()
+        self._heartbeat = Heartbeat(self.keepalive, self._background)
         self._unremoved: set[str] = set()  # destroyed, but the daemon did not confirm removal
 
     # -- daemon access ------------------------------------------------------------------------
@@ -438,7 +442,7 @@ class DockerAdapter:
     ) -> tuple[CgroupShellClient, list[OutputStream]]:
         """Start the long-lived shell exec, its output relays, and the shell-session server."""
         command = shell_command(self.keepalive) if self.config.exit_with_shell else SHELL_ONLY
-        stream = ExecStream(await self._attach(container, command, "shell", stdin=True))
+        stream = ExecStream(await self._attach(container, command, "shell", stdin=True), self._background)
         if self.keepalive:  # from the first byte: the watchdog is already counting
             self._heartbeat.add(name, stream)
 
@@ -471,6 +475,8 @@ class DockerAdapter:
     # -- destroy, reap, close -----------------------------------------------------------------
 
     async def destroy(self, sandbox: Sandbox) -> None:
+        """Deprecated: ``sandbox.close()`` is the one way to end a sandbox (protocols.py);
+        kept while orchard_async/serve still calls it."""
         await sandbox.close()
 
     async def _remove(self, name: str) -> bool:
@@ -539,7 +545,7 @@ class DockerAdapter:
         with anyio.CancelScope(shield=True):
             closes = [sandbox.close for sandbox in self._live.values()]
             await concurrently(*closes, *(functools.partial(self._remove, name) for name in list(self._unremoved)))
-            await self._heartbeat.aclose()
+            await self._background.aclose()
             if self._docker is not None:
                 await self._disconnect(self._docker)
                 self._docker = None

@@ -346,6 +346,8 @@ class LocalAdapter:
             iso.remove_cgroup(cgroup)
 
     async def destroy(self, sandbox: Sandbox) -> None:
+        """Deprecated: ``sandbox.close()`` is the one way to end a sandbox (protocols.py);
+        kept while orchard_async/serve still calls it."""
         await sandbox.close()
 
     async def list_owned(self) -> list[str]:
@@ -360,6 +362,12 @@ class LocalAdapter:
         async with anyio.create_task_group() as tg:
             for sandbox, _ in list(self._live.values()):
                 tg.start_soon(sandbox.close)
+
+    async def __aenter__(self) -> LocalAdapter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 def _tail(log: BinaryIO, size: int = 400) -> str:

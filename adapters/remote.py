@@ -38,6 +38,7 @@ from orchard_async.errors import (
     PathOutsideSandbox,
     SandboxLost,
 )
+from orchard_async.pool import explained_deadline
 from orchard_async.protocols import DEFAULT_EXEC_TIMEOUT
 from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec, check_env, check_timeout
 
@@ -217,7 +218,6 @@ class RemoteAdapter:
         *,
         url: str | None = None,
         api_key: str | None = None,
-        create_timeout: float = 600.0,
         max_connections: int = 256,
     ):
         self.url = (
@@ -226,7 +226,6 @@ class RemoteAdapter:
         if not self.url.startswith(("http://", "https://")):
             raise ConfigError(f"url must start with http:// or https://, got {self.url!r}")
         key = api_key or os.environ.get("ORCHARD_REMOTE_KEY") or os.environ.get("SANDBOX_API_KEY")
-        self.create_timeout = create_timeout
         # aiohttp, not httpx: at 64 callers httpx's pool made the tail seconds long (p99 10.6 s
         # for GET /health on loopback, aiohttp's 0.8 s; docs/performance.md, "The service's overhead"). Made on first
         # use: a session belongs to the event loop it is made in.
@@ -343,15 +342,19 @@ class RemoteAdapter:
         # Registered before it is ready: a cancelled or failed wait still deletes it in close().
         sandbox = RemoteSandbox(self, made)
         self._live[sandbox_id] = sandbox
+        # The create timeout is the caller's (the pool's, see pool.py): give up a little
+        # before it, so that the error names the sandbox and what the service last said.
+        deadline, budget = explained_deadline()
+        info = made
         try:
-            with anyio.fail_after(self.create_timeout):
-                info = made
+            with anyio.fail_after(deadline - anyio.current_time()):
                 while info["status"] == "pending":
                     info = await self._wait(sandbox_id)
         except BaseException as exc:
             await self._discard(sandbox)
             if isinstance(exc, TimeoutError):
-                raise CreateFailed(f"sandbox {sandbox_id} was not ready within {self.create_timeout:g}s") from None
+                said = info.get("status_message") or info["status"]
+                raise CreateFailed(f"sandbox {sandbox_id} was not ready within {budget:.0f}s: {said}") from None
             if isinstance(exc, BackendUnavailable | SandboxLost):
                 raise CreateFailed(f"sandbox {sandbox_id}: {exc}") from None
             raise
@@ -381,7 +384,9 @@ class RemoteAdapter:
             return {"status": "pending"}
         return self._answer(response, file=False)
 
-    async def destroy(self, sandbox: RemoteSandbox) -> None:  # type: ignore[override]
+    async def destroy(self, sandbox: RemoteSandbox) -> None:
+        """Deprecated: ``sandbox.close()`` is the one way to end a sandbox (protocols.py);
+        kept while orchard_async/serve still calls it."""
         await sandbox.close()
 
     async def list_owned(self) -> list[str]:
@@ -397,3 +402,9 @@ class RemoteAdapter:
                 tg.start_soon(sandbox.close)
         if self._session is not None:
             await self._session.close()
+
+    async def __aenter__(self) -> RemoteAdapter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -28,7 +28,8 @@ import msgspec
 
 from orchard_async import labels as names
 from orchard_async.errors import BackendUnavailable, ConfigError, CreateFailed, PathOutsideSandbox, SandboxLost
-from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec
+from orchard_async.protocols import DEFAULT_EXEC_TIMEOUT
+from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec, check_timeout
 
 
 class Latency(msgspec.Struct, frozen=True):
@@ -91,6 +92,7 @@ class SimSandbox:
         self.dead = False
         self.closed = False
         self._instant_exec = adapter.config.exec_latency == Latency()
+        self.expires_at = time.monotonic() + spec.ttl  # a hung command without a timeout waits for this
 
     async def _wait(self, latency: Latency) -> None:
         await _sleep(latency, self._rng)
@@ -102,13 +104,12 @@ class SimSandbox:
         self,
         cmd: str,
         *,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_EXEC_TIMEOUT,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         stdin: bytes | None = None,
     ) -> ExecResult:
-        if timeout is not None and not timeout > 0:
-            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        check_timeout(timeout)
         if self.dead or self.closed:
             return self._lost()
         config = self._config
@@ -117,7 +118,11 @@ class SimSandbox:
             self.dead = True
             return self._lost()
         if config.exec_hang_rate and self._rng.random() < config.exec_hang_rate:
-            await anyio.sleep(timeout if timeout is not None else 3600)
+            if timeout is None:  # no limit of its own (protocols.py): it hangs until the sandbox ends
+                await anyio.sleep(max(0.0, self.expires_at - time.monotonic()))
+                self.dead = True
+                return self._lost()
+            await anyio.sleep(timeout)
             return ExecResult(exit_code=137, reason=ExitReason.TIMEOUT, duration=time.perf_counter() - started)
         if self._instant_exec:
             await asyncio.sleep(0)  # the hot path of the scale benchmark: no draw, no extra frame
@@ -245,7 +250,9 @@ class SimAdapter:
         self.created += 1
         return sandbox
 
-    async def destroy(self, sandbox: SimSandbox) -> None:  # type: ignore[override]
+    async def destroy(self, sandbox: SimSandbox) -> None:
+        """Deprecated: ``sandbox.close()`` is the one way to end a sandbox (protocols.py);
+        kept while orchard_async/serve still calls it."""
         await sandbox.close()
 
     async def list_owned(self) -> list[str]:
@@ -259,6 +266,12 @@ class SimAdapter:
 
     async def close(self) -> None:
         await self.reap()
+
+    async def __aenter__(self) -> SimAdapter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 async def _sleep(latency: Latency, rng: random.Random) -> None:

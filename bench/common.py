@@ -154,9 +154,6 @@ class TrackingAdapter:
         self.created.append(sandbox.id)
         return sandbox
 
-    async def destroy(self, sandbox: Any) -> None:
-        await self.inner.destroy(sandbox)
-
     async def list_owned(self) -> list[str]:
         return await self.inner.list_owned()
 
@@ -165,3 +162,10 @@ class TrackingAdapter:
 
     async def close(self) -> None:
         await self.inner.close()
+
+    async def __aenter__(self) -> TrackingAdapter:
+        await self.inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.inner.__aexit__(*exc)

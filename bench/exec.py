@@ -39,16 +39,16 @@ async def create_many(adapter: Adapter, spec: SandboxSpec, count: int, created: 
             for _ in range(count):
                 group.start_soon(one)
     except BaseException:
-        await destroy_all(adapter, sandboxes)
+        await close_all(sandboxes)
         raise
     return sandboxes
 
 
-async def destroy_all(adapter: Adapter, sandboxes: list[Sandbox]) -> None:
+async def close_all(sandboxes: list[Sandbox]) -> None:
     with anyio.CancelScope(shield=True):
         async with anyio.create_task_group() as group:
             for sandbox in sandboxes:
-                group.start_soon(adapter.destroy, sandbox)
+                group.start_soon(sandbox.close)
 
 
 class ResultCounter:
@@ -89,7 +89,7 @@ async def bench_adapter(
                 ops = [counter.wrap(lambda s=s: s.exec(command, timeout=60)) for s in sessions]
                 latencies, wall = await measure(ops, per_loop)
     finally:
-        await destroy_all(adapter, sandboxes)
+        await close_all(sandboxes)
     extra = {"reasons": counter.reasons} if counter.reasons else {}
     return latency_row(
         f"{name}:session" if session else name, level, latencies, wall, errors=counter.errors, extra=extra

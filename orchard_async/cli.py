@@ -11,6 +11,7 @@ Building the parser imports no recipe and no bench module: recipes are found by 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -68,7 +69,6 @@ OPERATIONAL_OPTIONS = frozenset(
         "max_api",
         "api_timeout",
         "api_retry_for",
-        "create_timeout",
         "attach_grace",
         "exit_with_shell",
         "namespace",
@@ -126,63 +126,64 @@ async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, re
     adapter: Adapter | None = None
     finished: list[Trajectory] = []
     leaked: int | None = None
-    try:
-        adapter = make_adapter(args.adapter, options)
-        header = {
-            "recipe": args.recipe,
-            "task_source": args.tasks,
-            "adapter_options": {k: v for k, v in sorted(options.items()) if k not in OPERATIONAL_OPTIONS},
-        }
-        if isinstance(getattr(adapter, "image", None), str):  # the image in force, default or not
-            header["image"] = adapter.image  # type: ignore[attr-defined]
-        started = time.perf_counter()
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("ok {task.fields[ok]}  failed {task.fields[failed]}"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-            disable=not console.is_terminal,  # in a log the summary says it all; a bar is noise
-        ) as progress:
-            bar = progress.add_task(f"{args.recipe} on {args.adapter}", total=args.episodes, ok=0, failed=0)
+    # exited last: the adapter (its sandboxes, its task group) is closed after the count of leftovers
+    async with contextlib.AsyncExitStack() as adapters:
+        try:
+            adapter = await adapters.enter_async_context(make_adapter(args.adapter, options))
+            header = {
+                "recipe": args.recipe,
+                "task_source": args.tasks,
+                "adapter_options": {k: v for k, v in sorted(options.items()) if k not in OPERATIONAL_OPTIONS},
+            }
+            if isinstance(getattr(adapter, "image", None), str):  # the image in force, default or not
+                header["image"] = adapter.image  # type: ignore[attr-defined]
+            started = time.perf_counter()
+            with Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("ok {task.fields[ok]}  failed {task.fields[failed]}"),
+                TimeElapsedColumn(),
+                console=console,
+                transient=False,
+                disable=not console.is_terminal,  # in a log the summary says it all; a bar is noise
+            ) as progress:
+                bar = progress.add_task(f"{args.recipe} on {args.adapter}", total=args.episodes, ok=0, failed=0)
 
-            counts = {"ok": 0, "failed": 0}  # running: a sum over every episode each time is quadratic
+                counts = {"ok": 0, "failed": 0}  # running: a sum over every episode each time is quadratic
 
-            def advance(trajectory: Trajectory) -> None:
-                finished.append(trajectory)
-                counts["ok"] += bool(trajectory.success)
-                counts["failed"] += trajectory.status == "failed"
-                progress.update(bar, advance=1, **counts)
+                def advance(trajectory: Trajectory) -> None:
+                    finished.append(trajectory)
+                    counts["ok"] += bool(trajectory.success)
+                    counts["failed"] += trajectory.status == "failed"
+                    progress.update(bar, advance=1, **counts)
 
-            try:
-                result = await collect(
-                    tasks,
-                    policy,
-                    adapter,
-                    out,
-                    resume=resume,
-                    replace=replace,
-                    run_header=header,
-                    on_trajectory=advance,
-                    n=args.episodes,
-                    group_size=args.group_size,
-                    concurrency=args.concurrency,
-                    max_retries=args.max_retries,
-                )
-            except Exception:
-                progress.live.transient = True  # the error is the one line to see, not a bar above it
-                raise
-            progress.update(bar, total=len(finished), completed=len(finished))
-    finally:
-        with anyio.CancelScope(shield=True):
-            if adapter is not None:
-                leaked = len(await adapter.list_owned())
-                await adapter.close()
-            aclose = getattr(policy, "aclose", None)  # optional (protocols.Policy): a model's HTTP client
-            if aclose is not None:
-                await aclose()
+                try:
+                    result = await collect(
+                        tasks,
+                        policy,
+                        adapter,
+                        out,
+                        resume=resume,
+                        replace=replace,
+                        run_header=header,
+                        on_trajectory=advance,
+                        n=args.episodes,
+                        group_size=args.group_size,
+                        concurrency=args.concurrency,
+                        max_retries=args.max_retries,
+                    )
+                except Exception:
+                    progress.live.transient = True  # the error is the one line to see, not a bar above it
+                    raise
+                progress.update(bar, total=len(finished), completed=len(finished))
+        finally:
+            with anyio.CancelScope(shield=True):
+                if adapter is not None:
+                    leaked = len(await adapter.list_owned())
+                aclose = getattr(policy, "aclose", None)  # optional (protocols.Policy): a model's HTTP client
+                if aclose is not None:
+                    await aclose()
     summary = summarize(finished, wall_s=time.perf_counter() - started, leaked=leaked)
     print_summary(summary, title=f"{args.recipe} · {policy.name} · {args.adapter}")
     if result.skipped:
@@ -256,11 +257,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_reap(args: argparse.Namespace) -> int:
     async def reap() -> list[str]:
-        adapter = make_adapter(args.adapter, args.adapter_options)
-        try:
+        async with make_adapter(args.adapter, args.adapter_options) as adapter:
             return await adapter.reap(args.older_than)
-        finally:
-            await adapter.close()
 
     removed = run(reap)
     for sandbox_id in removed:
@@ -271,13 +269,9 @@ def cmd_reap(args: argparse.Namespace) -> int:
 
 async def _doctor(name: str) -> str:
     """The adapter's own report (its optional ``doctor()``; see protocols.Adapter)."""
-    adapter = get_adapter(name)
-    try:
+    async with get_adapter(name) as adapter:
         doctor = getattr(adapter, "doctor", None)
         return await doctor() if doctor else "ready"
-    finally:
-        with anyio.CancelScope(shield=True):
-            await adapter.close()
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -17,7 +17,6 @@ websocket) and its way of interrupting the shell:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import time
@@ -27,6 +26,7 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 
+from .background import Background
 from .errors import BackendUnavailable, ConfigError, CreateFailed, SandboxLost
 from .labels import expiry
 from .sandbox import ShellSandbox
@@ -194,18 +194,19 @@ async def _close(connection: ExecConnection) -> None:
 class ExecStream(_Tails, anyio.abc.ByteStream):
     """The shell exec's stdin/stdout as an anyio ByteStream, for ShellClient.
 
-    A reader task drains the connection into an unbounded buffer as soon as bytes arrive:
-    a client busy writing a large frame while the shell writes output would otherwise
-    deadlock against the backend's flow control. The buffer stays small because the client
-    reads every frame to its end.
+    A reader task (in the adapter's ``background``) drains the connection into an unbounded
+    buffer as soon as bytes arrive: a client busy writing a large frame while the shell
+    writes output would otherwise deadlock against the backend's flow control. The buffer
+    stays small because the client reads every frame to its end.
     """
 
-    def __init__(self, connection: ExecConnection):
+    def __init__(self, connection: ExecConnection, background: Background):
         self._connection = connection
         self._send, self._receive = anyio.create_memory_object_stream[bytes](max_buffer_size=math.inf)
         self._pending = b""
         self.last_sent = time.monotonic()  # for the keepalive: idle streams get a heartbeat
-        self._reader = asyncio.get_running_loop().create_task(self._pump())
+        self._drained = anyio.Event()
+        self._reader = background.start_soon(self._pump)
 
     async def _pump(self) -> None:
         try:
@@ -219,10 +220,11 @@ class ExecStream(_Tails, anyio.abc.ByteStream):
             pass
         finally:
             self._send.close()  # the client's next receive sees EndOfStream
+            self._drained.set()
 
     async def ended(self) -> None:
         """Until the exec's output has ended (its shell exited, or the connection broke)."""
-        await asyncio.wait({self._reader})  # never raises; cancelling it leaves the reader alone
+        await self._drained.wait()
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         if not self._pending:
@@ -330,37 +332,37 @@ def container_sandbox(
 
 
 class Heartbeat:
-    """The keepalive's sender (see SHELL_WRAPPER): one task per adapter that, every second,
-    beats on each shell stream that sent nothing for a second (a busy stream needs none).
-    It runs while there are streams and is started again by the next ``add``."""
+    """The keepalive's sender (see SHELL_WRAPPER): one task per adapter (in its
+    ``background``) that, every second, beats on each shell stream that sent nothing for a
+    second (a busy stream needs none). It runs while there are streams and is started again
+    by the next ``add``; the adapter's ``close`` ends it with the rest of its background."""
 
-    def __init__(self, keepalive: float):
+    def __init__(self, keepalive: float, background: Background):
         self.interval = min(1.0, keepalive / 6)
         self.streams: dict[str, ExecStream] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._background = background
+        self._beating = False
 
     def add(self, name: str, stream: ExecStream) -> None:
         self.streams[name] = stream
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._beat_idle_streams())
+        if not self._beating:
+            self._beating = True
+            self._background.start_soon(self._beat_idle_streams)
 
     def discard(self, name: str) -> None:
         self.streams.pop(name, None)
 
     async def _beat_idle_streams(self) -> None:
-        while self.streams:
-            await asyncio.sleep(self.interval)
-            due = time.monotonic() - self.interval
-            idle = [stream for stream in self.streams.values() if stream.last_sent <= due]
-            if idle:
-                await asyncio.gather(*(stream.beat(self.interval) for stream in idle), return_exceptions=True)
-
-    async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        try:
+            while self.streams:
+                await anyio.sleep(self.interval)
+                due = time.monotonic() - self.interval
+                idle = [stream for stream in self.streams.values() if stream.last_sent <= due]
+                async with anyio.create_task_group() as group:  # beat() never raises
+                    for stream in idle:
+                        group.start_soon(stream.beat, self.interval)
+        finally:
+            self._beating = False
 
 
 async def concurrently(*calls: Callable[[], Awaitable[object]]) -> None:

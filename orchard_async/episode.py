@@ -139,14 +139,14 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
     timings["create"] = time.monotonic() - start
     ops.append(Op("create", start - t0, timings["create"]))
     sandbox = RecordingSandbox(raw, ops, t0)
-    released = False
+    agent_closed = False
 
-    async def release_agent_sandbox() -> None:
-        nonlocal released
-        if not released:
-            released = True
+    async def close_agent_sandbox() -> None:
+        nonlocal agent_closed
+        if not agent_closed:
+            agent_closed = True
             mark = time.monotonic()
-            await pool.release(raw)
+            await pool.close_sandbox(raw)
             timings["destroy"] += time.monotonic() - mark
             ops.append(Op("destroy", mark - t0, time.monotonic() - mark))
 
@@ -218,7 +218,7 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
             mark = time.monotonic()
             try:
                 if isinstance(task, GradedApart):
-                    reward = await _grade_apart(task, sandbox, pool, spec, ops, t0, release_agent_sandbox)
+                    reward = await _grade_apart(task, sandbox, pool, spec, ops, t0, close_agent_sandbox)
                 else:
                     reward = await _evaluate(task, sandbox)
             finally:
@@ -228,7 +228,7 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
     except Exception as exc:  # setup or evaluate failed for a reason of the task's own
         status, end_reason, error = "failed", EndReason.TASK_ERROR, f"{type(exc).__name__}: {exc}"
     finally:
-        await release_agent_sandbox()
+        await close_agent_sandbox()
     timings["total"] = time.monotonic() - t0
     return Trajectory(
         episode_id=episode.episode_id,
@@ -268,7 +268,7 @@ async def _evaluate(task: Task, sandbox: RecordingSandbox) -> Reward:
 
 
 async def _grade_apart(
-    task: GradedApart, sandbox: RecordingSandbox, pool: Pool, spec: Any, ops: list[Op], t0: float, release: Any
+    task: GradedApart, sandbox: RecordingSandbox, pool: Pool, spec: Any, ops: list[Op], t0: float, close_agent: Any
 ) -> Reward:
     """Read the submission, destroy the agent's sandbox (and all it left running), then
     grade in a fresh one. The fresh sandbox's create counts as scoring time."""
@@ -276,14 +276,14 @@ async def _grade_apart(
     with anyio.CancelScope(deadline=budget) as scoring:
         try:
             submission = await task.submission(sandbox)
-            await release()
+            await close_agent()
             start = time.monotonic()
             scorer = await pool.acquire(msgspec.structs.replace(spec, labels={**spec.labels, names.ROLE: "scorer"}))
             ops.append(Op("create", start - t0, time.monotonic() - start, "scorer"))
             try:
                 reward = await task.grade(submission, RecordingSandbox(scorer, ops, t0))
             finally:
-                await pool.release(scorer)
+                await pool.close_sandbox(scorer)
         except InfraError:
             raise
         except Exception as exc:

@@ -3,8 +3,13 @@
 Backends fall over when asked for too much at once (a Docker daemon serialises creates,
 an API server throttles). The pool bounds concurrent creates and live sandboxes, and
 after a backend error it makes every create wait an exponentially growing pause, reset
-by the next success. Leases: each sandbox carries owner/run/expiry labels (added by the
-adapter) and a self-destruct deadline inside it; ``reap`` removes what dead runs left.
+by the next success. Each sandbox carries owner/run/expiry labels (added by the adapter)
+and a self-destruct deadline inside it; ``reap`` removes what dead runs left.
+
+The pool owns the create timeout (``create_timeout``): it runs ``adapter.create`` under a
+cancel scope with that deadline. An adapter that can say why a create is slow (a pod
+still unschedulable, an image still pulling) reads the deadline with
+``explained_deadline`` and fails a little before it with its own ``CreateFailed``.
 """
 
 from __future__ import annotations
@@ -20,8 +25,25 @@ from .errors import BackendUnavailable, CreateFailed
 from .protocols import Adapter, Sandbox
 from .types import SandboxSpec
 
+EXPLAIN_MARGIN = 2.0  # seconds at most that an adapter keeps, before its caller's deadline, to explain a slow create
+
+
+def explained_deadline() -> tuple[float, float]:
+    """For an adapter's ``create``: (the deadline to give itself, the caller's budget in
+    seconds from now). The deadline is the caller's (the pool's create timeout, or any
+    scope around the call) less a little time, so that the adapter's own CreateFailed,
+    which says why the sandbox is not ready, wins over the caller's bare cancellation; both
+    are infinite when the caller set none."""
+    deadline = anyio.current_effective_deadline()
+    budget = deadline - anyio.current_time()
+    return deadline - min(EXPLAIN_MARGIN, 0.1 * budget), budget
+
 
 class Pool:
+    """Sandboxes of one adapter under admission control (see the module docstring).
+    ``async with pool.sandbox(spec) as sandbox`` for a sandbox that lives for a block;
+    ``acquire`` and ``close_sandbox`` for one that does not (the episode loop's)."""
+
     def __init__(
         self,
         adapter: Adapter,
@@ -76,22 +98,25 @@ class Pool:
         pause = min(self.max_backoff, 0.05 * 2 ** min(self._failures, 20)) * random.uniform(0.5, 1.0)
         self._resume_at = max(self._resume_at, time.monotonic() + pause)
 
-    async def release(self, sandbox: Sandbox) -> None:
+    async def close_sandbox(self, sandbox: Sandbox) -> None:
+        """Close a sandbox from ``acquire`` (shielded: it is closed even when the caller is
+        being cancelled) and give back its place under ``max_live``. A sandbox is ended
+        by closing it (protocols.py); this is that, plus the pool's bookkeeping."""
         try:
             with anyio.CancelScope(shield=True):
-                await self.adapter.destroy(sandbox)
+                await sandbox.close()
         finally:
             self.destroyed += 1
             if self._live:
                 self._live.release()
 
     @asynccontextmanager
-    async def lease(self, spec: SandboxSpec) -> AsyncIterator[Sandbox]:
+    async def sandbox(self, spec: SandboxSpec) -> AsyncIterator[Sandbox]:
         sandbox = await self.acquire(spec)
         try:
             yield sandbox
         finally:
-            await self.release(sandbox)
+            await self.close_sandbox(sandbox)
 
     async def reap(self, older_than: float = 0.0) -> list[str]:
         return await self.adapter.reap(older_than)

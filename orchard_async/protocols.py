@@ -14,7 +14,26 @@ every adapter:
 * ``None``: no limit of its own; the command runs until it exits or the sandbox ends (its
   TTL, or its loss: ``ExitReason.SANDBOX_LOST``).
 
-A value that is not a positive number is a ``ConfigError``.
+A value that is not a positive number is a ``ConfigError``. The same three meanings hold
+for every exec-like call of every adapter; ``Task.exec_timeout`` is a number.
+
+Lifetimes, one verb each:
+
+* a sandbox ends in one way: ``await sandbox.close()``, or leaving ``async with sandbox``.
+  Closing is idempotent, shielded from the caller's cancellation, and does not raise for
+  a sandbox that is already gone; it removes the sandbox and everything it runs. (The pool
+  closes the sandboxes it hands out with ``Pool.close_sandbox``: the same close, plus its
+  count of live sandboxes.)
+* an adapter is held as ``async with get_adapter(...) as adapter`` (or closed with
+  ``await adapter.close()`` by a caller that cannot hold it in a block). Its background
+  work (stream readers, heartbeats, a pod watch) runs in its own anyio task group
+  (``orchard_async.background``); closing it closes every sandbox it still has, cancels
+  that work and waits for it.
+
+Create timeout: the caller owns it (the ``Pool``'s ``create_timeout``, 120 s by default),
+as a cancel scope around ``Adapter.create``. An adapter has no create timeout of its own;
+one that can say why a create is slow reads the caller's deadline
+(``pool.explained_deadline``) and raises its own ``CreateFailed`` a little before it.
 """
 
 from __future__ import annotations
@@ -94,7 +113,9 @@ class Sandbox(Protocol):
         ``orchard_async.forward`` (a port on the controller's loopback)."""
         ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """End the sandbox: the one way (see the module docstring)."""
+        ...
 
     async def __aenter__(self) -> Sandbox: ...
 
@@ -115,23 +136,38 @@ class Adapter(Protocol):
     Optional: ``async def doctor(self) -> str``, one line saying what this backend is and
     what isolation it gives here (``orchard-async doctor`` prints it; an adapter without
     one is reported as "ready"). It raises ``AdapterUnavailable`` when the backend cannot
-    be used on this machine."""
+    be used on this machine.
+
+    A sandbox it made is ended by ``sandbox.close()``; the adapter itself by leaving
+    ``async with adapter`` or by ``close()`` (see the module docstring)."""
 
     name: str
 
-    async def create(self, spec: SandboxSpec) -> Sandbox: ...
-
-    async def destroy(self, sandbox: Sandbox) -> None: ...
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        """A new sandbox, ready for commands. ``CreateFailed`` or ``BackendUnavailable``
+        when the backend could not make it (retried by the engine); ``ConfigError`` when
+        the spec is at fault. Bounded by the caller's deadline (the pool's create timeout)."""
+        ...
 
     async def list_owned(self) -> list[str]:
-        """Ids of live sandboxes this adapter instance created and has not destroyed."""
+        """Ids of live sandboxes this adapter instance created and that are not yet gone
+        (closed, but the backend did not confirm the removal, counts as not gone)."""
         ...
 
     async def reap(self, older_than: float = 0.0) -> list[str]:
         """Remove sandboxes of dead or expired runs (any process's); return their ids."""
         ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Close every sandbox it still has, stop its background work, drop its connections.
+        The adapter may be used again afterwards."""
+        ...
+
+    async def __aenter__(self) -> Adapter: ...
+
+    async def __aexit__(self, *exc: object) -> None:
+        """``close()``, and the end of the adapter's task group."""
+        ...
 
 
 # -- tasks and policies ---------------------------------------------------------------------

@@ -17,10 +17,9 @@ import anyio
 
 from . import streams
 from .errors import ConfigError, PathOutsideSandbox, SandboxLost
+from .protocols import DEFAULT_EXEC_TIMEOUT
 from .shell import ShellClient, quote
 from .types import ExecResult, FileInfo
-
-DEFAULT_EXEC_TIMEOUT = 600.0
 
 
 class ShellSession:

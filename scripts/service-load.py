@@ -119,7 +119,7 @@ class Load:
             finally:
                 self.live.discard(sandbox.id)
                 try:
-                    await adapter.destroy(sandbox)
+                    await sandbox.close()
                 except oa.InfraError as exc:
                     self.errors["delete: " + kind_of(str(exc))] += 1
             if not lost:

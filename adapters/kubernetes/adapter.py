@@ -4,7 +4,6 @@ shell (orchard_async.container_shell). See the package's docstring for the whole
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import os
@@ -19,8 +18,10 @@ import msgspec
 
 from orchard_async import container_shell
 from orchard_async import labels as names
+from orchard_async.background import Background, BackgroundOwner
 from orchard_async.errors import ConfigError, CreateFailed, OrchardError, SandboxLost
 from orchard_async.images import ImageMissing, missing_image_hint
+from orchard_async.pool import explained_deadline
 from orchard_async.protocols import Sandbox
 from orchard_async.sandbox import ShellSandbox
 from orchard_async.shell import CgroupShellClient, ShellClient
@@ -51,9 +52,12 @@ IMAGE_HINT = (
 IMAGE_ABSENT = ("ErrImageNeverPull", "InvalidImageName")
 
 
-class KubernetesAdapter:
+class KubernetesAdapter(BackgroundOwner):
     """Sandboxes as pods, configured by a KubernetesConfig (or its fields by keyword);
-    ``transport`` reaches the pods (default ExecTransport(): the exec websocket)."""
+    ``transport`` reaches the pods (default ExecTransport(): the exec websocket). Hold it as
+    ``async with KubernetesAdapter(...) as adapter:`` (or ``close()`` it): the pod watch,
+    deletion retries, exec readers and websocket close handshakes run in its task group
+    (orchard_async.background)."""
 
     name = "kubernetes"
 
@@ -99,8 +103,8 @@ class KubernetesAdapter:
         # answered once per image (and pull policy), not per create
         self._images_missing: dict[tuple[str, str], ImageMissing] = {}
         self._unremoved: dict[str, bool] = {}  # name -> had an allow policy; deletion not confirmed
-        self._retrier: asyncio.Task[None] | None = None
-        self._closing: set[asyncio.Task[None]] = set()  # websockets being closed
+        self._background = Background()
+        self._retrying: anyio.Event | None = None  # set when the deletion retrier has stopped
 
     @property
     def stats(self) -> dict[str, int]:
@@ -120,7 +124,7 @@ class KubernetesAdapter:
                 return
             configuration = await self.api.start()
             self._create_gate = anyio.Semaphore(self.config.max_creating)
-            await self.transport.start(configuration)
+            await self.transport.start(configuration, self._background)
             self._started = True
 
     async def _ensure_namespace(self) -> None:
@@ -137,7 +141,7 @@ class KubernetesAdapter:
             if self.informer is None:
                 selector = f"{names.RUN}={self.run_id},{names.CONTROLLER}={self.controller}"
                 self.informer = PodInformer(self.api, selector)
-                self.informer.start()
+                self._background.start_soon(self.informer.run)
             self._namespace_ready = True
 
     async def _create_deny_policy(self) -> None:
@@ -188,14 +192,17 @@ class KubernetesAdapter:
         allow = spec.network == "on" and self.config.manage_network_policies
         informer = self.informer
         assert informer is not None
+        # The create timeout is the caller's (the pool's, see pool.py): give up a little
+        # before it, so that the error says why the pod is not ready (unschedulable, an image
+        # still pulling, the watch reconnecting) rather than only that time ran out.
+        deadline, budget = explained_deadline()
         async with self._create_gate:
             informer.creating.add(name)
             try:
-                with anyio.CancelScope() as scope:
-                    scope.deadline = anyio.current_time() + self.config.create_timeout
+                with anyio.CancelScope(deadline=deadline) as scope:
                     client, relays = await self._create(name, spec, image, labels, allow)
                 if scope.cancelled_caught:
-                    raise CreateFailed(await self._explain_timeout(name, image))
+                    raise CreateFailed(await self._explain_timeout(name, image, budget))
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await self._remove(name, allow)
@@ -210,11 +217,9 @@ class KubernetesAdapter:
             await self._remove(name, allow)
             # The websockets' close handshakes (up to seconds while the kubelet is busy
             # killing the pod) are not the caller's to wait for: they run in the background,
-            # and close() waits for what is still running.
-            for closing in (client.aclose(), container_shell.close_streams(relays)):
-                task = asyncio.get_running_loop().create_task(closing)
-                self._closing.add(task)
-                task.add_done_callback(self._closing.discard)
+            # and close() waits for them (they end by themselves: CLOSE_TIMEOUT bounds each).
+            self._background.start_soon(client.aclose, cancel_on_close=False)
+            self._background.start_soon(container_shell.close_streams, relays, cancel_on_close=False)
 
         opener = functools.partial(self._open_stream, PodRef(self.namespace, name))
         sandbox = self._live[name] = container_shell.container_sandbox(
@@ -288,7 +293,7 @@ class KubernetesAdapter:
         extra = f"; last event: {event}" if event and event not in why else ""
         return f"sandbox pod {name} (image {image}) failed to start: {why}{extra}{hint}"
 
-    async def _explain_timeout(self, name: str, image: str) -> str:
+    async def _explain_timeout(self, name: str, image: str, budget: float) -> str:
         with anyio.CancelScope(shield=True):
             informer = self.informer
             pod = informer.pods.get(name) if informer else None
@@ -297,9 +302,7 @@ class KubernetesAdapter:
                 why += f" (the pod watch is reconnecting: {informer.last_error})"
             event = await self.api.last_warning(name)
         extra = f"; last event: {event}" if event and event not in why else ""
-        return (
-            f"sandbox pod {name} (image {image}) was not ready within {self.config.create_timeout:.0f}s: {why}{extra}"
-        )
+        return f"sandbox pod {name} (image {image}) was not ready within {budget:.0f}s: {why}{extra}"
 
     async def _open_shell(
         self, name: str, spec: SandboxSpec
@@ -340,6 +343,8 @@ class KubernetesAdapter:
     # -- destroy, reap, close ----------------------------------------------------------------
 
     async def destroy(self, sandbox: Sandbox) -> None:
+        """Deprecated: ``sandbox.close()`` is the one way to end a sandbox (protocols.py);
+        kept while orchard_async/serve still calls it."""
         await sandbox.close()
 
     async def _delete_sandbox(self, name: str, allow: bool) -> None:
@@ -365,18 +370,22 @@ class KubernetesAdapter:
     def _retry_deletions(self) -> None:
         """Keep retrying unconfirmed deletions in the background (an API server restart
         must not leave pods behind), until they succeed or ``close`` takes over."""
-        if self._retrier is not None and not self._retrier.done():
+        if self._retrying is not None and not self._retrying.is_set():
             return
+        stopped = self._retrying = anyio.Event()
 
         async def retry() -> None:
             delay = 1.0
-            while self._unremoved:
-                await asyncio.sleep(delay)
-                for name, allow in list(self._unremoved.items()):
-                    await self._remove_quietly(name, allow)
-                delay = min(delay * 2, 15.0)
+            try:
+                while self._unremoved:
+                    await anyio.sleep(delay)
+                    for name, allow in list(self._unremoved.items()):
+                        await self._remove_quietly(name, allow)
+                    delay = min(delay * 2, 15.0)
+            finally:
+                stopped.set()
 
-        self._retrier = asyncio.get_running_loop().create_task(retry())
+        self._background.start_soon(retry)
 
     async def _remove_quietly(self, name: str, allow: bool) -> None:
         try:
@@ -442,20 +451,13 @@ class KubernetesAdapter:
         """Destroy every live sandbox, retry unconfirmed deletions, stop the watch."""
         with anyio.CancelScope(shield=True):
             await container_shell.concurrently(*(sandbox.close for sandbox in list(self._live.values())))
-            if self._retrier is not None:
-                self._retrier.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await self._retrier
-                self._retrier = None
+            # the watch and the retrier are cancelled, the close handshakes waited for
+            await self._background.aclose()
             if self._unremoved and self.api.started:
-                async with anyio.create_task_group() as group:
-                    for name, allow in list(self._unremoved.items()):
-                        group.start_soon(self._remove_quietly, name, allow)
-            if self._closing:
-                await asyncio.gather(*self._closing, return_exceptions=True)
-            if self.informer is not None:
-                await self.informer.stop()
-                self.informer = None
+                await container_shell.concurrently(
+                    *(functools.partial(self._remove_quietly, name, allow) for name, allow in self._unremoved.items())
+                )
+            self.informer = None
             self._namespace_ready = False
             await self.transport.aclose()
             await self.api.close()

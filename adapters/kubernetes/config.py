@@ -11,7 +11,6 @@ from orchard_async.types import DEFAULT_OUTPUT_CAP
 
 from .api import API_RETRY_FOR, API_TIMEOUT
 
-CREATE_TIMEOUT = 180.0  # pod POST to shell answering
 ATTACH_GRACE = 120.0  # the timer's wait for a shell before the pod ends itself
 
 Positive = Annotated[float, msgspec.Meta(gt=0)]
@@ -39,6 +38,5 @@ class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     max_api: AtLeastOne = 32  # API calls in flight at once
     api_timeout: Positive = API_TIMEOUT  # seconds one attempt of one API call may take
     api_retry_for: Annotated[float, msgspec.Meta(ge=0)] = API_RETRY_FOR  # seconds one call retries 429/5xx/errors
-    create_timeout: Positive = CREATE_TIMEOUT  # seconds from the pod POST to its shell answering
     attach_grace: Positive = ATTACH_GRACE  # seconds a pod waits for its shell before ending itself
     output_cap: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_OUTPUT_CAP  # bytes kept per output stream

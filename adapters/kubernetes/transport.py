@@ -19,6 +19,7 @@ import msgspec
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.stream import WsApiClient
 
+from orchard_async.background import Background
 from orchard_async.container_shell import DuplexStream, ExecStream, OutputStream
 from orchard_async.errors import BackendUnavailable, CreateFailed
 
@@ -36,11 +37,12 @@ class PodRef(msgspec.Struct, frozen=True):
 
 class Transport(Protocol):
     """How the adapter reaches a pod: a byte stream to a shell for the shell-session
-    protocol, and one-shot commands (the timeout interrupt)."""
+    protocol, and one-shot commands (the timeout interrupt). ``start`` is given the
+    adapter's background (orchard_async.background), where a stream's reader task runs."""
 
     name: str
 
-    async def start(self, configuration: k8s.Configuration) -> None: ...
+    async def start(self, configuration: k8s.Configuration, background: Background) -> None: ...
 
     async def open_shell(self, pod: PodRef, command: list[str]) -> anyio.abc.ByteStream: ...
 
@@ -99,8 +101,10 @@ class ExecTransport:
         self._client: WsApiClient | None = None
         self._connector_session: aiohttp.ClientSession | None = None
         self._core: k8s.CoreV1Api | None = None
+        self._background: Background | None = None
 
-    async def start(self, configuration: k8s.Configuration) -> None:
+    async def start(self, configuration: k8s.Configuration, background: Background) -> None:
+        self._background = background
         ws_config = copy.copy(configuration)
         # each live sandbox holds one connection: no pool limit (aiohttp: 0 = unlimited)
         ws_config.connection_pool_maxsize = 0
@@ -141,7 +145,8 @@ class ExecTransport:
             raise BackendUnavailable(f"exec into pod {pod.name} failed: {type(exc).__name__}: {exc}") from None
 
     async def open_shell(self, pod: PodRef, command: list[str]) -> ExecStream:
-        return ExecStream(await self._connect(pod, command, stdin=True))
+        assert self._background is not None, "transport not started"
+        return ExecStream(await self._connect(pod, command, stdin=True), self._background)
 
     async def open_output(self, pod: PodRef, command: list[str]) -> OutputStream:
         return OutputStream(await self._connect(pod, command, stdin=False))

@@ -4,8 +4,6 @@ failed. The informer is given the API (``KubeApi``), not the adapter."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import random
 from typing import Any
@@ -73,7 +71,7 @@ class _Gone(Exception):
 class PodInformer:
     """One watch over the pods a label selector picks, kept in memory (pod dicts by name).
 
-    Runs as a background task: list, then watch from the list's resourceVersion; on a clean
+    ``run`` is its loop, for a task group (the adapter's background): list, then watch from the list's resourceVersion; on a clean
     end of the watch resume from the last version seen, on an error reconnect with backoff,
     on 410 Gone relist. Every change to a pod wakes whoever waits on it; a relist wakes
     everyone (changes during the outage were not seen one by one).
@@ -93,18 +91,6 @@ class PodInformer:
         self.errors = 0
         self.gone_410 = 0
         self.last_error = ""
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
 
     def changed(self, name: str) -> anyio.Event:
         """An event set at the next change of pod ``name`` (or any relist)."""
@@ -123,7 +109,8 @@ class PodInformer:
         for event in waiters.values():
             event.set()
 
-    async def _run(self) -> None:
+    async def run(self) -> None:
+        """Keep the pods in memory until cancelled (it never returns by itself)."""
         version: str | None = None
         backoff = 0.2
         while True:
@@ -135,13 +122,11 @@ class PodInformer:
             except _Gone:
                 self.gone_410 += 1
                 version = None
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:  # noqa: BLE001 - any failure of the connection: reconnect
                 self.connected = False
                 self.errors += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"[:300]
-                await asyncio.sleep(backoff * (0.5 + random.random()))
+                await anyio.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, 5.0)
 
     async def _relist(self) -> str:

@@ -110,7 +110,7 @@ async def main() -> None:
             latencies.append(time.perf_counter() - t)
         latencies.sort()
         print(f"exec round trip via the in-cluster service: p50 {latencies[10] * 1000:.1f} ms", flush=True)
-        await adapter.destroy(sandbox)
+        await sandbox.close()
     finally:
         await adapter.close()
     deadline = time.monotonic() + 120

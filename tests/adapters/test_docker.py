@@ -238,7 +238,7 @@ async def test_labels_limits_init_timer_and_no_network(make_adapter) -> None:
     status = (await box.exec("grep -E '^(CapEff|CapBnd|NoNewPrivs):' /proc/self/status")).text.split()
     assert status == ["CapEff:", "0000000000000000", "CapBnd:", "0000000000000000", "NoNewPrivs:", "1"]
     assert box.id in await adapter.list_owned()
-    await adapter.destroy(box)
+    await box.close()
     assert await containers(adapter.run_id) == []
 
 
@@ -248,7 +248,7 @@ async def test_network_on_when_asked(make_adapter) -> None:
     assert (await inspect(box.id))["HostConfig"]["NetworkMode"] == "bridge"
     interfaces = await box.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
     assert "eth0" in interfaces.text.split()
-    await adapter.destroy(box)
+    await box.close()
 
 
 async def test_a_workdir_the_image_cannot_have_is_a_config_error(make_adapter) -> None:
@@ -262,7 +262,7 @@ async def test_workdir_from_the_spec_is_created(make_adapter) -> None:
     assert (await box.exec("pwd")).text == "/srv/deep/work\n"
     await box.write_file("f.txt", "x")
     assert await box.read_file("/srv/deep/work/f.txt") == b"x"
-    await adapter.destroy(box)
+    await box.close()
 
 
 # -- limits ------------------------------------------------------------------------------------------
@@ -277,7 +277,7 @@ async def test_memory_kill_is_reported_as_oom(make_adapter) -> None:
     killed = await box.exec("sh -c 'kill -KILL $$'")
     assert killed.exit_code == 137 and killed.reason is not ExitReason.OOM
     assert (await box.exec("echo alive")).text == "alive\n"
-    await adapter.destroy(box)
+    await box.close()
 
 
 async def test_pids_limit_holds(make_adapter) -> None:
@@ -293,7 +293,7 @@ async def test_pids_limit_holds(make_adapter) -> None:
     await eventually(answers, 15, "the sandbox runs commands again")
     started = int((await box.read_file("started")).decode())
     assert 10 - 1 <= started < 50
-    await adapter.destroy(box)
+    await box.close()
 
 
 async def test_a_timeout_is_delivered_even_when_the_pids_limit_is_full(make_adapter) -> None:
@@ -308,7 +308,7 @@ async def test_a_timeout_is_delivered_even_when_the_pids_limit_is_full(make_adap
         return (await box.exec("cat /dev/null")).ok
 
     await eventually(answers, 15, "the sandbox runs commands again")
-    await adapter.destroy(box)
+    await box.close()
 
 
 # -- file systems ------------------------------------------------------------------------------------
@@ -324,7 +324,7 @@ async def test_file_ops_on_a_tmpfs_path(make_adapter) -> None:
     assert {entry.name for entry in await box.list_dir("/scratch")} == {"data", "run.sh"}
     assert (await box.exec("/scratch/run.sh")).text == "ran from tmpfs\n"  # mounted exec, unlike Docker's default
     assert "tmpfs" in (await box.exec("grep ' /scratch ' /proc/mounts")).text
-    await adapter.destroy(box)
+    await box.close()
 
 
 async def test_file_ops_with_a_read_only_root(make_adapter) -> None:
@@ -339,7 +339,7 @@ async def test_file_ops_with_a_read_only_root(make_adapter) -> None:
     with pytest.raises(OSError, match="Read-only file system"):
         await box.write_file("/etc/orchard-test", "x")
     assert (await box.exec("touch /orchard-test")).reason is ExitReason.NONZERO
-    await adapter.destroy(box)
+    await box.close()
 
 
 # -- connection --------------------------------------------------------------------------------------
@@ -506,7 +506,7 @@ async def test_idle_sandboxes_outlive_the_keepalive_while_their_controller_lives
     box = await adapter.create(oa.SandboxSpec(ttl=60))
     await anyio.sleep(4)  # four keepalive periods with no command: only heartbeats reach it
     assert (await box.exec("echo alive")).text == "alive\n"
-    await adapter.destroy(box)
+    await box.close()
 
 
 async def test_the_keepalive_survives_a_full_pids_limit(make_adapter, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -530,7 +530,7 @@ async def test_the_keepalive_survives_a_full_pids_limit(make_adapter, monkeypatc
     result = await box.exec("echo alive", timeout=5)
     assert result.reason is ExitReason.SANDBOX_LOST
     await eventually(none_left(adapter.run_id), 20, "the silent sandbox's container is gone")
-    await adapter.destroy(box)
+    await box.close()
 
 
 async def test_a_controller_killed_mid_create_leaks_nothing_past_the_attach_grace(tmp_path: Path) -> None:
@@ -578,7 +578,7 @@ async def test_reap_leaves_live_controllers_alone(make_adapter) -> None:
     finally:
         await reaper.close()
     assert (await box.exec("echo alive")).text == "alive\n"
-    await adapter.destroy(box)
+    await box.close()
 
 
 # -- the daemon goes away mid-rollout ---------------------------------------------------------------

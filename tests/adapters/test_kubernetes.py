@@ -112,8 +112,8 @@ async def test_pod_and_policies_on_the_cluster(make_adapter: Callable[..., Kuber
         assert allow["spec"]["egress"] == [{}] and allow["spec"]["policyTypes"] == ["Egress"]
         assert await _names(adapter, "networkpolicies", f"orchard.sandbox={quiet.id}", NETPOL) == []
     finally:
-        await adapter.destroy(quiet)
-        await adapter.destroy(online)
+        await quiet.close()
+        await online.close()
     assert await _names(adapter, "pods", f"orchard.sandbox in ({quiet.id},{online.id})") == []
     assert await _names(adapter, "networkpolicies", f"orchard.sandbox={online.id}", NETPOL) == []
 
@@ -193,7 +193,7 @@ async def test_spec_pids_is_not_enforced_but_the_nodes_pod_limit_is(
             assert alive < int(limit), f"the pod went past its podPidsLimit {limit}: {flood}"
             assert (await box.exec("echo usable")).text == "usable\n"
     finally:
-        await adapter.destroy(box)
+        await box.close()
 
 
 async def test_unschedulable_pod_fails_at_the_create_timeout_with_the_reason(
@@ -230,7 +230,7 @@ async def test_reap_removes_pods_of_dead_runs_only(make_adapter: Callable[..., K
         assert await _names(reaper, "pods", "orchard.run=dead-run") == []
         assert (await kept.exec("echo alive")).text == "alive\n"
     finally:
-        await live.destroy(kept)
+        await kept.close()
 
 
 async def test_persistent_session_beats_a_fresh_exec_websocket(make_adapter: Callable[..., KubernetesAdapter]) -> None:
@@ -253,7 +253,7 @@ async def test_persistent_session_beats_a_fresh_exec_websocket(make_adapter: Cal
         # a shell websocket lives for its sandbox's TTL: no 5-minute total timeout on its session
         assert adapter.transport._client.rest_client.pool_manager.timeout.total is None  # type: ignore[attr-defined]
     finally:
-        await adapter.destroy(box)
+        await box.close()
 
 
 async def test_closed_websocket_ends_the_pod(make_adapter: Callable[..., KubernetesAdapter]) -> None:
@@ -268,7 +268,7 @@ async def test_closed_websocket_ends_the_pod(make_adapter: Callable[..., Kuberne
             while kube.pod_verdict(informer.pods.get(box.id, {}))[0] != "failed":
                 await informer.changed(box.id).wait()
     finally:
-        await adapter.destroy(box)
+        await box.close()
 
 
 CONTROLLER = """
@@ -297,13 +297,12 @@ async def test_sigkilled_controller_leaves_nothing_for_long(make_adapter: Callab
     assert name.startswith("orchard-")
     await observer._ensure_namespace()
     informer = kube.PodInformer(observer.api, f"orchard.run={run_id}")
-    informer.start()
-    try:
+    async with anyio.create_task_group() as group:
+        group.start_soon(informer.run)
         with anyio.fail_after(60):
             while kube.pod_verdict(informer.pods.get(name, {}))[0] != "failed":
                 await informer.changed(name).wait()
-    finally:
-        await informer.stop()
+        group.cancel_scope.cancel()
     assert name in await observer.reap()
     assert await _names(observer, "pods", f"orchard.run={run_id}") == []
 
@@ -356,9 +355,9 @@ async def test_watch_recovers_from_an_api_server_restart(make_adapter: Callable[
     assert sum(t.status == "finished" for t in trajectories) >= episodes - 2
     informer = adapter.informer
     assert informer is not None and informer.errors + informer.gone_410 >= 1 and informer.connected
-    if adapter._retrier is not None:  # deletions the outage refused, retried in the background
+    if adapter._retrying is not None:  # deletions the outage refused, retried in the background
         with anyio.fail_after(90):
-            await adapter._retrier
+            await adapter._retrying.wait()
     assert await adapter.list_owned() == []
     assert await _names(adapter, "pods", f"orchard.run={adapter.run_id}") == []
 
@@ -436,7 +435,7 @@ async def test_rbac_role_is_enough(make_adapter: Callable[..., KubernetesAdapter
             assert timed_out.reason is oa.ExitReason.TIMEOUT
     finally:
         for box in boxes:
-            await restricted.destroy(box)
+            await box.close()
     assert await restricted.reap() == []
     with pytest.raises(ImageMissing, match="ErrImageNeverPull"):  # the pod's status: get and watch are allowed
         await restricted.create(oa.SandboxSpec(ttl=60, image="local/nope:0", pull="never"))

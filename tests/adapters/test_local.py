@@ -60,12 +60,12 @@ def isolated() -> bool:
     return iso.resolve("auto")[0] != "none"
 
 
-async def test_destroy_removes_dir_and_every_process(root: Path, isolation: str) -> None:
+async def test_close_removes_dir_and_every_process(root: Path, isolation: str) -> None:
     adapter = LocalAdapter(root=root, isolation=isolation)
     box = await adapter.create(oa.SandboxSpec(ttl=60, pids=64))
     await box.exec("sleep 300 >/dev/null 2>&1 &  (sleep 301 &) ; true")
     assert leftovers(root) == ([box.id], [box.id])
-    await adapter.destroy(box)
+    await box.close()
     assert leftovers(root) == ([], [])
 
 

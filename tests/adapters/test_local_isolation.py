@@ -177,7 +177,7 @@ async def test_pids_cgroup_limits_each_sandbox(adapter: LocalAdapter) -> None:
         if pid not in launcher and (where := pids_cgroup_of(pid)) not in ("", inside)
     }
     assert not outside, f"sandbox processes outside {inside}: {outside}"
-    await adapter.destroy(box)
+    await box.close()
     assert read(f"{cgroup}/pids.max") == "", "the sandbox's cgroup outlived it"
 
 

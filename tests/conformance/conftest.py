@@ -72,4 +72,4 @@ async def sandbox(make_adapter: Callable[..., oa.Adapter]) -> AsyncIterator[oa.S
     try:
         yield box
     finally:
-        await adapter.destroy(box)
+        await box.close()

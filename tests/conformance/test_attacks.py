@@ -192,7 +192,7 @@ echo SCANNED
         assert "SCANNED" in out, out
         assert canary not in out, "the sandbox read the controller's environment"
     finally:
-        await adapter.destroy(box)
+        await box.close()
 
 
 # -- the network ------------------------------------------------------------------------------
@@ -209,7 +209,7 @@ async def test_cannot_reach_the_hosts_loopback(make_adapter: Callable[..., oa.Ad
             assert "TOOL none" not in out, "no connect tool in the sandbox"
             assert "CONNECTED" not in out and len(peers) == 1, f"the sandbox reached the host's loopback: {out}"
     finally:
-        await adapter.destroy(box)
+        await box.close()
 
 
 async def test_cannot_reach_another_address_of_the_host(make_adapter: Callable[..., oa.Adapter]) -> None:
@@ -231,7 +231,7 @@ async def test_cannot_reach_another_address_of_the_host(make_adapter: Callable[.
             assert "TOOL none" not in out, "no connect tool in the sandbox"
             assert "CONNECTED" not in out and len(peers) == 1, f"the sandbox reached {address}: {out}"
     finally:
-        await adapter.destroy(box)
+        await box.close()
 
 
 async def test_cannot_nsenter_the_hosts_namespaces(make_adapter: Callable[..., oa.Adapter]) -> None:
@@ -256,7 +256,7 @@ echo TRIED
             assert "ENTERED" not in out, f"nsenter worked inside the sandbox: {out}"
             assert "CONNECTED" not in out and len(peers) == 1, f"the sandbox reached the host through nsenter: {out}"
     finally:
-        await adapter.destroy(box)
+        await box.close()
 
 
 # -- files -------------------------------------------------------------------------------------
@@ -294,8 +294,8 @@ echo DONE
         if adapter.name == "local":
             assert not (adapter.root / "pwned").exists(), "the sandbox wrote into the adapter's root"
     finally:
-        await adapter.destroy(attacker)
-        await adapter.destroy(victim)
+        await attacker.close()
+        await victim.close()
 
 
 async def test_cannot_write_outside_the_work_dir_and_tmp(make_adapter: Callable[..., oa.Adapter]) -> None:
@@ -320,7 +320,7 @@ async def test_cannot_write_outside_the_work_dir_and_tmp(make_adapter: Callable[
             assert "/tmp" in wrote, f"the private /tmp must be writable: {out}"
         assert (await box.exec(f"echo ok >{quote(box.workdir + '/' + name)}")).ok, "the work dir must stay writable"
     finally:
-        await adapter.destroy(box)
+        await box.close()
 
 
 async def test_cannot_read_etc_shadow(make_adapter: Callable[..., oa.Adapter]) -> None:
@@ -334,7 +334,7 @@ async def test_cannot_read_etc_shadow(make_adapter: Callable[..., oa.Adapter]) -
         if host_shadow.strip():
             assert host_shadow not in result.stdout, "the sandbox read the host's /etc/shadow"
     finally:
-        await adapter.destroy(box)
+        await box.close()
 
 
 async def test_cannot_unmount_or_mount(make_adapter: Callable[..., oa.Adapter]) -> None:
@@ -355,7 +355,7 @@ if [ -r /proc/self/status ]; then echo PROC-STILL-MOUNTED; fi
         assert "PROC-STILL-MOUNTED" in lines, out
         assert (await box.exec("echo usable")).text == "usable\n"
     finally:
-        await adapter.destroy(box)
+        await box.close()
 
 
 # -- resources -------------------------------------------------------------------------------
@@ -395,7 +395,7 @@ async def test_fork_bomb_stops_at_the_pids_limit(make_adapter: Callable[..., oa.
         _, out = await run(unlimited, FORK_BOMB)
         assert reported(out, "BOMB") == 64, f"proof: without a limit the bomb starts 64 processes: {out}"
     finally:
-        await adapter.destroy(unlimited)
+        await unlimited.close()
     box = await adapter.create(oa.SandboxSpec(ttl=300, pids=16))
     try:
         _, out = await run(box, FORK_BOMB)
@@ -410,7 +410,7 @@ async def test_fork_bomb_stops_at_the_pids_limit(make_adapter: Callable[..., oa.
                 await anyio.sleep(0.5)
         assert after.text == "usable\n", after
     finally:
-        await adapter.destroy(box)
+        await box.close()
 
 
 def disk_usage(path: str) -> int:
@@ -467,7 +467,7 @@ async def test_huge_output_is_capped_and_never_spooled(make_adapter: Callable[..
         assert peak <= SPOOL_LIMIT, f"the sandbox dir held {peak / 2**20:.0f} MiB while the command ran"
     finally:
         stop.set()
-        await adapter.destroy(box)
+        await box.close()
 
 
 def oa_cut_marker(result: oa.ExecResult) -> bytes:

@@ -85,7 +85,7 @@ async def test_output_cap_keeps_head_and_tail(make_adapter) -> None:
         small = await box.exec("echo small >&2")
         assert (small.stderr, small.stderr_cut) == (b"small\n", 0)
     finally:
-        await adapter.destroy(box)
+        await box.close()
 
 
 async def test_bad_input_is_rejected_before_running(sandbox: oa.Sandbox) -> None:
@@ -125,15 +125,15 @@ async def test_network_is_off_by_default(make_adapter) -> None:
         interfaces = await box.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
         assert interfaces.text.split() == ["lo"]
     finally:
-        await adapter.destroy(box)
+        await box.close()
 
 
-async def test_destroy_ends_everything(make_adapter) -> None:
+async def test_closing_a_sandbox_ends_everything(make_adapter) -> None:
     adapter = make_adapter()
     box = await adapter.create(oa.SandboxSpec(ttl=120))
     await box.exec("sleep 300 >/dev/null 2>&1 &")
     assert box.id in await adapter.list_owned()
-    await adapter.destroy(box)
+    await box.close()
     assert box.id not in await adapter.list_owned()
     assert (await box.exec("true")).reason is ExitReason.SANDBOX_LOST
 

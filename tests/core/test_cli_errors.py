@@ -210,9 +210,6 @@ class MissingImageAdapter:
         self.creates += 1
         raise ImageMissing("image orchard/python:test is not on this machine; run `orchard-async images build`")
 
-    async def destroy(self, sandbox: oa.Sandbox) -> None:
-        raise AssertionError("nothing was created")
-
     async def list_owned(self) -> list[str]:
         return []
 
@@ -221,6 +218,12 @@ class MissingImageAdapter:
 
     async def close(self) -> None:
         pass
+
+    async def __aenter__(self) -> MissingImageAdapter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 @pytest.mark.parametrize("command", ["demo", "run"])

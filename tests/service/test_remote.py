@@ -16,8 +16,8 @@ from tests.conformance.test_exec import (  # noqa: F401 - collected here, agains
     test_background_process_survives_a_finished_command,
     test_bad_input_is_rejected_before_running,
     test_binary_output_is_byte_exact,
+    test_closing_a_sandbox_ends_everything,
     test_cwd_and_env,
-    test_destroy_ends_everything,
     test_exit_codes_and_reasons,
     test_network_is_off_by_default,
     test_output_cap_keeps_head_and_tail,
@@ -66,4 +66,4 @@ async def sandbox(make_adapter: Callable[..., oa.Adapter]) -> AsyncIterator[oa.S
     try:
         yield box
     finally:
-        await adapter.destroy(box)
+        await box.close()
