@@ -354,7 +354,7 @@ class RemoteAdapter:
             await self._discard(sandbox)
             if isinstance(exc, TimeoutError):
                 said = info.get("status_message") or info["status"]
-                raise CreateFailed(f"sandbox {sandbox_id} was not ready within {budget:.0f}s: {said}") from None
+                raise CreateFailed(f"sandbox {sandbox_id} was not ready within {budget:.3g}s: {said}") from None
             if isinstance(exc, BackendUnavailable | SandboxLost):
                 raise CreateFailed(f"sandbox {sandbox_id}: {exc}") from None
             raise

@@ -302,7 +302,7 @@ class KubernetesAdapter(BackgroundOwner):
                 why += f" (the pod watch is reconnecting: {informer.last_error})"
             event = await self.api.last_warning(name)
         extra = f"; last event: {event}" if event and event not in why else ""
-        return f"sandbox pod {name} (image {image}) was not ready within {budget:.0f}s: {why}{extra}"
+        return f"sandbox pod {name} (image {image}) was not ready within {budget:.3g}s: {why}{extra}"
 
     async def _open_shell(
         self, name: str, spec: SandboxSpec

@@ -122,13 +122,13 @@ async def test_pod_and_policies_on_the_cluster(make_adapter: Callable[..., Kuber
 async def test_missing_image_fails_clearly_and_leaves_no_pod(
     make_adapter: Callable[..., KubernetesAdapter], pull: str
 ) -> None:
-    adapter = make_adapter(create_timeout=90)
+    adapter = make_adapter()
     image = "local/does-not-exist:0"
     started = time.monotonic()
     # never: the image is not there and will not be (the user's to fix); missing: a pull was
     # tried and failed, which a registry that comes back could cure (an infrastructure error)
     expected = ImageMissing if pull == "never" else oa.CreateFailed
-    with pytest.raises(expected) as caught:
+    with anyio.fail_after(90), pytest.raises(expected) as caught:  # the caller's create timeout
         await adapter.create(oa.SandboxSpec(ttl=120, image=image, pull=pull))
     elapsed = time.monotonic() - started
     message = str(caught.value)
@@ -150,10 +150,13 @@ async def test_a_missing_buildable_image_names_the_build_command_once(
     is an ImageMissing naming the command, and later creates fail at once without a pod."""
     tag = "orchard/absent-k8s:test"
     monkeypatch.setattr(images, "TEST_IMAGES", [*images.TEST_IMAGES, ImageSpec(tag=tag, base="busybox")])
-    adapter = make_adapter(create_timeout=90)
-    with pytest.raises(
-        ImageMissing,
-        match=rf"^image {tag} .*ErrImageNeverPull.*`orchard-async images build {tag} --adapter kubernetes`$",
+    adapter = make_adapter()
+    with (
+        anyio.fail_after(90),  # the caller's create timeout
+        pytest.raises(
+            ImageMissing,
+            match=rf"^image {tag} .*ErrImageNeverPull.*`orchard-async images build {tag} --adapter kubernetes`$",
+        ),
     ):
         await adapter.create(oa.SandboxSpec(ttl=120, image=tag))
     posted = adapter.stats["api_calls"]
@@ -199,10 +202,11 @@ async def test_spec_pids_is_not_enforced_but_the_nodes_pod_limit_is(
 async def test_unschedulable_pod_fails_at_the_create_timeout_with_the_reason(
     make_adapter: Callable[..., KubernetesAdapter],
 ) -> None:
-    adapter = make_adapter(create_timeout=15, node_selector={"orchard.test/no-such-node": "true"})
+    """The pool owns the create timeout; the adapter's own error, a little before it, says why."""
+    adapter = make_adapter(node_selector={"orchard.test/no-such-node": "true"})
     started = time.monotonic()
     with pytest.raises(oa.CreateFailed, match="Unschedulable") as caught:
-        await adapter.create(oa.SandboxSpec(ttl=60))
+        await oa.Pool(adapter, create_timeout=15).acquire(oa.SandboxSpec(ttl=60))
     assert time.monotonic() - started < 40
     assert "not ready within 15s" in str(caught.value) and "node" in str(caught.value)
     assert await _names(adapter, "pods", f"orchard.run={adapter.run_id}") == []
@@ -327,7 +331,7 @@ async def test_watch_recovers_from_an_api_server_restart(make_adapter: Callable[
     from orchard_async.recipes.toy import builtin_tasks, make_policy
     from orchard_async.rollout import rollout
 
-    adapter = make_adapter(create_timeout=120)
+    adapter = make_adapter()
     episodes = 16
     trajectories = []
     some_done, restarted = anyio.Event(), anyio.Event()

@@ -1,6 +1,6 @@
 """The kubernetes adapter's pure parts, no cluster needed: the pod and policy manifests, the
-labels and the controller identity, pod verdicts, exec statuses, and the reap's refusal to
-delete after a failed list."""
+labels and the controller identity, pod verdicts, exec statuses, the reap's refusal to
+delete after a failed list, and the reason a slow create gives under the pool's timeout."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 import orchard_async as oa
@@ -194,7 +195,8 @@ def test_options_are_a_checked_struct() -> None:
 
     for bad, field in (
         ({"max_api": 0}, "max_api"),
-        ({"create_timeout": -1}, "create_timeout"),
+        ({"api_timeout": -1}, "api_timeout"),
+        ({"create_timeout": 5}, "create_timeout"),  # the pool's setting (Pool(create_timeout=...)), not the adapter's
         ({"tolerations": {}}, "tolerations"),
     ):
         with pytest.raises(oa.ConfigError, match=field) as caught:
@@ -205,6 +207,60 @@ def test_options_are_a_checked_struct() -> None:
     with pytest.raises(oa.ConfigError, match="no option 'namespaces'"):
         oa.get_adapter("kubernetes", namespaces="x")
     assert {"transport", *KubernetesConfig.__struct_fields__} <= set(adapter_options(KubernetesAdapter)[0] or [])
-    adapter = oa.get_adapter("kubernetes", namespace="ns2", create_timeout=5, node_selector={"a": "b"})
-    assert adapter.namespace == "ns2" and adapter.config.create_timeout == 5
+    adapter = oa.get_adapter("kubernetes", namespace="ns2", attach_grace=5, node_selector={"a": "b"})
+    assert adapter.namespace == "ns2" and adapter.config.attach_grace == 5
     assert adapter.pod_settings.node_selector == {"a": "b"}
+
+
+class PendingApi:
+    """An API server whose pods never get scheduled: what ``create`` sees from it."""
+
+    started = True
+    WARNING = "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector"
+
+    def __init__(self, informer_of: Any) -> None:
+        self.informer_of = informer_of  # the adapter, whose pod watch "sees" each pod made
+        self.deleted: list[str] = []
+
+    def path(self, resource: str, name: str = "", group: str = "") -> str:
+        return f"/{resource}/{name}".rstrip("/")
+
+    async def request(self, method: str, path: str, *, body: Any = None, **_: Any) -> dict:
+        assert method == "POST" and path == "/pods"
+        name = body["metadata"]["name"]
+        condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": self.WARNING}
+        self.informer_of.informer.pods[name] = {
+            "metadata": {"name": name},
+            "status": {"phase": "Pending", "conditions": [condition]},
+        }
+        return {"metadata": {"name": name, "uid": "u1"}}
+
+    async def last_warning(self, name: str) -> str:
+        return f"FailedScheduling: {self.WARNING}"
+
+    async def delete(self, path: str, what: str) -> None:
+        self.deleted.append(path)
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_slow_create_fails_with_its_reason_before_the_pools_create_timeout() -> None:
+    """The pool owns the create timeout; the adapter gives up a little before it with its own
+    CreateFailed, which says why the pod is not ready, and deletes the pod."""
+    adapter = KubernetesAdapter(namespace="ns3", manage_network_policies=False)
+    api = PendingApi(adapter)
+    adapter.api = api  # type: ignore[assignment]
+    adapter._started = adapter._namespace_ready = True  # no cluster to set up
+    adapter._create_gate = anyio.Semaphore(1)
+    adapter.informer = watch.PodInformer(api, "orchard.run=x")  # type: ignore[arg-type]
+    adapter.informer.synced.set()
+    pool = oa.Pool(adapter, create_timeout=1.5)
+    with pytest.raises(oa.CreateFailed) as caught:
+        await pool.acquire(oa.SandboxSpec(ttl=60))
+    message = str(caught.value)
+    assert "was not ready within 1.5s: Unschedulable" in message and "node affinity" in message, message
+    (name,) = [path.rpartition("/")[2] for path in api.deleted]
+    assert name.startswith("orchard-") and name in message
+    assert await adapter.list_owned() == []
+    await adapter.close()
