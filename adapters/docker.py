@@ -9,7 +9,7 @@ the archive API does not.
 
 Lifetimes, from the most to the least graceful end:
 
-* ``destroy`` removes the container (force) and waits for the daemon to confirm.
+* ``sandbox.close()`` removes the container (force) and waits for the daemon to confirm.
 * When the exec stream closes (the controller died, even by SIGKILL) or the shell dies,
   the exec's wrapper kills the timer, init exits with it, and AutoRemove deletes the
   container: a dead controller's sandboxes go within a second.

@@ -55,7 +55,7 @@ Control-plane load: API calls go through one gate (``max_api`` at once), each at
 a timeout, retried with exponential backoff and jitter on 429 (honouring Retry-After), 5xx
 and connection errors; creates in flight are bounded by ``max_creating``.
 
-Cleanup: ``destroy`` deletes the pod with grace 0 and background propagation (one API call;
+Cleanup: ``sandbox.close()`` deletes the pod with grace 0 and background propagation (one API call;
 the kubelet tears the containers down after). ``reap`` lists orchard pods by label and
 removes those whose TTL passed, that ended, or whose controller process is dead (when it ran
 on this host); a failed list raises before anything is deleted.
