@@ -322,6 +322,9 @@ class RemoteAdapter:
         raise BackendUnavailable(f"the service answered {status}: {detail}")
 
     async def create(self, spec: SandboxSpec) -> RemoteSandbox:
+        # The create timeout is the caller's (the pool's, see pool.py): give up a little
+        # before it, so that the error names the sandbox and what the service last said.
+        deadline, budget = explained_deadline()
         body = {
             "image": spec.image,
             "block_network": spec.network == "none",
@@ -342,9 +345,6 @@ class RemoteAdapter:
         # Registered before it is ready: a cancelled or failed wait still deletes it in close().
         sandbox = RemoteSandbox(self, made)
         self._live[sandbox_id] = sandbox
-        # The create timeout is the caller's (the pool's, see pool.py): give up a little
-        # before it, so that the error names the sandbox and what the service last said.
-        deadline, budget = explained_deadline()
         info = made
         try:
             with anyio.fail_after(deadline - anyio.current_time()):

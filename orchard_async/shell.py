@@ -44,6 +44,7 @@ import msgspec
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from .errors import ConfigError, SandboxLost
+from .protocols import DEFAULT_EXEC_TIMEOUT
 from .types import DEFAULT_OUTPUT_CAP, ExecResult, ExitReason, check_env, check_timeout
 
 # The server. `$1` is its control dir (scratch files; never the agent's work dir).
@@ -390,7 +391,7 @@ class ShellClient:
         self,
         cmd: str,
         *,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_EXEC_TIMEOUT,  # the one meaning of protocols.py
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         stdin: bytes | None = None,

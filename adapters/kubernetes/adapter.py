@@ -181,6 +181,11 @@ class KubernetesAdapter(BackgroundOwner):
     # -- create -----------------------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
+        # The create timeout is the caller's (the pool's, see pool.py), counted from here:
+        # give up a little before it, so that the error says why the pod is not ready
+        # (unschedulable, an image still pulling, the watch reconnecting), not only that
+        # time ran out.
+        deadline, budget = explained_deadline()
         image = spec.image or self.image
         if (image, spec.pull) in self._images_missing:
             raise self._images_missing[image, spec.pull]
@@ -192,10 +197,6 @@ class KubernetesAdapter(BackgroundOwner):
         allow = spec.network == "on" and self.config.manage_network_policies
         informer = self.informer
         assert informer is not None
-        # The create timeout is the caller's (the pool's, see pool.py): give up a little
-        # before it, so that the error says why the pod is not ready (unschedulable, an image
-        # still pulling, the watch reconnecting) rather than only that time ran out.
-        deadline, budget = explained_deadline()
         async with self._create_gate:
             informer.creating.add(name)
             try:
