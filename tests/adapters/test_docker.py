@@ -475,8 +475,24 @@ def none_left(run_id: str) -> Callable[[], Awaitable[bool]]:
 async def test_sigkilled_rollout_leaves_nothing_behind(tmp_path: Path) -> None:
     # A short attach grace: a container caught between start and attach goes quickly too.
     run_id = await start_and_kill_controller(tmp_path, "rollout", attach_grace=10)
-    # The exec streams close, the shells' wrappers end their containers: no TTL, no reap.
-    await eventually(none_left(run_id), 30, "containers of the killed controller are gone")
+    # The exec streams close, the shells' wrappers end their containers: no TTL, no reap. Only
+    # a container the kill caught between docker's create and start is left: it never ran, so
+    # nothing in it can end it; it holds no process, and `reap` removes it (dead controller).
+    await eventually(only_never_started_left(run_id), 30, "containers of the killed controller are gone")
+    reaper = DockerAdapter(image=IMAGE)
+    try:
+        await reaper.reap()
+    finally:
+        await reaper.close()
+    assert await containers(run_id) == []
+
+
+def only_never_started_left(run_id: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        states = [(await inspect(name))["State"] for name in await containers(run_id)]
+        return all(state["Status"] == "created" and not state["StartedAt"].startswith("2") for state in states)
+
+    return check
 
 
 async def test_a_sigkilled_controllers_idle_sandboxes_go_within_seconds(tmp_path: Path) -> None:
