@@ -7,10 +7,12 @@ Two ways, chosen per sandbox at setup:
   that HEAD is the base commit.
 * **Prepared by the recipe** (the local adapter, or an image without the repository): on
   the host, the source (a bundled tree, a git checkout or a git bundle) is turned once
-  into a git bundle holding only ``base_commit`` and its ancestors, so the agent cannot
+  into a git pack holding only ``base_commit`` and its ancestors, so the agent cannot
   find the fix in later history. Each sandbox receives it through ``exec`` stdin and
-  fetches it into a fresh repository in its working directory: only ``sh`` and ``git``
-  are needed inside, which holds on every adapter.
+  indexes it into a fresh repository in its working directory: only ``sh`` and ``git``
+  are needed inside, which holds on every adapter. Every SWE episode does this twice
+  (the agent's sandbox and the scorer's), so the script spawns as few processes as it
+  can: four git commands, the rest shell builtins (see ``checkout``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from orchard_async import ConfigError, ExecResult, Sandbox, SandboxLost
 from .builtin import REPOS_DIR, make_repo
 
 BASE_REF = "refs/heads/orchard-base"
-BUNDLE_PATH = ".git/orchard-base.bundle"
 EXCLUDES = ("__pycache__/", "*.pyc", ".pytest_cache/", ".orchard/")  # never part of the agent's patch
 
 
@@ -38,23 +39,23 @@ class RepoSource:
 
     kind: str
     location: str  # builtin repo name, or an absolute path
-    _bundles: dict[str, bytes] = field(default_factory=dict, repr=False)
+    _packs: dict[str, bytes] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def describe(self) -> str:
         return f"bundled repo {self.location}" if self.kind == "builtin" else f"{self.kind} {self.location}"
 
-    async def bundle(self, commit: str) -> bytes:
-        """A git bundle whose one ref, ``orchard-base``, is ``commit`` (built once, in a thread)."""
-        cached = self._bundles.get(commit)
+    async def pack(self, commit: str) -> bytes:
+        """A git pack of ``commit`` and its ancestors, nothing else (built once, in a thread)."""
+        cached = self._packs.get(commit)
         if cached is not None:
             return cached
         return await anyio.to_thread.run_sync(self._build, commit)
 
     def _build(self, commit: str) -> bytes:
         with self._lock:
-            if commit in self._bundles:
-                return self._bundles[commit]
+            if commit in self._packs:
+                return self._packs[commit]
             with tempfile.TemporaryDirectory(prefix="orchard-swe-src-") as tmp:
                 work = Path(tmp)
                 if self.kind == "builtin":
@@ -72,22 +73,25 @@ class RepoSource:
                     if _git(["cat-file", "-e", f"{commit}^{{commit}}"], repo, check=False).returncode != 0:
                         raise ConfigError(f"commit {commit} is not in {self.describe()}")
                 _git(["update-ref", BASE_REF, commit], repo)
-                _git(["bundle", "create", "-q", str(work / "base.bundle"), BASE_REF], repo)
-                data = (work / "base.bundle").read_bytes()
-            self._bundles[commit] = data
+                data = _git(["pack-objects", "--revs", "--stdout", "-q"], repo, stdin=f"{BASE_REF}\n", binary=True).stdout
+            self._packs[commit] = data
             return data
 
 
-def _git(args: list[str], cwd: Path, *, check: bool = True) -> subprocess.CompletedProcess:
+def _git(
+    args: list[str], cwd: Path, *, check: bool = True, stdin: str | None = None, binary: bool = False
+) -> subprocess.CompletedProcess:
     done = subprocess.run(
         ["git", "-c", "core.hooksPath=/dev/null", *args],
         cwd=cwd,
         env=make_repo.git_env(),
         capture_output=True,
-        text=True,
+        input=stdin.encode() if binary and stdin is not None else stdin,
+        text=not binary,
     )
     if check and done.returncode != 0:
-        raise ConfigError(f"git {' '.join(args[:2])} failed: {done.stderr.strip() or done.stdout.strip()}")
+        detail = done.stderr.strip() or done.stdout.strip()
+        raise ConfigError(f"git {' '.join(args[:2])} failed: {detail.decode(errors='replace') if binary else detail}")
     return done
 
 
@@ -138,31 +142,47 @@ async def existing_checkout(sandbox: Sandbox, time_limit: float) -> str | None:
     return head if result.ok and head else None
 
 
-def _git_setup_lines() -> list[str]:
+# The repository's own settings, written as one file append (a shell builtin) rather than a
+# `git config` process each.
+GIT_CONFIG = "[user]\n\tname = agent\n\temail = agent@orchard.invalid\n[core]\n\tpager = cat\n[advice]\n\tdetachedHead = false\n"
+
+
+def _git_setup_lines(*, fresh: bool = True) -> list[str]:
+    """Excludes and settings; a ``fresh`` repository (no config of its own yet) gets its
+    settings appended as text, an image's through ``git config``."""
     excludes = " ".join(f"'{pattern}'" for pattern in EXCLUDES)
-    return [
-        f"mkdir -p .git/info && printf '%s\\n' {excludes} >> .git/info/exclude",
-        "git config user.name agent && git config user.email agent@orchard.invalid",
-        "git config core.pager cat && git config advice.detachedHead false",
-    ]
+    settings = (
+        [f"printf '{GIT_CONFIG}' >> .git/config"]
+        if fresh
+        else [
+            "git config user.name agent && git config user.email agent@orchard.invalid",
+            "git config core.pager cat && git config advice.detachedHead false",
+        ]
+    )
+    return [f"mkdir -p .git/info && printf '%s\\n' {excludes} >> .git/info/exclude", *settings]
 
 
-async def checkout(sandbox: Sandbox, bundle: bytes, commit: str, time_limit: float) -> None:
-    """Fetch the bundle into a new repository in the working directory; check out ``commit``."""
+async def checkout(sandbox: Sandbox, pack: bytes, commit: str, time_limit: float) -> None:
+    """A new repository in the working directory from ``pack`` (on stdin), at ``commit`` on
+    branch ``main``. Four git processes: ``init`` without the template directory (its sample
+    hooks are files to copy, and never run here), ``index-pack`` straight from stdin (what
+    ``fetch`` from a bundle runs, minus the fetch), the branch and HEAD written as files
+    (``init -b`` needs git 2.28), ``reset --hard``, which fails unless the pack holds the
+    commit and its tree, and ``rev-parse``."""
     script = "\n".join(
         [
             "set -e",
-            "git init -q .",
-            f"cat > {BUNDLE_PATH}",
-            f"git fetch -q --no-tags {BUNDLE_PATH} {BASE_REF}",
-            f"rm -f {BUNDLE_PATH} .git/FETCH_HEAD",
-            f"git checkout -q -B main {commit}",
+            "git init -q --template= .",
+            "git index-pack --stdin >/dev/null",
+            "printf 'ref: refs/heads/main\\n' > .git/HEAD",
+            f"printf '%s\\n' {commit} > .git/refs/heads/main",
+            "git reset -q --hard",
             *_git_setup_lines(),
             "git rev-parse HEAD",
         ]
     )
     head = check_result(
-        await sandbox.exec(script, stdin=bundle, timeout=time_limit), "checking out the repository"
+        await sandbox.exec(script, stdin=pack, timeout=time_limit), "checking out the repository"
     ).strip()
     if head.splitlines()[-1:] != [commit]:
         raise RuntimeError(f"the checkout is at {head!r}, expected {commit}")
@@ -177,7 +197,7 @@ async def adopt_checkout(sandbox: Sandbox, head: str, commit: str, time_limit: f
     """Use the image's own checkout: it must be at ``commit`` (a prefix is enough)."""
     if not head.startswith(commit) and not commit.startswith(head):
         raise RuntimeError(f"the image's repository is at {head}, but the instance's base_commit is {commit}")
-    script = "\n".join(["set -e", *_git_setup_lines(), EXCLUDE_UNTRACKED])
+    script = "\n".join(["set -e", *_git_setup_lines(fresh=False), EXCLUDE_UNTRACKED])
     check_result(await sandbox.exec(script, timeout=time_limit), "configuring git")
 
 
