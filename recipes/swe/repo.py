@@ -73,7 +73,9 @@ class RepoSource:
                     if _git(["cat-file", "-e", f"{commit}^{{commit}}"], repo, check=False).returncode != 0:
                         raise ConfigError(f"commit {commit} is not in {self.describe()}")
                 _git(["update-ref", BASE_REF, commit], repo)
-                data = _git(["pack-objects", "--revs", "--stdout", "-q"], repo, stdin=f"{BASE_REF}\n", binary=True).stdout
+                data = _git(
+                    ["pack-objects", "--revs", "--stdout", "-q"], repo, stdin=f"{BASE_REF}\n", binary=True
+                ).stdout
             self._packs[commit] = data
             return data
 
@@ -144,7 +146,9 @@ async def existing_checkout(sandbox: Sandbox, time_limit: float) -> str | None:
 
 # The repository's own settings, written as one file append (a shell builtin) rather than a
 # `git config` process each.
-GIT_CONFIG = "[user]\n\tname = agent\n\temail = agent@orchard.invalid\n[core]\n\tpager = cat\n[advice]\n\tdetachedHead = false\n"
+GIT_CONFIG = (
+    "[user]\n\tname = agent\n\temail = agent@orchard.invalid\n[core]\n\tpager = cat\n[advice]\n\tdetachedHead = false\n"
+)
 
 
 def _git_setup_lines(*, fresh: bool = True) -> list[str]:
