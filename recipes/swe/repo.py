@@ -9,10 +9,11 @@ Two ways, chosen per sandbox at setup:
   the host, the source (a bundled tree, a git checkout or a git bundle) is turned once
   into a git pack holding only ``base_commit`` and its ancestors, so the agent cannot
   find the fix in later history. Each sandbox receives it through ``exec`` stdin and
-  indexes it into a fresh repository in its working directory: only ``sh`` and ``git``
-  are needed inside, which holds on every adapter. Every SWE episode does this twice
-  (the agent's sandbox and the scorer's), so the script spawns as few processes as it
-  can: four git commands, the rest shell builtins (see ``checkout``).
+  writes it, with the pack's index made on the host, into a fresh repository in its
+  working directory: only ``sh``, ``git`` and POSIX tools are needed inside, which holds
+  on every adapter. Every SWE episode does this twice (the agent's sandbox and the
+  scorer's), so it is kept cheap: no object is hashed again in the sandbox, three git
+  commands (see ``checkout``).
 """
 
 from __future__ import annotations
@@ -33,26 +34,37 @@ BASE_REF = "refs/heads/orchard-base"
 EXCLUDES = ("__pycache__/", "*.pyc", ".pytest_cache/", ".orchard/")  # never part of the agent's patch
 
 
+@dataclass(frozen=True)
+class RepoPack:
+    """``commit`` and its ancestors as one git pack with its index, made on the host: a
+    sandbox writes both files and has the objects, without hashing every one of them again
+    (``index-pack`` of a large repository's history is seconds of CPU, per sandbox)."""
+
+    name: str  # the pack's checksum, as git names the files: pack-<name>.pack / .idx
+    pack: bytes
+    idx: bytes
+
+
 @dataclass(eq=False)
 class RepoSource:
     """Where a repository comes from on the host. ``kind``: builtin, git or bundle."""
 
     kind: str
     location: str  # builtin repo name, or an absolute path
-    _packs: dict[str, bytes] = field(default_factory=dict, repr=False)
+    _packs: dict[str, RepoPack] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def describe(self) -> str:
         return f"bundled repo {self.location}" if self.kind == "builtin" else f"{self.kind} {self.location}"
 
-    async def pack(self, commit: str) -> bytes:
-        """A git pack of ``commit`` and its ancestors, nothing else (built once, in a thread)."""
+    async def pack(self, commit: str) -> RepoPack:
+        """``commit`` and its ancestors, nothing else, packed (built once, in a thread)."""
         cached = self._packs.get(commit)
         if cached is not None:
             return cached
         return await anyio.to_thread.run_sync(self._build, commit)
 
-    def _build(self, commit: str) -> bytes:
+    def _build(self, commit: str) -> RepoPack:
         with self._lock:
             if commit in self._packs:
                 return self._packs[commit]
@@ -73,27 +85,26 @@ class RepoSource:
                     if _git(["cat-file", "-e", f"{commit}^{{commit}}"], repo, check=False).returncode != 0:
                         raise ConfigError(f"commit {commit} is not in {self.describe()}")
                 _git(["update-ref", BASE_REF, commit], repo)
-                data = _git(
-                    ["pack-objects", "--revs", "--stdout", "-q"], repo, stdin=f"{BASE_REF}\n", binary=True
-                ).stdout
-            self._packs[commit] = data
-            return data
+                name = _git(["pack-objects", "--revs", "-q", str(work / "pack")], repo, stdin=f"{BASE_REF}\n")
+                name = name.stdout.strip()
+                packed = RepoPack(
+                    name, (work / f"pack-{name}.pack").read_bytes(), (work / f"pack-{name}.idx").read_bytes()
+                )
+            self._packs[commit] = packed
+            return packed
 
 
-def _git(
-    args: list[str], cwd: Path, *, check: bool = True, stdin: str | None = None, binary: bool = False
-) -> subprocess.CompletedProcess:
+def _git(args: list[str], cwd: Path, *, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
     done = subprocess.run(
         ["git", "-c", "core.hooksPath=/dev/null", *args],
         cwd=cwd,
         env=make_repo.git_env(),
         capture_output=True,
-        input=stdin.encode() if binary and stdin is not None else stdin,
-        text=not binary,
+        input=stdin,
+        text=True,
     )
     if check and done.returncode != 0:
-        detail = done.stderr.strip() or done.stdout.strip()
-        raise ConfigError(f"git {' '.join(args[:2])} failed: {detail.decode(errors='replace') if binary else detail}")
+        raise ConfigError(f"git {' '.join(args[:2])} failed: {done.stderr.strip() or done.stdout.strip()}")
     return done
 
 
@@ -166,18 +177,26 @@ def _git_setup_lines(*, fresh: bool = True) -> list[str]:
     return [f"mkdir -p .git/info && printf '%s\\n' {excludes} >> .git/info/exclude", *settings]
 
 
-async def checkout(sandbox: Sandbox, pack: bytes, commit: str, time_limit: float) -> None:
-    """A new repository in the working directory from ``pack`` (on stdin), at ``commit`` on
-    branch ``main``. Four git processes: ``init`` without the template directory (its sample
-    hooks are files to copy, and never run here), ``index-pack`` straight from stdin (what
-    ``fetch`` from a bundle runs, minus the fetch), the branch and HEAD written as files
-    (``init -b`` needs git 2.28), ``reset --hard``, which fails unless the pack holds the
-    commit and its tree, and ``rev-parse``."""
+PACK_DIR = ".git/objects/pack"
+
+
+async def checkout(sandbox: Sandbox, packed: RepoPack, commit: str, time_limit: float) -> None:
+    """A new repository in the working directory from ``packed`` (the pack, then its index,
+    on stdin), at ``commit`` on branch ``main``. Three git processes, the rest small tools
+    and shell builtins: ``init`` without the template directory (its sample hooks are files
+    to copy, and never run here); the pack and index written as they came (the index is cut
+    off the end, ``dd`` truncates without copying the pack); HEAD and the branch written as
+    files (``init -b`` needs git 2.28); ``reset --hard``, which fails unless the pack holds
+    the commit and its tree; ``rev-parse``."""
+    stem = f"{PACK_DIR}/pack-{packed.name}"
+    size = len(packed.pack)
     script = "\n".join(
         [
             "set -e",
             "git init -q --template= .",
-            "git index-pack --stdin >/dev/null",
+            f"cat > {stem}.pack",
+            f"tail -c +{size + 1} {stem}.pack > {stem}.idx",
+            f"dd if=/dev/null of={stem}.pack bs=1 seek={size} 2>/dev/null",
             "printf 'ref: refs/heads/main\\n' > .git/HEAD",
             f"printf '%s\\n' {commit} > .git/refs/heads/main",
             "git reset -q --hard",
@@ -185,8 +204,9 @@ async def checkout(sandbox: Sandbox, pack: bytes, commit: str, time_limit: float
             "git rev-parse HEAD",
         ]
     )
+    stdin = packed.pack + packed.idx
     head = check_result(
-        await sandbox.exec(script, stdin=pack, timeout=time_limit), "checking out the repository"
+        await sandbox.exec(script, stdin=stdin, timeout=time_limit), "checking out the repository"
     ).strip()
     if head.splitlines()[-1:] != [commit]:
         raise RuntimeError(f"the checkout is at {head!r}, expected {commit}")
