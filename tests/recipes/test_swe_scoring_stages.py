@@ -73,3 +73,22 @@ def test_a_test_patch_that_does_not_apply_is_a_verifier_error(tmp_path):
     assert broken != task.instance.test_patch
     with pytest.raises(VerifierError, match="the test patch did not apply"):
         anyio.run(lambda: _grade(tmp_path, task.instance.patch, instance_changes={"test_patch": broken}))
+
+
+def test_bench_splits_the_test_commands_time_out_of_score():
+    """`bench episodes` shows the test command's own time (SWE's `test_s`) as `tests`, the
+    rest of scoring as `score`; the shares still sum to 1. Tasks without it are unchanged."""
+    from types import SimpleNamespace
+
+    from orchard_async.bench.episodes import _with_test_share
+
+    shares = {"create": 0.1, "setup": 0.2, "score": 0.7}
+    finished = [
+        SimpleNamespace(timings={"total": 1.0}, info={"test_s": 0.5}),
+        SimpleNamespace(timings={"total": 1.0}, info={"test_s": 0.3}),
+    ]
+    split = _with_test_share(shares, finished)
+    assert split["tests"] == pytest.approx(0.4) and split["score"] == pytest.approx(0.3)
+    assert sum(split.values()) == pytest.approx(1.0)
+    plain = [SimpleNamespace(timings={"total": 1.0}, info={})]
+    assert _with_test_share(shares, plain) == shares
