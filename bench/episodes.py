@@ -4,7 +4,8 @@ Each level runs ``episodes`` episodes of the recipe's tasks with its policy thro
 real rollout engine (pool, retries, trajectories), then reports episodes/s, steps/s,
 episode duration percentiles, exec percentiles and where the time went (create, setup,
 agent, exec, score, destroy; the shares of summed episode time, from each trajectory's
-timings). Sandboxes left after each level are counted.
+timings; where a task reports its test command's own time, ``tests`` is that and ``score``
+the rest of scoring). Sandboxes left after each level are counted.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ async def run_episodes(
                     success_rate=round(summary.success_rate, 4),
                     errors=summary.failed,
                     wall_s=round(wall, 3),
-                    time_share=summary.time_share,
+                    time_share=_with_test_share(summary.time_share, finished),
                     extra={
                         "exec_p50_ms": _round(summary.exec_p50_ms),
                         "exec_p99_ms": _round(summary.exec_p99_ms),
@@ -109,6 +110,18 @@ async def run_episodes(
     outcome.details.update({"recipe": recipe, "tasks": tasks, "policy": policy, "levels": per_level})
     outcome.notes.append("p50/p99 ms are whole-episode durations; exec percentiles are in each row's extra")
     return outcome
+
+
+def _with_test_share(shares: dict[str, float], finished: list[Trajectory]) -> dict[str, float]:
+    """For a task that reports its test command's own time (``test_s`` in the reward info,
+    as SWE does), ``score`` split in two: ``tests``, that command, and ``score``, the rest of
+    scoring (the scorer's sandbox, checkout, patches). The shares still sum to 1."""
+    spent = sum(t.timings.get("total", 0.0) for t in finished if t.timings)
+    tests = sum(float(t.info["test_s"]) for t in finished if isinstance(t.info.get("test_s"), int | float))
+    if not tests or not spent or "score" not in shares:
+        return shares
+    share = min(round(tests / spent, 4), shares["score"])
+    return {**shares, "score": round(shares["score"] - share, 4), "tests": share}
 
 
 def _round(value: float) -> float | None:

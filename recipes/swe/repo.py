@@ -7,10 +7,13 @@ Two ways, chosen per sandbox at setup:
   that HEAD is the base commit.
 * **Prepared by the recipe** (the local adapter, or an image without the repository): on
   the host, the source (a bundled tree, a git checkout or a git bundle) is turned once
-  into a git bundle holding only ``base_commit`` and its ancestors, so the agent cannot
+  into a git pack holding only ``base_commit`` and its ancestors, so the agent cannot
   find the fix in later history. Each sandbox receives it through ``exec`` stdin and
-  fetches it into a fresh repository in its working directory: only ``sh`` and ``git``
-  are needed inside, which holds on every adapter.
+  writes it, with the pack's index made on the host, into a fresh repository in its
+  working directory: only ``sh``, ``git`` and POSIX tools are needed inside, which holds
+  on every adapter. Every SWE episode does this twice (the agent's sandbox and the
+  scorer's), so it is kept cheap: no object is hashed again in the sandbox, three git
+  commands (see ``checkout``).
 """
 
 from __future__ import annotations
@@ -28,8 +31,18 @@ from orchard_async import ConfigError, ExecResult, Sandbox, SandboxLost
 from .builtin import REPOS_DIR, make_repo
 
 BASE_REF = "refs/heads/orchard-base"
-BUNDLE_PATH = ".git/orchard-base.bundle"
 EXCLUDES = ("__pycache__/", "*.pyc", ".pytest_cache/", ".orchard/")  # never part of the agent's patch
+
+
+@dataclass(frozen=True)
+class RepoPack:
+    """``commit`` and its ancestors as one git pack with its index, made on the host: a
+    sandbox writes both files and has the objects, without hashing every one of them again
+    (``index-pack`` of a large repository's history is seconds of CPU, per sandbox)."""
+
+    name: str  # the pack's checksum, as git names the files: pack-<name>.pack / .idx
+    pack: bytes
+    idx: bytes
 
 
 @dataclass(eq=False)
@@ -38,23 +51,23 @@ class RepoSource:
 
     kind: str
     location: str  # builtin repo name, or an absolute path
-    _bundles: dict[str, bytes] = field(default_factory=dict, repr=False)
+    _packs: dict[str, RepoPack] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def describe(self) -> str:
         return f"bundled repo {self.location}" if self.kind == "builtin" else f"{self.kind} {self.location}"
 
-    async def bundle(self, commit: str) -> bytes:
-        """A git bundle whose one ref, ``orchard-base``, is ``commit`` (built once, in a thread)."""
-        cached = self._bundles.get(commit)
+    async def pack(self, commit: str) -> RepoPack:
+        """``commit`` and its ancestors, nothing else, packed (built once, in a thread)."""
+        cached = self._packs.get(commit)
         if cached is not None:
             return cached
         return await anyio.to_thread.run_sync(self._build, commit)
 
-    def _build(self, commit: str) -> bytes:
+    def _build(self, commit: str) -> RepoPack:
         with self._lock:
-            if commit in self._bundles:
-                return self._bundles[commit]
+            if commit in self._packs:
+                return self._packs[commit]
             with tempfile.TemporaryDirectory(prefix="orchard-swe-src-") as tmp:
                 work = Path(tmp)
                 if self.kind == "builtin":
@@ -72,18 +85,22 @@ class RepoSource:
                     if _git(["cat-file", "-e", f"{commit}^{{commit}}"], repo, check=False).returncode != 0:
                         raise ConfigError(f"commit {commit} is not in {self.describe()}")
                 _git(["update-ref", BASE_REF, commit], repo)
-                _git(["bundle", "create", "-q", str(work / "base.bundle"), BASE_REF], repo)
-                data = (work / "base.bundle").read_bytes()
-            self._bundles[commit] = data
-            return data
+                name = _git(["pack-objects", "--revs", "-q", str(work / "pack")], repo, stdin=f"{BASE_REF}\n")
+                name = name.stdout.strip()
+                packed = RepoPack(
+                    name, (work / f"pack-{name}.pack").read_bytes(), (work / f"pack-{name}.idx").read_bytes()
+                )
+            self._packs[commit] = packed
+            return packed
 
 
-def _git(args: list[str], cwd: Path, *, check: bool = True) -> subprocess.CompletedProcess:
+def _git(args: list[str], cwd: Path, *, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
     done = subprocess.run(
         ["git", "-c", "core.hooksPath=/dev/null", *args],
         cwd=cwd,
         env=make_repo.git_env(),
         capture_output=True,
+        input=stdin,
         text=True,
     )
     if check and done.returncode != 0:
@@ -138,31 +155,58 @@ async def existing_checkout(sandbox: Sandbox, time_limit: float) -> str | None:
     return head if result.ok and head else None
 
 
-def _git_setup_lines() -> list[str]:
+# The repository's own settings, written as one file append (a shell builtin) rather than a
+# `git config` process each.
+GIT_CONFIG = (
+    "[user]\n\tname = agent\n\temail = agent@orchard.invalid\n[core]\n\tpager = cat\n[advice]\n\tdetachedHead = false\n"
+)
+
+
+def _git_setup_lines(*, fresh: bool = True) -> list[str]:
+    """Excludes and settings; a ``fresh`` repository (no config of its own yet) gets its
+    settings appended as text, an image's through ``git config``."""
     excludes = " ".join(f"'{pattern}'" for pattern in EXCLUDES)
-    return [
-        f"mkdir -p .git/info && printf '%s\\n' {excludes} >> .git/info/exclude",
-        "git config user.name agent && git config user.email agent@orchard.invalid",
-        "git config core.pager cat && git config advice.detachedHead false",
-    ]
+    settings = (
+        [f"printf '{GIT_CONFIG}' >> .git/config"]
+        if fresh
+        else [
+            "git config user.name agent && git config user.email agent@orchard.invalid",
+            "git config core.pager cat && git config advice.detachedHead false",
+        ]
+    )
+    return [f"mkdir -p .git/info && printf '%s\\n' {excludes} >> .git/info/exclude", *settings]
 
 
-async def checkout(sandbox: Sandbox, bundle: bytes, commit: str, time_limit: float) -> None:
-    """Fetch the bundle into a new repository in the working directory; check out ``commit``."""
+PACK_DIR = ".git/objects/pack"
+
+
+async def checkout(sandbox: Sandbox, packed: RepoPack, commit: str, time_limit: float) -> None:
+    """A new repository in the working directory from ``packed`` (the pack, then its index,
+    on stdin), at ``commit`` on branch ``main``. Three git processes, the rest small tools
+    and shell builtins: ``init`` without the template directory (its sample hooks are files
+    to copy, and never run here); the pack and index written as they came (the index is cut
+    off the end, ``dd`` truncates without copying the pack); HEAD and the branch written as
+    files (``init -b`` needs git 2.28); ``reset --hard``, which fails unless the pack holds
+    the commit and its tree; ``rev-parse``."""
+    stem = f"{PACK_DIR}/pack-{packed.name}"
+    size = len(packed.pack)
     script = "\n".join(
         [
             "set -e",
-            "git init -q .",
-            f"cat > {BUNDLE_PATH}",
-            f"git fetch -q --no-tags {BUNDLE_PATH} {BASE_REF}",
-            f"rm -f {BUNDLE_PATH} .git/FETCH_HEAD",
-            f"git checkout -q -B main {commit}",
+            "git init -q --template= .",
+            f"cat > {stem}.pack",
+            f"tail -c +{size + 1} {stem}.pack > {stem}.idx",
+            f"dd if=/dev/null of={stem}.pack bs=1 seek={size} 2>/dev/null",
+            "printf 'ref: refs/heads/main\\n' > .git/HEAD",
+            f"printf '%s\\n' {commit} > .git/refs/heads/main",
+            "git reset -q --hard",
             *_git_setup_lines(),
             "git rev-parse HEAD",
         ]
     )
+    stdin = packed.pack + packed.idx
     head = check_result(
-        await sandbox.exec(script, stdin=bundle, timeout=time_limit), "checking out the repository"
+        await sandbox.exec(script, stdin=stdin, timeout=time_limit), "checking out the repository"
     ).strip()
     if head.splitlines()[-1:] != [commit]:
         raise RuntimeError(f"the checkout is at {head!r}, expected {commit}")
@@ -177,7 +221,7 @@ async def adopt_checkout(sandbox: Sandbox, head: str, commit: str, time_limit: f
     """Use the image's own checkout: it must be at ``commit`` (a prefix is enough)."""
     if not head.startswith(commit) and not commit.startswith(head):
         raise RuntimeError(f"the image's repository is at {head}, but the instance's base_commit is {commit}")
-    script = "\n".join(["set -e", *_git_setup_lines(), EXCLUDE_UNTRACKED])
+    script = "\n".join(["set -e", *_git_setup_lines(fresh=False), EXCLUDE_UNTRACKED])
     check_result(await sandbox.exec(script, timeout=time_limit), "configuring git")
 
 

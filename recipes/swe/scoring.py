@@ -7,10 +7,10 @@
 2. ``grade`` (in a fresh sandbox at ``base_commit``, set up as the agent's was): the
    patch is applied; in strict mode, changes to test configuration (``conftest.py``,
    pytest/tox settings, ``sitecustomize``) are reverted and flagged; every file the test
-   patch touches is restored to its base version, the test patch applied, bytecode
-   caches removed (and redirected, so no cached ``.pyc`` can stand in for its source);
-   the test command runs with its output in ``.git/`` and only the ``-rA`` short
-   summary comes back.
+   patch touches is restored to its base version, the test patch applied (these three in
+   one command, ``stage_script``), bytecode caches removed (and none written, so no
+   cached ``.pyc`` can stand in for its source); the test command runs with its output
+   in ``.git/`` and only the ``-rA`` short summary comes back.
 3. Each FAIL_TO_PASS / PASS_TO_PASS id gets its status (``MISSING`` when pytest did not
    report it; ids SWE-bench stores cut at their first space are matched as its grader
    matches them, see ``status_of``); the instance is resolved when every one passed
@@ -220,14 +220,18 @@ async def submission(sandbox: Sandbox, base_commit: str, time_limit: float = 60.
 
 def revert_script(base_commit: str, files: list[str]) -> str:
     """Shell that puts each file back to its base version, or removes it if it is new."""
-    lines = ["set -e", REPO_GUARD]
+    return "\n".join(["set -e", REPO_GUARD, *_revert_lines(base_commit, files)])
+
+
+def _revert_lines(base_commit: str, files: list[str]) -> list[str]:
+    lines = []
     for path in files:
         q = shlex.quote(path)
         lines.append(
             f"if git cat-file -e {base_commit}:{q} 2>/dev/null; then git checkout -q {base_commit} -- {q}; "
             f"else rm -rf -- {q}; fi"
         )
-    return "\n".join(lines)
+    return lines
 
 
 # Every compiled file in the tree (cached or sourceless) goes: only the sources are judged.
@@ -402,6 +406,41 @@ async def apply_test_patch(sandbox: Sandbox, instance: Instance, time_limit: flo
         )
 
 
+STAGE_MARK = "@@ORCHARD_STAGE="
+STAGED_PATCHES = ".git/orchard-patches"
+
+
+def stage_script(instance: Instance, agent_patch_bytes: int, revert: list[str]) -> str:
+    """One command for what grading does before the tests: the agent's patch (the first
+    ``agent_patch_bytes`` of stdin) applied, the ``revert`` files (test configuration, in
+    strict mode) put back to base, the test patch's files restored and the test patch (the
+    rest of stdin) applied. One round trip instead of three, and one repository check.
+    Each stage prints its mark before it starts; ``set -e`` ends the script at the first
+    failure, so the last mark names the stage that failed."""
+    base = instance.base_commit
+    lines = ["set -e", REPO_GUARD, f"cat > {STAGED_PATCHES}"]
+    if agent_patch_bytes:
+        lines += [
+            f"echo {STAGE_MARK}agent_patch",
+            f"head -c {agent_patch_bytes} {STAGED_PATCHES} | {GIT} apply --binary --whitespace=nowarn -",
+        ]
+    if revert:
+        lines += [f"echo {STAGE_MARK}test_config", *_revert_lines(base, revert)]
+    lines += [
+        f"echo {STAGE_MARK}test_patch",
+        *_revert_lines(base, instance.test_files),
+        f"tail -c +{agent_patch_bytes + 1} {STAGED_PATCHES} | git apply --whitespace=nowarn -",
+        f"echo {STAGE_MARK}done",
+        f"rm -f {STAGED_PATCHES}",
+    ]
+    return "\n".join(lines)
+
+
+def _failed_stage(result: ExecResult) -> str | None:
+    marks = [line[len(STAGE_MARK) :] for line in result.text.splitlines() if line.startswith(STAGE_MARK)]
+    return marks[-1] if marks else None
+
+
 def _check_proof(instance: Instance, run: TestRun, tail: str) -> None:
     if not run.ran:
         raise VerifierError(f"{instance.instance_id}: {run.why_not()} on the base tree: {tail.strip()[-800:]}")
@@ -535,25 +574,28 @@ async def score(
     if config_touched:
         info["test_config_touched"] = config_touched
 
-    if patch.strip():
-        applied = await sandbox.exec(
-            f"{REPO_GUARD}\n{GIT} apply --binary --whitespace=nowarn -", stdin=patch.encode(), timeout=min(60.0, left())
-        )
-        _infra(applied, "applying the agent's patch")
-        if not applied.ok:  # it came from `git diff` of the agent's own tree against this very base
+    agent_patch = patch.encode() if patch.strip() else b""
+    revert = config_touched if strict and agent_patch else []
+    staged = await sandbox.exec(
+        stage_script(instance, len(agent_patch), revert),
+        stdin=agent_patch + instance.test_patch.encode(),
+        timeout=min(60.0, left()),
+    )
+    _infra(staged, "applying the patches")
+    if not staged.ok:
+        failed = _failed_stage(staged)
+        detail = staged.error_text.strip()
+        if failed == "agent_patch":  # it came from `git diff` of the agent's own tree against this very base
             info.update(grade(instance, {}), error="the agent's patch did not apply to a clean base")
-            info["detail"] = applied.error_text.strip()[-2000:]
+            info["detail"] = detail[-2000:]
             return Reward(value=0.0, success=False, info=info)
-        if strict and config_touched:
-            reverted = await sandbox.exec(
-                revert_script(instance.base_commit, config_touched), timeout=min(60.0, left())
-            )
-            _infra(reverted, "reverting test configuration")
-            if not reverted.ok:
-                raise VerifierError(f"could not revert test configuration: {reverted.error_text.strip()[-500:]}")
-            info["test_config_reverted"] = True
-
-    await apply_test_patch(sandbox, instance, min(60.0, left()))
+        if failed == "test_config":
+            raise VerifierError(f"could not revert test configuration: {detail[-500:]}")
+        if failed == "test_patch":
+            raise VerifierError(f"{instance.instance_id}: the test patch did not apply: {detail[-500:]}")
+        raise VerifierError(f"{instance.instance_id}: could not stage the patches in the scorer: {detail[-500:]}")
+    if revert:
+        info["test_config_reverted"] = True
     run = await run_tests(sandbox, harness, instance, left(reserve=5.0), patch)
     info["test_s"] = round(run.seconds, 3)
     info["test_exit_code"] = run.exit_code

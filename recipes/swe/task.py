@@ -129,8 +129,8 @@ class SWETask:
         if head is not None:
             await repos.adopt_checkout(sandbox, head, inst.base_commit, timeout)
         elif self.source is not None:
-            bundle = await self.source.bundle(inst.base_commit)
-            await repos.checkout(sandbox, bundle, inst.base_commit, timeout)
+            pack = await self.source.pack(inst.base_commit)
+            await repos.checkout(sandbox, pack, inst.base_commit, timeout)
         else:  # an image instance on an adapter that runs no image (local): nothing to check out from
             raise RuntimeError(
                 f"{inst.instance_id}: the sandbox has no repository at its working directory (image {self.spec.image} "

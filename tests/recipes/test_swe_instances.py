@@ -164,13 +164,20 @@ def test_checkout_from_local_git_repo_and_bundle_hides_later_history(tmp_path):
     tasks = swe.load_tasks(str(write_jsonl(tmp_path / "mine.jsonl", rows)))
     assert [t.source.kind for t in tasks] == ["git", "bundle", "git"]
     assert tasks[0].test_command == "python -m pytest -rA -p no:cacheprovider tests/test_calc.py"
-    look = ScriptPolicy(["git log --all --format=%H%n%s && git status --short && cat calc.py"])
+    look = ScriptPolicy(
+        [
+            "git log --all --format=%H%n%s && git status --short && cat calc.py",
+            # no object of the later history either, reachable or not
+            "git cat-file --batch-all-objects --batch | grep -c 'return a + b' || true",
+        ]
+    )
     run = anyio.run(run_rollout, tasks, look, tmp_path / "sbx")
     assert run.leaked == [] and run.left_on_disk == []
     for trajectory in run.trajectories:
         assert trajectory.status == "finished", trajectory.error
         expected = f"{base}\nbase with a bug\ndef add(a, b):\n    return a - b\n"
         assert trajectory.steps[0].observation == expected, trajectory.task_id
+        assert trajectory.steps[1].observation.strip() == "0", trajectory.task_id
         assert not trajectory.success and trajectory.info["tests"] == {"tests/test_calc.py::test_add": "FAILED"}
     fixed = anyio.run(run_rollout, tasks[:1], swe.make_policy("oracle"), tmp_path / "sbx2")
     assert fixed.trajectories[0].success, fixed.trajectories[0].info
