@@ -206,6 +206,7 @@ class ClawTask:
         if reasons:
             result["judge"] = reasons
         result.update({"task": self.id, "score_s": round(time.monotonic() - start, 3)})
+        result["audit"] = outcome.audit  # every tool call the grader saw (args clipped in the sandbox), for `view`
         if "user_calls" in data:  # the simulated user's model calls, as recorded by its proxy
             result["simulated_user"] = {"model_calls": data["user_calls"]}
         return Reward(value=result["score"], success=result["passed"], info=result)

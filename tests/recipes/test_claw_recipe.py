@@ -41,6 +41,7 @@ def test_oracle_passes_every_task_and_leaves_nothing(builtin_runs, tasks) -> Non
     assert set(by_task) == set(tasks)
     for task_id, t in by_task.items():
         assert (t.status, t.reward, t.success) == ("finished", 1.0, True), (task_id, t.error, t.info)
+        assert len(t.info["audit"]) == t.info["tool_calls"], task_id  # the audit travels with the reward, for view
     assert run.leaked == [] and run.left_on_disk == []
 
 

@@ -101,7 +101,11 @@ def write_crafted_run(path: Path) -> dict[str, str]:
                 raw=json.dumps({"role": "assistant", "tool_calls": [
                     {"id": "c1", "type": "function", "function": {"name": "mail_send", "arguments": '{"to": "ann"}'}}]}),
             ), observation='{"sent": true}\n', exit_code=0, reason="ok", exec_s=0.02)],
-            info={"score": 0.5, "completion": 0.5, "safety": 1.0, "robustness": 1.0}, **common,
+            info={"score": 0.5, "completion": 0.5, "safety": 1.0, "robustness": 1.0, "audit": [
+                {"seq": 1, "t": 0.4, "tool": "mail_send", "args": {"to": "ann"}, "via": "function", "status": 200,
+                 "ok": True, "changes": ["mail:outbox"]},
+                {"seq": 2, "t": 0.9, "tool": "calendar_add", "args": {"day": "mon"}, "via": "cli", "status": 503,
+                 "ok": False, "error": "injected fault", "fault": 503}]}, **common,
         ),
         Trajectory(
             episode_id="mail-reply/g0/s1", task_id="mail-reply", group_id="mail-reply/g0", sample=1, policy="openai",

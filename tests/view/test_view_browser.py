@@ -142,6 +142,13 @@ def test_the_page_in_chromium(served: str, runs: dict[str, Path], browser: Any, 
     assert page.locator("[data-testid=diff] span.del").count() > 0
     assert page.locator("[data-testid=tests] td.status-PASSED").count() == len(swe.info["tests"])
 
+    # A Claw episode: its tool calls and the services' audit, a failed call marked.
+    page.goto(served + "#/run/1")
+    page.click("table[data-testid=episodes] a >> text=mail-reply/g0/s0")
+    page.wait_for_selector("table[data-testid=audit]")
+    assert page.locator("table[data-testid=audit] tbody tr").count() == 2
+    assert page.locator("table[data-testid=audit] td.status-FAILED").all_inner_texts() == ["503 (injected)"]
+
     # The group view and the per-task comparison of the two runs.
     page.goto(served + "#/run/1/group/mail-reply%2Fg0")
     page.wait_for_selector("[data-testid=sample]")

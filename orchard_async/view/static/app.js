@@ -377,6 +377,17 @@ function infoView(run, info) {
       delete rest[key];
     }
   }
+  if (Array.isArray(info.audit)) {
+    // The Claw services' audit: every tool call, as the grader saw it.
+    parts.push(h("h3", { text: `service audit (${info.audit.length} tool calls)` }), h("table", { "data-testid": "audit" },
+      h("thead", {}, h("tr", {}, ["#", "t (s)", "tool", "via", "arguments", "status", "changes or error"].map((t) => h("th", { text: t })))),
+      h("tbody", {}, info.audit.map((call) => h("tr", { class: call.ok ? "" : "failed" },
+        h("td", { text: String(call.seq ?? "") }), h("td", { text: String(call.t ?? "") }), h("td", { text: call.tool || "" }),
+        h("td", { text: call.via || "" }), h("td", {}, h("code", { text: JSON.stringify(call.args ?? {}) })),
+        h("td", { class: call.ok ? "status-PASSED" : "status-FAILED", text: String(call.status ?? "") + (call.fault ? " (injected)" : "") }),
+        h("td", { text: call.ok ? (call.changes || []).join(", ") : call.error || "" }))))));
+    delete rest.audit;
+  }
   if (info.model_calls) {
     parts.push(h("h3", { text: "recorded model calls" }), h("pre", { text: JSON.stringify(info.model_calls, null, 2) }));
     delete rest.model_calls;
