@@ -428,7 +428,7 @@ def _sandbox_processes() -> dict[str, list[int]]:
     return found
 
 
-def _kill_sandbox_processes(dirs: set[str], settle: float = 2.0) -> None:
+def _kill_sandbox_processes(dirs: set[str], settle: float = 5.0) -> None:
     """Kill the processes of these sandboxes and wait (up to ``settle`` seconds) until they
     are gone: a kill is delivered at once, but a process takes a moment to die."""
     deadline = time.monotonic() + settle
@@ -476,8 +476,8 @@ def reap_local(root: Path, older_than: float = 0.0, keep: set[str] | None = None
             if base.name not in keep and _lease_is_dead(lease, now, older_than):
                 doomed.add(base.name)
     orphans = {sid for sid in processes if sid not in live_dirs and sid not in keep}
+    # Killed until none is left (a kill takes a moment, and a process not yet frozen may fork).
+    _kill_sandbox_processes({str(root / sandbox_id) for sandbox_id in doomed | orphans if sandbox_id in processes})
     for sandbox_id in doomed | orphans:
-        for pid in processes.get(sandbox_id, []):
-            _kill_quietly(pid)
         shutil.rmtree(root / sandbox_id, ignore_errors=True)
     return sorted(doomed | orphans)
