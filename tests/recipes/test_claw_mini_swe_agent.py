@@ -73,6 +73,7 @@ def docker_with_the_harness_image() -> None:
         backend_missing(f"docker: {status} (orchard-async images build {IMAGE})")
 
 
+@pytest.mark.soak  # long (a litellm import in a container: ~50 s on a loaded 2-core machine): `pytest -m soak`, CI runs both
 def test_mini_swe_agent_solves_a_claw_task_with_every_call_recorded(chat_server) -> None:
     server = chat_server(lambda request, index: bash_call(index, COMMANDS[min(index, len(COMMANDS) - 1)]))
     config = ModelConfig(model="scripted", base_url=server.base_url, api_key="sk-upstream", max_retries=0)
