@@ -62,11 +62,14 @@ from orchard_async.background import Background, BackgroundOwner
 from orchard_async.container_shell import (
     CTL_DIR,
     DEFAULT_WORKDIR,
+    REATTACH_LABEL,
     SHELL_ONLY,
     DuplexStream,
     ExecStream,
     Heartbeat,
     OutputStream,
+    adoptable_entry,
+    attach_check_command,
     close_streams,
     concurrently,
     container_sandbox,
@@ -74,6 +77,7 @@ from orchard_async.container_shell import (
     shell_command,
     start_shell,
     timer_args,
+    wait_attachable,
 )
 from orchard_async.errors import AdapterUnavailable, BackendUnavailable, ConfigError, CreateFailed, SandboxLost
 from orchard_async.images import ImageMissing, build_command, missing_image_hint
@@ -171,6 +175,9 @@ class DockerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     # exit_with_shell); at least 1: heartbeats go out every second
     keepalive: Annotated[float, msgspec.Meta(ge=0, le=86400)] = KEEPALIVE
     attach_grace: Annotated[float, msgspec.Meta(gt=0)] = ATTACH_GRACE  # a started container's wait for its shell
+    # seconds a container outlives its controller, for another to ``attach`` (0: it ends at once; needs
+    # exit_with_shell). What ``orchard-async serve`` uses to re-adopt its sandboxes after a restart.
+    reattach_grace: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 0.0
     output_cap: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_OUTPUT_CAP  # bytes kept per output stream
 
     def __post_init__(self) -> None:
@@ -197,6 +204,7 @@ class DockerAdapter(BackgroundOwner):
         self.owner = config.owner or f"{os.environ.get('USER', 'user')}@{socket.gethostname()}"
         self.api_timeout = config.api_timeout
         self.keepalive = float(config.keepalive) if config.exit_with_shell else 0.0
+        self.reattach_grace = float(config.reattach_grace) if config.exit_with_shell else 0.0
         self.controller = names.controller_id()
         # Event-loop objects are made on first use: the constructor may run outside a loop.
         self._docker: aiodocker.Docker | None = None
@@ -287,12 +295,22 @@ class DockerAdapter(BackgroundOwner):
             labels = self._labels(spec, expires_at)
             container = await self._start_container(docker, name, self._container_config(spec, image, labels))
             try:
-                client, relays = await self._open_shell(container, spec, name)
+                client, relays = await self._open_shell(container, self._workdir(spec), name)
             except BaseException:
                 self._heartbeat.discard(name)
                 await self._remove(name)
                 raise
+        return self._sandbox(container, name, client, relays, labels, expires_at)
 
+    def _sandbox(
+        self,
+        container: DockerContainer,
+        name: str,
+        client: CgroupShellClient,
+        relays: list[OutputStream],
+        labels: dict[str, str],
+        expires_at: float,
+    ) -> ShellSandbox:
         async def teardown() -> None:
             self._live.pop(name, None)
             self._heartbeat.discard(name)
@@ -310,6 +328,8 @@ class DockerAdapter(BackgroundOwner):
 
     def _labels(self, spec: SandboxSpec, expires_at: float) -> dict[str, str]:
         lease = names.lease_labels(owner=self.owner, run=self.run_id, expires_at=expires_at, controller=self.controller)
+        if self.reattach_grace:
+            lease[REATTACH_LABEL] = str(self.reattach_grace)
         return {**spec.labels, **lease}
 
     def _workdir(self, spec: SandboxSpec) -> str:
@@ -332,9 +352,10 @@ class DockerAdapter(BackgroundOwner):
         if spec.memory_bytes:
             # Swap as large as memory means no swap: over the limit, the OOM killer acts.
             host["Memory"] = host["MemorySwap"] = spec.memory_bytes
+        timer = ["sh", "-c", TIMER, "orchard-timer"]
         return {
             "Image": image,
-            "Entrypoint": ["sh", "-c", TIMER, "orchard-timer"],
+            "Entrypoint": adoptable_entry(timer, self._workdir(spec)) if self.reattach_grace else timer,
             "Cmd": timer_args(spec.ttl, self.config.attach_grace),
             "Env": [f"{key}={value}" for key, value in spec.env.items()],
             "Labels": labels,
@@ -438,10 +459,10 @@ class DockerAdapter(BackgroundOwner):
         return AttachConnection(attach)
 
     async def _open_shell(
-        self, container: DockerContainer, spec: SandboxSpec, name: str
+        self, container: DockerContainer, workdir: str, name: str
     ) -> tuple[CgroupShellClient, list[OutputStream]]:
         """Start the long-lived shell exec, its output relays, and the shell-session server."""
-        command = shell_command(self.keepalive) if self.config.exit_with_shell else SHELL_ONLY
+        command = shell_command(self.keepalive, self.reattach_grace) if self.config.exit_with_shell else SHELL_ONLY
         stream = ExecStream(await self._attach(container, command, "shell", stdin=True), self._background)
         if self.keepalive:  # from the first byte: the watchdog is already counting
             self._heartbeat.add(name, stream)
@@ -451,7 +472,7 @@ class DockerAdapter(BackgroundOwner):
 
         return await start_shell(
             stream,
-            workdir=self._workdir(spec),
+            workdir=workdir,
             open_output=open_output,
             interrupt=lambda _client: self._interrupt(container),
             output_cap=self.config.output_cap,
@@ -508,6 +529,16 @@ class DockerAdapter(BackgroundOwner):
         except aiodocker.DockerError as exc:
             if exc.status != 404:
                 raise
+
+    async def attach(self, sandbox_id: str) -> Sandbox:
+        """A new shell session on a live sandbox another controller made with a reattach grace
+        (and that controller gone): SandboxLost when it ended or expired (removed then), or was
+        made without one; CreateFailed while another controller's session is alive."""
+        return await attach(self, sandbox_id)
+
+    async def find_sandboxes(self, labels: dict[str, str]) -> dict[str, dict[str, str]]:
+        """Live sandboxes (anyone's) carrying every one of ``labels``: id -> their labels."""
+        return await find_sandboxes(self, labels)
 
     async def list_owned(self) -> list[str]:
         """Live sandboxes, and destroyed ones whose removal the daemon has not confirmed."""
@@ -577,3 +608,64 @@ def _with_exec(options: str) -> str:
     if "noexec" not in words and "exec" not in words:
         words.append("exec")
     return ",".join(words)
+
+
+# -- re-attaching (see container_shell, "re-attaching") ------------------------------------------
+
+
+async def _run_check(adapter: DockerAdapter, container: DockerContainer, name: str) -> bytes:
+    try:
+        output = OutputStream(await adapter._attach(container, attach_check_command(), "attach check", stdin=False))
+    except CreateFailed as exc:
+        raise SandboxLost(f"sandbox {name} cannot be attached to: {exc}") from None
+    received = b""
+    try:
+        with anyio.fail_after(adapter.api_timeout):
+            while True:
+                received += await output.receive()
+    except (anyio.EndOfStream, anyio.BrokenResourceError):
+        return received
+    except TimeoutError:
+        raise BackendUnavailable(f"the attach check of {name} did not finish in {adapter.api_timeout:.0f}s") from None
+    finally:
+        await output.aclose()
+
+
+async def attach(adapter: DockerAdapter, name: str) -> ShellSandbox:
+    """DockerAdapter.attach: a new shell session on a live container of reattach mode."""
+    if name in adapter._live:
+        return adapter._live[name]
+    docker = await adapter._client()
+    container = docker.containers.container(name)
+    try:
+        info = await adapter._call(f"inspect of {name}", container.show())
+    except aiodocker.DockerError as exc:
+        if exc.status == 404:
+            raise SandboxLost(f"sandbox {name} is gone") from None
+        raise
+    labels = info["Config"].get("Labels") or {}
+    if names.OWNER not in labels:
+        raise SandboxLost(f"container {name} is not an orchard sandbox")
+    expires_at = names.expiry(labels)
+    if not info["State"].get("Running") or expires_at <= time.time():
+        await adapter._remove(name)
+        raise SandboxLost(f"sandbox {name} has ended (its TTL passed, or it had no controller for its grace)")
+    if REATTACH_LABEL not in labels:
+        raise SandboxLost(f"sandbox {name} was made without a reattach grace: it ends with its controller")
+    patience = adapter.keepalive + 5.0
+    workdir = await wait_attachable(lambda: _run_check(adapter, container, name), name, patience)
+    try:
+        client, relays = await adapter._open_shell(container, workdir, name)
+    except BaseException:
+        adapter._heartbeat.discard(name)
+        raise
+    return adapter._sandbox(container, name, client, relays, labels, expires_at)
+
+
+async def find_sandboxes(adapter: DockerAdapter, match: dict[str, str]) -> dict[str, dict[str, str]]:
+    """DockerAdapter.find_sandboxes: running orchard containers with every label of ``match``."""
+    docker = await adapter._client()
+    wanted = [names.OWNER, *(f"{key}={value}" for key, value in match.items())]
+    filters = json.dumps({"label": wanted, "status": ["running"]})
+    containers = await adapter._call("container list", docker.containers.list(filters=filters))
+    return {container["Names"][0].lstrip("/"): container["Labels"] or {} for container in containers}
