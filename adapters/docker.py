@@ -537,7 +537,8 @@ class DockerAdapter(BackgroundOwner):
         return await attach(self, sandbox_id)
 
     async def find_sandboxes(self, labels: dict[str, str]) -> dict[str, dict[str, str]]:
-        """Live sandboxes (anyone's) carrying every one of ``labels``: id -> their labels."""
+        """Sandboxes (anyone's, live or ended but not yet removed) carrying every one of
+        ``labels``: id -> their labels."""
         return await find_sandboxes(self, labels)
 
     async def list_owned(self) -> list[str]:
@@ -653,7 +654,11 @@ async def attach(adapter: DockerAdapter, name: str) -> ShellSandbox:
     if REATTACH_LABEL not in labels:
         raise SandboxLost(f"sandbox {name} was made without a reattach grace: it ends with its controller")
     patience = adapter.keepalive + 5.0
-    workdir = await wait_attachable(lambda: _run_check(adapter, container, name), name, patience)
+    try:
+        workdir = await wait_attachable(lambda: _run_check(adapter, container, name), name, patience)
+    except SandboxLost:  # it takes no exec, or its timer is not on record: of no use to anyone
+        await adapter._remove(name)
+        raise
     try:
         client, relays = await adapter._open_shell(container, workdir, name)
     except BaseException:
@@ -663,9 +668,10 @@ async def attach(adapter: DockerAdapter, name: str) -> ShellSandbox:
 
 
 async def find_sandboxes(adapter: DockerAdapter, match: dict[str, str]) -> dict[str, dict[str, str]]:
-    """DockerAdapter.find_sandboxes: running orchard containers with every label of ``match``."""
+    """DockerAdapter.find_sandboxes: orchard containers with every label of ``match``, running
+    or not yet removed (``attach`` removes those it cannot use, so their end is known)."""
     docker = await adapter._client()
     wanted = [names.OWNER, *(f"{key}={value}" for key, value in match.items())]
-    filters = json.dumps({"label": wanted, "status": ["running"]})
-    containers = await adapter._call("container list", docker.containers.list(filters=filters))
+    filters = json.dumps({"label": wanted})
+    containers = await adapter._call("container list", docker.containers.list(all=True, filters=filters))
     return {container["Names"][0].lstrip("/"): container["Labels"] or {} for container in containers}

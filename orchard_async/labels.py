@@ -36,6 +36,7 @@ ROLE = "orchard.role"  # "scorer" for a separate grading sandbox
 BENCH = "orchard.bench"
 SERVE_KEY = "orchard.serve.key"  # the service's tenant
 SERVE_ID = "orchard.serve.id"
+SERVE_NAME = "orchard.serve.name"  # the service instance that made it (``serve --name``): what a restart re-adopts
 
 # -- kubernetes objects other than sandbox pods ---------------------------------------------------
 POLICY = "orchard.policy"  # on NetworkPolicies: deny-egress | allow-egress

@@ -21,7 +21,7 @@ from aiohttp import web
 
 import orchard_async as oa
 
-from . import pty
+from . import adopt, pty
 from .jobs import Job, Jobs
 from .keys import ANONYMOUS, KeyStore, Tenant
 from .metrics import Metrics
@@ -373,9 +373,11 @@ def create_app(
     idle_timeout: float = 1800.0,
     reap_interval: float = 5.0,
     close_adapter: bool = True,
+    service_name: str = "",
 ) -> web.Application:
     """The service over ``adapter``. On shutdown every sandbox it holds is destroyed (and
-    the adapter closed, unless ``close_adapter`` is False)."""
+    the adapter closed, unless ``close_adapter`` is False). With a ``service_name`` its
+    sandboxes carry it, and a restart with the same name re-adopts them (adopt.py)."""
     app = web.Application(middlewares=[log_requests, json_errors, authenticate], client_max_size=max_body)
     metrics_ = Metrics(lambda: registry.live_counts())
     registry = Registry(
@@ -385,6 +387,7 @@ def create_app(
         default_ttl=default_ttl,
         max_ttl=max_ttl,
         idle_timeout=idle_timeout,
+        service_name=service_name,
     )
     app[REGISTRY], app[JOBS], app[KEYS], app[METRICS] = registry, Jobs(metrics_), keys or KeyStore(), metrics_
 
@@ -393,6 +396,9 @@ def create_app(
         # service's state is gone with it, so none can be adopted; remove them.
         for sandbox_id in await adapter.reap():
             log.info("reaped %s, left by a run that is gone", sandbox_id)
+        # ...but those this service made, with a reattach grace, wait for it: take them back
+        tenants = {tenant.name: tenant for tenant in app[KEYS].tenants} or {ANONYMOUS.name: ANONYMOUS}
+        await adopt.adopt(registry, tenants)
         reaper = registry.spawn(registry.reaper(reap_interval))
         yield
         reaper.cancel()

@@ -21,9 +21,11 @@ from aiohttp import web
 import orchard_async as oa
 from orchard_async.errors import ConfigError
 
+from .adopt import can_adopt
 from .app import create_app
 from .keys import KeyStore, load_keys, new_key
 
+REATTACH_GRACE = 120.0  # a crashed service's restart (a pod rescheduled, an image pulled) fits in it
 SERVE_HELP = "run the environment service (Orchard Env's HTTP API) over an adapter"
 
 
@@ -40,6 +42,18 @@ def add_serve_command(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body in MiB (default 64)")
     parser.add_argument("--default-ttl", type=float, default=3600.0, help="lifetime when a create names none (s)")
     parser.add_argument("--idle-timeout", type=float, default=1800.0, help="idle seconds before removal (0: never)")
+    parser.add_argument(
+        "--name",
+        help="this service's name on its sandboxes: a restart with the same name re-adopts them "
+        "(default serve-<host>-<port>)",
+    )
+    parser.add_argument(
+        "--reattach-grace",
+        type=float,
+        default=REATTACH_GRACE,
+        help=f"seconds a sandbox outlives a crashed service, for the restart to re-adopt it (default {REATTACH_GRACE:g}; "
+        "0: none; adapters with attach only: docker, kubernetes)",
+    )
     parser.set_defaults(func=serve_command)
 
 
@@ -59,11 +73,17 @@ def serve_command(args: argparse.Namespace) -> int:
             raise ConfigError(f"{name} must be positive, got {value}")
     if args.idle_timeout < 0 or args.default_ttl <= 0:
         raise ConfigError("--idle-timeout must be 0 or more and --default-ttl positive")
+    if not 0 <= args.reattach_grace <= 86400:
+        raise ConfigError(f"--reattach-grace must be between 0 and 86400 seconds, got {args.reattach_grace}")
     listener = bind(args.host, args.port)
     try:
-        from orchard_async.cli import make_adapter  # the core CLI's, for the same option errors
+        from orchard_async.cli import make_adapter, parse_adapter_options  # the core CLI's, for the same errors
 
-        adapter = make_adapter(args.adapter, args.adapter_options)
+        options = parse_adapter_options(args.adapter_options)
+        adapter = make_adapter(args.adapter, options)
+        if args.reattach_grace and can_adopt(adapter) and "reattach_grace" not in options:
+            # its sandboxes outlive a crash of the service, for the restart to re-adopt them
+            adapter = make_adapter(args.adapter, {**options, "reattach_grace": args.reattach_grace})
     except BaseException:
         listener.close()
         raise
@@ -75,6 +95,7 @@ def serve_command(args: argparse.Namespace) -> int:
         max_sandboxes=args.max_sandboxes,
         default_ttl=args.default_ttl,
         idle_timeout=args.idle_timeout,
+        service_name=args.name or f"serve-{socket.gethostname()}-{listener.getsockname()[1]}",
     )
     host, port = listener.getsockname()[:2]
     who = f"{len(keys.tenants)} API keys from {args.keys}" if keys.required else "no API keys: loopback only"

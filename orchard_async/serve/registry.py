@@ -17,22 +17,27 @@ import contextlib
 import logging
 import posixpath
 import time
+import typing
 import uuid
 from typing import Any
 
 import msgspec
 
 import orchard_async as oa
+from orchard_async.labels import label_value
 
+from . import adopt
 from .keys import CreateRate, Tenant
 from .metrics import Metrics
 from .schema import SANDBOX_ID, ApiError, CreateRequest, parse_cpu
 
 log = logging.getLogger("orchard_async.serve")
 
+RETRY = {"Retry-After": "1"}
 ORCHARD_WORKDIR = "/workspace"  # where Orchard's clients put their files; mapped onto the sandbox's workdir
 TENANT_LABEL = "orchard.serve.key"
 ID_LABEL = "orchard.serve.id"
+NAME_LABEL = "orchard.serve.name"
 
 
 class Box:
@@ -55,6 +60,7 @@ class Box:
         self.deleted = False
         self.sessions: dict[str, tuple[contextlib.AsyncExitStack, oa.Session]] = {}
         self.origin: Any = None  # the connection of the create's caller, until its answer is delivered
+        self.adopting = False  # found after a restart; its shell is being re-attached (see adopt.py)
 
     def caller_gone(self) -> bool:
         return self.origin is not None and self.origin.is_closing()
@@ -108,8 +114,15 @@ class Registry:
         default_ttl: float,
         max_ttl: float,
         idle_timeout: float,
+        service_name: str = "",
     ):
         self.adapter = adapter
+        # on every sandbox's labels, so that a restart of this service finds its sandboxes (adopt.py)
+        self.service_name = label_value(service_name)
+        # True until a restart's re-adoption has listed the backend: until then an id this
+        # service does not know may be one it is about to adopt (503, not 404)
+        self.adopting = False
+        self.lost: dict[tuple[str, str], str] = {}  # ids a restart could not re-adopt: why
         self.metrics = metrics
         self.max_sandboxes = max_sandboxes
         self.default_ttl = default_ttl
@@ -137,15 +150,27 @@ class Registry:
         (a status poll does not: a dashboard must not keep sandboxes alive)."""
         box = self.boxes.get((tenant.name, sandbox_id))
         if box is None:
-            raise ApiError(404, f"sandbox {sandbox_id} not found", "unknown_sandbox")
+            self.unknown(tenant, sandbox_id)
         if touch:
             box.touch()
         return box
+
+    def unknown(self, tenant: Tenant, sandbox_id: str) -> typing.NoReturn:
+        """The answer for an id this service does not hold: 503 while a restart is still
+        listing what to re-adopt, 404 saying why for one it could not, else 404."""
+        if self.adopting:
+            raise ApiError(503, "the service restarted and is re-adopting its sandboxes; retry", "restarting", RETRY)
+        why = self.lost.get((tenant.name, sandbox_id))
+        if why is not None:
+            raise ApiError(404, f"sandbox {sandbox_id} was lost when the service restarted: {why}", "sandbox_lost")
+        raise ApiError(404, f"sandbox {sandbox_id} not found", "unknown_sandbox")
 
     def ready(self, tenant: Tenant, sandbox_id: str, not_ready_status: int) -> tuple[Box, oa.Sandbox]:
         """A sandbox that can run commands; ``not_ready_status`` is Orchard's answer otherwise
         (404 for exec, 400 for files)."""
         box = self.get(tenant, sandbox_id)
+        if box.adopting:  # not an unready sandbox: a ready one whose shell is being re-attached
+            raise ApiError(503, f"sandbox {sandbox_id} is being re-adopted after a restart; retry", "restarting", RETRY)
         if box.sandbox is None:
             raise ApiError(not_ready_status, f"sandbox {sandbox_id} is {box.status}, not ready", "not_ready")
         return box, box.sandbox
@@ -166,11 +191,14 @@ class Registry:
                 env=request.env,
                 workdir=request.workdir,
                 ttl=ttl,
-                labels={**request.labels, TENANT_LABEL: tenant.name, ID_LABEL: public_id},
+                labels={**request.labels, TENANT_LABEL: tenant.name, ID_LABEL: public_id, **self.name_label()},
             )
         except oa.ConfigError as exc:
             raise ApiError(422, str(exc), "invalid") from None
         return spec, ttl
+
+    def name_label(self) -> dict[str, str]:
+        return {NAME_LABEL: self.service_name} if self.service_name else {}
 
     def create(self, tenant: Tenant, request: CreateRequest, origin: Any = None) -> Box:
         """Start creating a sandbox. A create that repeats one already made with the same id
@@ -178,6 +206,8 @@ class Registry:
         client's retry: it gets that sandbox, not a second one."""
         if request.sandbox_id is not None and not SANDBOX_ID.match(request.sandbox_id):
             raise ApiError(422, f"sandbox_id {request.sandbox_id!r}: letters, digits, '.', '_', '-' (at most 100)")
+        if self.adopting:  # the quotas count re-adopted sandboxes, and an id may be taken by one
+            raise ApiError(503, "the service restarted and is re-adopting its sandboxes; retry", "restarting", RETRY)
         unanswered_key = (tenant.name, msgspec.json.encode(request))
         if request.sandbox_id is None:
             earlier = self._unanswered.get(unanswered_key)
@@ -187,6 +217,10 @@ class Registry:
         public_id = request.sandbox_id or f"sbx-{uuid.uuid4().hex[:16]}"
         existing = self.boxes.get((tenant.name, public_id))
         if existing is not None:
+            if existing.adopting:  # its request is known once its record is read back
+                raise ApiError(
+                    503, f"sandbox {public_id} is being re-adopted after a restart; retry", "restarting", RETRY
+                )
             if existing.request == request:
                 return existing
             raise ApiError(409, f"sandbox {public_id} already exists", "conflict")
@@ -214,6 +248,7 @@ class Registry:
             self._unanswered[unanswered_key] = box
         self.boxes[(tenant.name, public_id)] = box
         self.deleted.pop((tenant.name, public_id), None)
+        self.lost.pop((tenant.name, public_id), None)
         self.metrics.creates[tenant.name] += 1
         self.spawn(self._create(box, spec))
         return box
@@ -241,6 +276,8 @@ class Registry:
             if box.deleted:  # deleted while it was being made
                 await self._destroy(box)
                 return
+            if self.service_name:
+                await adopt.write_record(box)
             box.status = "ready"
         finally:
             box.ready.set()
@@ -252,7 +289,11 @@ class Registry:
         key = (tenant.name, sandbox_id)
         box = self.boxes.pop(key, None)
         if box is None:
-            return key in self.deleted
+            if self.adopting and key not in self.deleted:
+                raise ApiError(
+                    503, "the service restarted and is re-adopting its sandboxes; retry", "restarting", RETRY
+                )
+            return key in self.deleted or key in self.lost
         box.deleted = True
         self._forget_unanswered(box)
         self.deleted[key] = time.monotonic()

@@ -1,0 +1,237 @@
+"""A service killed with ``kill -9`` and started again against the same docker daemon takes
+its sandboxes back: same ids, same files, same owners and quotas; one that died meanwhile
+answers 404 saying it was lost in the restart. Real processes, a real daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import orchard_async as oa
+from orchard_async.serve.app import b64decode, b64encode
+from tests.conftest import backend_missing
+from tests.service.conftest import KEY_A, KEY_B, write_keys
+
+IMAGE = "orchard/busybox:test"
+REGISTER = ("orchard_async.serve.cli:add_serve_command", "run the environment service")
+PROGRAM = (
+    "import sys; from orchard_async import cli; "
+    f"cli.OUTSIDE_COMMANDS['serve'] = {REGISTER!r}; sys.exit(cli.main(sys.argv[1:]))"
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def docker_daemon() -> None:
+    try:
+        from adapters.docker import DockerAdapter
+
+        status = asyncio.run(DockerAdapter(image=IMAGE).doctor())
+    except (ImportError, oa.OrchardError) as exc:
+        backend_missing(f"docker: {exc}")
+    if "MISSING" in status:
+        backend_missing(f"docker: {status}")
+
+
+class Serve:
+    """``orchard-async serve`` as a process, its log in a file (a pipe nobody reads would fill)."""
+
+    def __init__(self, tmp_path: Path, name: str, *extra: str):
+        self.log = tmp_path / f"serve-{time.monotonic_ns()}.log"
+        argv = ["serve", "--adapter", "docker", "--port", "0", "--name", name, *extra]
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen([sys.executable, "-c", PROGRAM, *argv], stderr=log)
+        deadline = time.monotonic() + 60
+        while not (found := re.search(r"http://\S+", self.log.read_text())):
+            assert self.process.poll() is None and time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.05)
+        self.url = found[0].rstrip(")")
+
+    def client(self, key: str) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"X-API-Key": key}, timeout=120)
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def containers(name: str) -> list[str]:
+    """The containers (running or not) of the service called ``name``."""
+    listed = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=orchard.serve.name={name}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return listed.stdout.split()
+
+
+def container_of(name: str, public_id: str) -> str:
+    listed = subprocess.run(
+        [
+            "docker",
+            "ps",
+            "-q",
+            "--filter",
+            f"label=orchard.serve.name={name}",
+            "--filter",
+            f"label=orchard.serve.id={public_id}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (container,) = listed.stdout.split()
+    return container
+
+
+def make(http: httpx.Client, **body: object) -> str:
+    created = http.post("/sandboxes", json={"image": IMAGE, "block_network": True, "timeout": 600, **body})
+    assert created.status_code == 200, created.text
+    sandbox_id = created.json()["sandbox_id"]
+    ready = http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 120})
+    assert ready.status_code == 200 and ready.json()["ready"] is True, ready.text
+    return sandbox_id
+
+
+def exec_(http: httpx.Client, sandbox_id: str, command: str) -> httpx.Response:
+    """An exec as Orchard's client and the remote adapter send it: a 503 is retried after
+    its Retry-After (what a restarting service answers while it re-attaches a sandbox)."""
+    for _ in range(120):
+        answer = http.post(
+            f"/sandboxes/{sandbox_id}/exec", json={"command": command, "wait": True, "timeout_seconds": 60}
+        )
+        if answer.status_code != 503:
+            return answer
+        time.sleep(float(answer.headers["Retry-After"]))
+    raise AssertionError(f"still 503 after 120 tries: {answer.text}")
+
+
+def run(http: httpx.Client, sandbox_id: str, command: str) -> dict:
+    answer = exec_(http, sandbox_id, command)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+@pytest.fixture
+def service_name(tmp_path: Path) -> Iterator[str]:
+    name = f"test-restart-{uuid.uuid4().hex[:10]}"
+    yield name
+    # whatever a failed test left: only this test's containers, found by its service's name
+    for container in containers(name):
+        subprocess.run(["docker", "rm", "-f", container], capture_output=True)
+
+
+def test_a_killed_service_restarted_serves_the_same_sandboxes(tmp_path: Path, service_name: str) -> None:
+    keys = str(write_keys(tmp_path / "keys.json", max_sandboxes=2))
+    first = Serve(tmp_path, service_name, "--keys", keys)
+    try:
+        with first.client(KEY_A) as team_a, first.client(KEY_B) as team_b:
+            body = {"sandbox_id": "box-1", "cpu": "1", "memory": "256Mi"}
+            named = make(team_a, **body)
+            unnamed = make(team_a)
+            other = make(team_b)
+            payload = bytes(range(256)) * 4
+            uploaded = team_a.post(
+                f"/sandboxes/{named}/files", json={"path": "/workspace/kept.bin", "content": b64encode(payload)}
+            )
+            assert uploaded.status_code == 200, uploaded.text
+            assert run(team_b, other, "echo b-was-here > b.txt")["exit_code"] == 0
+            described = team_a.get(f"/sandboxes/{named}").json()
+    finally:
+        first.kill()
+    assert len(containers(service_name)) == 3  # the sandboxes outlived their service
+
+    second = Serve(tmp_path, service_name, "--keys", keys)
+    try:
+        with second.client(KEY_A) as team_a, second.client(KEY_B) as team_b:
+            ready = team_a.get(f"/sandboxes/{named}/wait", params={"timeout": 120})
+            assert ready.status_code == 200 and ready.json()["ready"] is True, ready.text
+            got = team_a.get(f"/sandboxes/{named}/files", params={"path": "/workspace/kept.bin"})
+            assert got.status_code == 200, got.text
+            assert b64decode(got.json()["content"], "content") == payload
+            again = team_a.get(f"/sandboxes/{named}").json()
+            for field in ("image", "cpu", "memory", "timeout", "created_at", "namespace", "block_network"):
+                assert again[field] == described[field], field
+            # a client's retry of its create gets the same sandbox, not a conflict
+            retried = team_a.post("/sandboxes", json={"image": IMAGE, "block_network": True, "timeout": 600, **body})
+            assert retried.status_code == 200 and retried.json()["sandbox_id"] == named, retried.text
+            assert run(team_a, named, "cat kept.bin | wc -c")["stdout"].strip() == str(len(payload))
+            # tenancy and quotas count what was re-adopted
+            assert {box["sandbox_id"] for box in team_a.get("/sandboxes").json()["sandboxes"]} == {named, unnamed}
+            assert team_b.get(f"/sandboxes/{named}").status_code == 404
+            assert run(team_b, other, "cat b.txt")["stdout"] == "b-was-here\n"
+            over = team_a.post("/sandboxes", json={"image": IMAGE, "block_network": True})
+            assert over.status_code == 503 and over.json()["reason"] == "quota_sandboxes", over.text
+            assert team_a.get(f"/sandboxes/{unnamed}/wait", params={"timeout": 120}).json()["ready"] is True
+            assert team_a.delete(f"/sandboxes/{unnamed}").status_code == 200
+    finally:
+        second.stop()
+    assert second.process.returncode == 0
+    assert containers(service_name) == []  # a clean stop removes them all
+    log = second.log.read_text()
+    assert KEY_A not in log and KEY_B not in log
+
+
+def test_a_sandbox_that_cannot_be_taken_back_is_removed_and_answers_404(tmp_path: Path, service_name: str) -> None:
+    first = Serve(tmp_path, service_name)
+    try:
+        with first.client("") as http:
+            survivor, victim, vanished = make(http), make(http), make(http)
+            assert run(http, survivor, "echo alive > f")["exit_code"] == 0
+    finally:
+        first.kill()
+    # a frozen container takes no exec: found, but it cannot be re-attached
+    subprocess.run(["docker", "pause", container_of(service_name, victim)], check=True, capture_output=True)
+    subprocess.run(["docker", "rm", "-f", container_of(service_name, vanished)], check=True, capture_output=True)
+    second = Serve(tmp_path, service_name)
+    try:
+        with second.client("") as http:
+            assert run(http, survivor, "cat f")["stdout"] == "alive\n"
+            lost = exec_(http, victim, "true")
+            assert lost.status_code == 404 and lost.json()["reason"] == "sandbox_lost", lost.text
+            assert "lost when the service restarted" in lost.json()["detail"]
+            assert http.get(f"/sandboxes/{victim}").status_code == 404
+            gone = exec_(http, vanished, "true")
+            assert gone.status_code == 404, gone.text
+            assert [box["sandbox_id"] for box in http.get("/sandboxes").json()["sandboxes"]] == [survivor]
+            assert len(containers(service_name)) == 1  # the one that could not be taken back was removed
+    finally:
+        second.stop()
+    assert containers(service_name) == []
+
+
+def test_a_sandbox_nobody_takes_back_ends_after_its_grace(tmp_path: Path, service_name: str) -> None:
+    first = Serve(tmp_path, service_name, "--reattach-grace", "2")
+    try:
+        with first.client("") as http:
+            sandbox_id = make(http)
+    finally:
+        first.kill()
+    deadline = time.monotonic() + 60
+    while containers(service_name) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert containers(service_name) == []
+    second = Serve(tmp_path, service_name)
+    try:
+        with second.client("") as http:
+            assert http.get(f"/sandboxes/{sandbox_id}").status_code == 404
+    finally:
+        second.stop()
