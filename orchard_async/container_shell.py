@@ -190,8 +190,9 @@ printf '%s %s\\n' "$_o_st" "$_o_w"
 async def wait_attachable(run_check: Callable[[], Awaitable[bytes]], name: str, patience: float) -> str:
     """Until the sandbox can take a new shell (ATTACH_CHECK says "free"): its workdir.
     "ending" and "busy" are waited out for ``patience`` seconds (an old session being killed;
-    a frozen controller's, which its keepalive ends), then CreateFailed (retry later);
-    "fixed" is SandboxLost: it was not made to be attached to."""
+    a frozen controller's, which its keepalive ends), then CreateFailed (retry later); so is
+    no answer (an ending session kills the check too); "fixed" is SandboxLost: it was not
+    made to be attached to."""
     deadline = time.monotonic() + patience
     while True:
         state, workdir = parse_attach_check(await run_check())
@@ -199,9 +200,9 @@ async def wait_attachable(run_check: Callable[[], Awaitable[bytes]], name: str, 
             return workdir or DEFAULT_WORKDIR
         if state == "fixed":
             raise SandboxLost(f"sandbox {name} was made without a reattach grace: it ends with its controller")
-        if not state:
-            raise SandboxLost(f"sandbox {name} did not answer the attach check")
         if time.monotonic() >= deadline:
+            if not state:
+                raise CreateFailed(f"sandbox {name} did not answer the attach check; retry later")
             raise CreateFailed(f"sandbox {name} still has a live shell session of another controller; retry later")
         await anyio.sleep(0.25)
 
