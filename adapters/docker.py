@@ -57,19 +57,17 @@ import msgspec
 from aiodocker.containers import DockerContainer
 from aiodocker.stream import Stream
 
+from orchard_async import container_reattach
 from orchard_async import labels as names
 from orchard_async.background import Background, BackgroundOwner
 from orchard_async.container_shell import (
     CTL_DIR,
     DEFAULT_WORKDIR,
-    REATTACH_LABEL,
     SHELL_ONLY,
     DuplexStream,
     ExecStream,
     Heartbeat,
     OutputStream,
-    adoptable_entry,
-    attach_check_command,
     close_streams,
     concurrently,
     container_sandbox,
@@ -77,7 +75,6 @@ from orchard_async.container_shell import (
     shell_command,
     start_shell,
     timer_args,
-    wait_attachable,
 )
 from orchard_async.errors import AdapterUnavailable, BackendUnavailable, ConfigError, CreateFailed, SandboxLost
 from orchard_async.images import ImageMissing, build_command, missing_image_hint
@@ -329,7 +326,7 @@ class DockerAdapter(BackgroundOwner):
     def _labels(self, spec: SandboxSpec, expires_at: float) -> dict[str, str]:
         lease = names.lease_labels(owner=self.owner, run=self.run_id, expires_at=expires_at, controller=self.controller)
         if self.reattach_grace:
-            lease[REATTACH_LABEL] = str(self.reattach_grace)
+            lease[names.REATTACH] = str(self.reattach_grace)
         return {**spec.labels, **lease}
 
     def _workdir(self, spec: SandboxSpec) -> str:
@@ -355,7 +352,9 @@ class DockerAdapter(BackgroundOwner):
         timer = ["sh", "-c", TIMER, "orchard-timer"]
         return {
             "Image": image,
-            "Entrypoint": adoptable_entry(timer, self._workdir(spec)) if self.reattach_grace else timer,
+            "Entrypoint": container_reattach.adoptable_entry(timer, self._workdir(spec))
+            if self.reattach_grace
+            else timer,
             "Cmd": timer_args(spec.ttl, self.config.attach_grace),
             "Env": [f"{key}={value}" for key, value in spec.env.items()],
             "Labels": labels,
@@ -462,7 +461,12 @@ class DockerAdapter(BackgroundOwner):
         self, container: DockerContainer, workdir: str, name: str
     ) -> tuple[CgroupShellClient, list[OutputStream]]:
         """Start the long-lived shell exec, its output relays, and the shell-session server."""
-        command = shell_command(self.keepalive, self.reattach_grace) if self.config.exit_with_shell else SHELL_ONLY
+        if not self.config.exit_with_shell:
+            command = SHELL_ONLY
+        elif self.reattach_grace:
+            command = container_reattach.shell_command(self.keepalive, self.reattach_grace)
+        else:
+            command = shell_command(self.keepalive)
         stream = ExecStream(await self._attach(container, command, "shell", stdin=True), self._background)
         if self.keepalive:  # from the first byte: the watchdog is already counting
             self._heartbeat.add(name, stream)
@@ -534,11 +538,15 @@ class DockerAdapter(BackgroundOwner):
         """A new shell session on a live sandbox another controller made with a reattach grace
         (and that controller gone): SandboxLost when it ended or expired (removed then), or was
         made without one; CreateFailed while another controller's session is alive."""
+        from .docker_attach import attach
+
         return await attach(self, sandbox_id)
 
     async def find_sandboxes(self, labels: dict[str, str]) -> dict[str, dict[str, str]]:
         """Sandboxes (anyone's, live or ended but not yet removed) carrying every one of
         ``labels``: id -> their labels."""
+        from .docker_attach import find_sandboxes
+
         return await find_sandboxes(self, labels)
 
     async def list_owned(self) -> list[str]:
@@ -609,69 +617,3 @@ def _with_exec(options: str) -> str:
     if "noexec" not in words and "exec" not in words:
         words.append("exec")
     return ",".join(words)
-
-
-# -- re-attaching (see container_shell, "re-attaching") ------------------------------------------
-
-
-async def _run_check(adapter: DockerAdapter, container: DockerContainer, name: str) -> bytes:
-    try:
-        output = OutputStream(await adapter._attach(container, attach_check_command(), "attach check", stdin=False))
-    except CreateFailed as exc:
-        raise SandboxLost(f"sandbox {name} cannot be attached to: {exc}") from None
-    received = b""
-    try:
-        with anyio.fail_after(adapter.api_timeout):
-            while True:
-                received += await output.receive()
-    except (anyio.EndOfStream, anyio.BrokenResourceError):
-        return received
-    except TimeoutError:
-        raise BackendUnavailable(f"the attach check of {name} did not finish in {adapter.api_timeout:.0f}s") from None
-    finally:
-        await output.aclose()
-
-
-async def attach(adapter: DockerAdapter, name: str) -> ShellSandbox:
-    """DockerAdapter.attach: a new shell session on a live container of reattach mode."""
-    if name in adapter._live:
-        return adapter._live[name]
-    docker = await adapter._client()
-    container = docker.containers.container(name)
-    try:
-        info = await adapter._call(f"inspect of {name}", container.show())
-    except aiodocker.DockerError as exc:
-        if exc.status == 404:
-            raise SandboxLost(f"sandbox {name} is gone") from None
-        raise
-    labels = info["Config"].get("Labels") or {}
-    if names.OWNER not in labels:
-        raise SandboxLost(f"container {name} is not an orchard sandbox")
-    expires_at = names.expiry(labels)
-    if not info["State"].get("Running") or expires_at <= time.time():
-        await adapter._remove(name)
-        raise SandboxLost(f"sandbox {name} has ended (its TTL passed, or it had no controller for its grace)")
-    if REATTACH_LABEL not in labels:
-        raise SandboxLost(f"sandbox {name} was made without a reattach grace: it ends with its controller")
-    patience = adapter.keepalive + 5.0
-    try:
-        workdir = await wait_attachable(lambda: _run_check(adapter, container, name), name, patience)
-    except SandboxLost:  # it takes no exec, or its timer is not on record: of no use to anyone
-        await adapter._remove(name)
-        raise
-    try:
-        client, relays = await adapter._open_shell(container, workdir, name)
-    except BaseException:
-        adapter._heartbeat.discard(name)
-        raise
-    return adapter._sandbox(container, name, client, relays, labels, expires_at)
-
-
-async def find_sandboxes(adapter: DockerAdapter, match: dict[str, str]) -> dict[str, dict[str, str]]:
-    """DockerAdapter.find_sandboxes: orchard containers with every label of ``match``, running
-    or not yet removed (``attach`` removes those it cannot use, so their end is known)."""
-    docker = await adapter._client()
-    wanted = [names.OWNER, *(f"{key}={value}" for key, value in match.items())]
-    filters = json.dumps({"label": wanted})
-    containers = await adapter._call("container list", docker.containers.list(all=True, filters=filters))
-    return {container["Names"][0].lstrip("/"): container["Labels"] or {} for container in containers}

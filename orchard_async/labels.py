@@ -28,6 +28,7 @@ RUN = "orchard.run"  # the adapter's run id
 EXPIRES = "orchard.expires"  # epoch seconds: its TTL's end
 CONTROLLER = "orchard.controller"  # the controller process (controller_id or controller_label)
 SANDBOX = "orchard.sandbox"  # kubernetes: the pod's own name (network policies select on it)
+REATTACH = "orchard.reattach"  # seconds it outlives its controller for another to attach (container_reattach)
 
 # -- what the core and bench put into SandboxSpec.labels -----------------------------------------
 EPISODE = "orchard.episode"

@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from orchard_async import container_shell
+from orchard_async import container_reattach, container_shell
 from orchard_async import labels as names
 from orchard_async.background import Background, BackgroundOwner
 from orchard_async.errors import ConfigError, CreateFailed, OrchardError, SandboxLost
@@ -75,6 +75,7 @@ class KubernetesAdapter(BackgroundOwner):
         self.owner = config.owner or f"{os.environ.get('USER', 'user')}@{socket.gethostname()}"
         self.pod_settings = PodSettings(
             attach_grace=config.attach_grace,
+            reattach_grace=config.reattach_grace if config.exit_with_shell else 0.0,
             read_only=config.read_only,
             node_selector=config.node_selector,
             tolerations=config.tolerations,
@@ -211,7 +212,17 @@ class KubernetesAdapter(BackgroundOwner):
             finally:
                 informer.creating.discard(name)
                 informer.gone.discard(name)
+        return self._sandbox(name, client, relays, labels, expires_at, allow)
 
+    def _sandbox(
+        self,
+        name: str,
+        client: CgroupShellClient,
+        relays: list[container_shell.OutputStream],
+        labels: dict[str, str],
+        expires_at: float,
+        allow: bool,
+    ) -> ShellSandbox:
         async def teardown() -> None:
             self._live.pop(name, None)
             client.lost = client.lost or "the sandbox was closed"
@@ -254,11 +265,19 @@ class KubernetesAdapter(BackgroundOwner):
                 if exc.status != 409:
                     raise CreateFailed(f"could not create the allow-egress NetworkPolicy for {name}: {exc}") from None
         await self._wait_running(name, image, spec.pull)
-        return await self._open_shell(name, spec)
+        seen = self.informer.pods.get(name, {}) if self.informer else {}
+        pod = PodRef(self.namespace, name, (seen.get("status") or {}).get("podIP"))
+        return await self._open_shell(pod, spec.workdir or container_shell.DEFAULT_WORKDIR)
 
     def _labels(self, spec: SandboxSpec, expires_at: float, name: str) -> dict[str, str]:
         return sandbox_labels(
-            spec, name=name, owner=self.owner, run=self.run_id, expires_at=expires_at, controller=self.controller
+            spec,
+            name=name,
+            owner=self.owner,
+            run=self.run_id,
+            expires_at=expires_at,
+            controller=self.controller,
+            reattach_grace=self.pod_settings.reattach_grace,
         )
 
     def _pod_manifest(self, name: str, spec: SandboxSpec, image: str, labels: dict[str, str]) -> dict[str, Any]:
@@ -306,18 +325,23 @@ class KubernetesAdapter(BackgroundOwner):
         return f"sandbox pod {name} (image {image}) was not ready within {budget:.3g}s: {why}{extra}"
 
     async def _open_shell(
-        self, name: str, spec: SandboxSpec
+        self, pod: PodRef, workdir: str
     ) -> tuple[CgroupShellClient, list[container_shell.OutputStream]]:
         """The long-lived shell exec, its output relays (when the transport has them), and
         the shell-session server; the client and the relays (closed with the pod)."""
-        seen = self.informer.pods.get(name, {}) if self.informer else {}
-        pod = PodRef(self.namespace, name, (seen.get("status") or {}).get("podIP"))
-        command = container_shell.shell_command() if self.config.exit_with_shell else container_shell.SHELL_ONLY
+        name = pod.name
+        grace = self.pod_settings.reattach_grace
+        if not self.config.exit_with_shell:
+            command = container_shell.SHELL_ONLY
+        elif grace:
+            command = container_reattach.shell_command(0.0, grace)
+        else:
+            command = container_shell.shell_command()
         stream = await self.transport.open_shell(pod, command)
         opener = getattr(self.transport, "open_output", None)
         return await container_shell.start_shell(
             stream,
-            workdir=spec.workdir or container_shell.DEFAULT_WORKDIR,
+            workdir=workdir,
             open_output=(lambda command: opener(pod, command)) if opener else None,
             interrupt=lambda shell: self._interrupt(pod, shell),
             output_cap=self.config.output_cap,
@@ -394,6 +418,22 @@ class KubernetesAdapter(BackgroundOwner):
         except (OrchardError, ApiError):
             return
         self._unremoved.pop(name, None)
+
+    async def attach(self, sandbox_id: str) -> Sandbox:
+        """A new shell session on a live pod another controller made with a reattach grace (and
+        that controller gone): SandboxLost when it ended or expired (deleted then), or was made
+        without one; CreateFailed while another controller's session is alive."""
+        from .attach import attach
+
+        return await attach(self, sandbox_id)
+
+    async def find_sandboxes(self, labels: dict[str, str]) -> dict[str, dict[str, str]]:
+        """Sandbox pods (anyone's, live or ended but not yet deleted) carrying every one of
+        ``labels``: pod name -> its labels."""
+        await self._start()
+        selector = ",".join([names.OWNER, *(f"{key}={value}" for key, value in labels.items())])
+        pods = await self.api.list_all(self.api.path("pods"), selector, "pod list for attach")
+        return {pod["metadata"]["name"]: pod["metadata"].get("labels") or {} for pod in pods}
 
     async def list_owned(self) -> list[str]:
         """Live sandboxes, and destroyed ones whose deletion the API did not confirm."""

@@ -39,4 +39,7 @@ class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     api_timeout: Positive = API_TIMEOUT  # seconds one attempt of one API call may take
     api_retry_for: Annotated[float, msgspec.Meta(ge=0)] = API_RETRY_FOR  # seconds one call retries 429/5xx/errors
     attach_grace: Positive = ATTACH_GRACE  # seconds a pod waits for its shell before ending itself
+    # seconds a pod outlives its controller, for another to ``attach`` (0: it ends at once; needs
+    # exit_with_shell). What ``orchard-async serve`` uses to re-adopt its sandboxes after a restart.
+    reattach_grace: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 0.0
     output_cap: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_OUTPUT_CAP  # bytes kept per output stream

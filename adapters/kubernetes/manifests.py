@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from orchard_async import labels as names
+from orchard_async.container_reattach import adoptable_entry
 from orchard_async.container_shell import CTL_DIR, DEFAULT_WORKDIR, timer_args
 from orchard_async.images import build_command
 from orchard_async.types import SandboxSpec
@@ -38,6 +39,7 @@ class PodSettings(msgspec.Struct, frozen=True, kw_only=True):
     """What every sandbox pod of one adapter shares."""
 
     attach_grace: float  # seconds a pod waits for its shell before ending itself
+    reattach_grace: float = 0.0  # seconds a pod outlives its controller (container_shell, "re-attaching")
     read_only: bool = False  # read-only root; the workdir and the control dir get emptyDirs
     node_selector: dict[str, str] = {}
     tolerations: list[dict[str, Any]] = []  # core/v1 Toleration objects
@@ -46,12 +48,27 @@ class PodSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def sandbox_labels(
-    spec: SandboxSpec, *, name: str, owner: str, run: str, expires_at: float, controller: str
+    spec: SandboxSpec,
+    *,
+    name: str,
+    owner: str,
+    run: str,
+    expires_at: float,
+    controller: str,
+    reattach_grace: float = 0.0,
 ) -> dict[str, str]:
     """The spec's labels, the lease labels (as valid label values) and the pod's own name
-    (the NetworkPolicies select on it)."""
+    (the NetworkPolicies select on it); with a reattach grace, its seconds (reap leaves the
+    pod to end itself)."""
     lease = names.lease_labels(owner=names.label_value(owner), run=run, expires_at=expires_at, controller=controller)
+    if reattach_grace:
+        lease[names.REATTACH] = str(reattach_grace)
     return {**spec.labels, **lease, names.SANDBOX: name}
+
+
+def timer_command(ttl: int, settings: PodSettings, workdir: str) -> list[str]:
+    timer = ["sh", "-c", TIMER, "orchard-timer", *timer_args(ttl, settings.attach_grace)]
+    return adoptable_entry(timer, workdir) if settings.reattach_grace else timer
 
 
 def pull_policy(spec: SandboxSpec, image: str) -> str:
@@ -78,7 +95,7 @@ def pod_manifest(
         "name": CONTAINER,
         "image": image,
         "imagePullPolicy": pull_policy(spec, image),
-        "command": ["sh", "-c", TIMER, "orchard-timer", *timer_args(ttl, settings.attach_grace)],
+        "command": timer_command(ttl, settings, spec.workdir or DEFAULT_WORKDIR),
         "env": [{"name": key, "value": value} for key, value in spec.env.items()],
         "securityContext": {
             "allowPrivilegeEscalation": False,

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import orchard_async as oa
-from orchard_async.container_shell import REATTACH_LABEL, is_abandoned
+from orchard_async.container_shell import is_abandoned
 from tests.adapters.test_docker import containers, docker_daemon, make_adapter  # noqa: F401 - fixtures
 
 SPEC = oa.SandboxSpec(ttl=300)
@@ -58,5 +58,5 @@ def test_reap_leaves_a_sandbox_with_a_grace_to_end_itself() -> None:
     labels = {oa.labels.EXPIRES: str(int(time.time()) + 300)}
     dead = dict(ended=False, controller_alive=False, now=time.time(), older_than=0)
     assert is_abandoned(labels, **dead)
-    assert not is_abandoned({**labels, REATTACH_LABEL: "60"}, **dead)
-    assert is_abandoned({**labels, REATTACH_LABEL: "60"}, **{**dead, "ended": True})
+    assert not is_abandoned({**labels, oa.labels.REATTACH: "60"}, **dead)
+    assert is_abandoned({**labels, oa.labels.REATTACH: "60"}, **{**dead, "ended": True})
