@@ -138,6 +138,13 @@ class Adapter(Protocol):
     one is reported as "ready"). It raises ``AdapterUnavailable`` when the backend cannot
     be used on this machine.
 
+    Optional, for taking over sandboxes another controller made (``orchard-async serve``
+    after a restart; docker and kubernetes with a ``reattach_grace``):
+    ``async def find_sandboxes(self, labels: dict[str, str]) -> dict[str, dict[str, str]]``
+    (sandboxes carrying those labels: id -> labels) and ``async def attach(self, sandbox_id)
+    -> Sandbox`` (a new shell session on one whose controller is gone; ``SandboxLost`` when
+    it cannot be used, ``CreateFailed`` while another controller still holds it).
+
     A sandbox it made is ended by ``sandbox.close()``; the adapter itself by leaving
     ``async with adapter`` or by ``close()`` (see the module docstring)."""
 

@@ -266,6 +266,8 @@ async def main(args: argparse.Namespace) -> dict:
         "backend_just_after_kill": summary(load.backend_after_kill),
         "backend_when_restarted": summary(load.backend_after_restart),
         "reaped_at_restart": log.count("left by a run that is gone"),
+        "readopted_at_restart": log.count("re-adopted key="),
+        "lost_at_restart": log.count("could not re-adopt"),
         "leaks_service_running": while_running,
         "leaks_after_stop": after_stop,
         "service_exit_code": stopped_rc,

@@ -45,9 +45,9 @@ def docker_daemon() -> None:
 class Serve:
     """``orchard-async serve`` as a process, its log in a file (a pipe nobody reads would fill)."""
 
-    def __init__(self, tmp_path: Path, name: str, *extra: str):
+    def __init__(self, tmp_path: Path, name: str, *extra: str, adapter: str = "docker"):
         self.log = tmp_path / f"serve-{time.monotonic_ns()}.log"
-        argv = ["serve", "--adapter", "docker", "--port", "0", "--name", name, *extra]
+        argv = ["serve", "--adapter", adapter, "--port", "0", "--name", name, *extra]
         with self.log.open("w") as log:
             self.process = subprocess.Popen([sys.executable, "-c", PROGRAM, *argv], stderr=log)
         deadline = time.monotonic() + 60
@@ -102,8 +102,8 @@ def container_of(name: str, public_id: str) -> str:
     return container
 
 
-def make(http: httpx.Client, **body: object) -> str:
-    created = http.post("/sandboxes", json={"image": IMAGE, "block_network": True, "timeout": 600, **body})
+def make(http: httpx.Client, image: str = IMAGE, **body: object) -> str:
+    created = http.post("/sandboxes", json={"image": image, "block_network": True, "timeout": 600, **body})
     assert created.status_code == 200, created.text
     sandbox_id = created.json()["sandbox_id"]
     ready = http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 120})
