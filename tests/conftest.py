@@ -44,7 +44,10 @@ DOCKER_FILES = {
     "tests/recipes/test_gui_docker.py",
     "tests/recipes/test_swe_docker.py",
     "tests/recipes/test_swe_real_instances.py",
+    "tests/adapters/test_docker_attach.py",
+    "tests/service/test_restart.py",
 }
+KUBERNETES_FILES = {"tests/adapters/test_kubernetes.py", "tests/service/test_restart_kubernetes.py"}
 
 
 def group_of(nodeid: str, *, soak: bool) -> str:
@@ -53,7 +56,7 @@ def group_of(nodeid: str, *, soak: bool) -> str:
     backend = next((name for name in ("docker", "kubernetes") if name in params), "")
     if soak and (path in DOCKER_FILES or backend == "docker"):
         return "docker"
-    if soak and (path == "tests/adapters/test_kubernetes.py" or backend == "kubernetes"):
+    if soak and (path in KUBERNETES_FILES or backend == "kubernetes"):
         return "kubernetes"
     return SHARED_SESSION_FIXTURE_FILES.get(path, f"{path} {backend}".strip())
 
@@ -66,6 +69,7 @@ LONGEST_GROUPS = (
     "tests/recipes/test_swe_docker.py",
     "tests/adapters/test_docker.py",
     "tests/core/test_cli.py",
+    "tests/service/test_restart.py",
     "tests/conformance/test_stream.py",
     "tests/recipes/test_gui_browser.py",
     "tests/bench/test_scenarios.py",
