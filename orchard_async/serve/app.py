@@ -240,12 +240,17 @@ async def _answer(request: web.Request, job: Job) -> web.StreamResponse:
 
 
 async def get_job(request: web.Request) -> web.Response:
-    return reply(request.app[JOBS].get(request[TENANT].name, request.match_info["job_id"]).to_json())
+    job_id = request.match_info["job_id"]
+    if (lost := request.app[JOBS].lost_in_restart(job_id)) is not None:
+        return reply(lost)
+    return reply(request.app[JOBS].get(request[TENANT].name, job_id).to_json())
 
 
 async def wait_job(request: web.Request) -> web.StreamResponse:
-    jobs = request.app[JOBS]
-    job = jobs.get(request[TENANT].name, request.match_info["job_id"])
+    jobs, job_id = request.app[JOBS], request.match_info["job_id"]
+    if (lost := jobs.lost_in_restart(job_id)) is not None:
+        return reply(lost)
+    job = jobs.get(request[TENANT].name, job_id)
     await jobs.wait(job, min(int_query(request, "timeout", 300), MAX_WAIT))
     return await _answer(request, job)
 

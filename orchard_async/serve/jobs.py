@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
+import secrets
 import time
 import uuid
 from typing import Any
@@ -38,11 +40,16 @@ WAIT_MARGIN = 30.0  # the wait answer comes this long after the command's timeou
 TIMEOUT_EXIT_CODE = 124
 KEEP_FINISHED = 10_000  # finished jobs remembered for GET /jobs/{id}
 RETRY_HORIZON = 600.0  # seconds during which a retry can still find its original
+# Job ids begin with this process's own 8 hex digits: an id of the same shape with others is
+# a job of an earlier run of the service, which a restart ended (see Jobs.lost_in_restart).
+INSTANCE = secrets.token_hex(4)
+JOB_ID = re.compile(r"[0-9a-f]{32}")
+LOST_IN_RESTART = "the service restarted while this job ran; its outcome is unknown (run it again if that is safe)"
 
 
 class Job:
     def __init__(self, tenant: str, box: Box, request: ExecRequest, key: str | None):
-        self.id = uuid.uuid4().hex
+        self.id = INSTANCE + uuid.uuid4().hex[:24]
         self.key = key
         self.tenant = tenant
         self.box = box
@@ -137,6 +144,27 @@ class Jobs:
         self._by_idempotency: dict[tuple[str, str], Job] = {}
         # The latest jobs of each command in each sandbox: where a retry looks for its original.
         self._recent: dict[tuple[str, int, bytes], collections.deque[Job]] = {}
+
+    @staticmethod
+    def lost_in_restart(job_id: str) -> dict[str, Any] | None:
+        """The answer for a job of an earlier run of this service (its id has another
+        instance's prefix): failed, since a restart ends every session's commands. The same
+        for every key and for ids never handed out: it tells nobody anything."""
+        if not JOB_ID.fullmatch(job_id) or job_id.startswith(INSTANCE):
+            return None
+        return {
+            "job_id": job_id,
+            "sandbox_id": "",
+            "command": "",
+            "status": "failed",
+            "created_at": 0.0,
+            "started_at": None,
+            "completed_at": None,
+            "stdout": "",
+            "stderr": "",
+            "exit_code": None,
+            "error": LOST_IN_RESTART,
+        }
 
     def get(self, tenant: str, job_id: str) -> Job:
         job = self.jobs.get(job_id)

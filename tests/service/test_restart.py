@@ -155,6 +155,9 @@ def test_a_killed_service_restarted_serves_the_same_sandboxes(tmp_path: Path, se
             assert uploaded.status_code == 200, uploaded.text
             assert run(team_b, other, "echo b-was-here > b.txt")["exit_code"] == 0
             described = team_a.get(f"/sandboxes/{named}").json()
+            body_of_job = {"command": "sleep 300", "timeout_seconds": 400, "wait": False}
+            running = team_a.post(f"/sandboxes/{unnamed}/exec", json=body_of_job).json()
+            assert running["status"] in ("queued", "running"), running
     finally:
         first.kill()
     assert len(containers(service_name)) == 3  # the sandboxes outlived their service
@@ -181,6 +184,13 @@ def test_a_killed_service_restarted_serves_the_same_sandboxes(tmp_path: Path, se
             over = team_a.post("/sandboxes", json={"image": IMAGE, "block_network": True})
             assert over.status_code == 503 and over.json()["reason"] == "quota_sandboxes", over.text
             assert team_a.get(f"/sandboxes/{unnamed}/wait", params={"timeout": 120}).json()["ready"] is True
+            # the job running at the kill: failed, saying why (its command died with the old session)
+            for path in (f"/jobs/{running['job_id']}", f"/jobs/{running['job_id']}/wait"):
+                lost_job = team_a.get(path)
+                assert lost_job.status_code == 200, lost_job.text
+                assert lost_job.json()["status"] == "failed" and "service restarted" in lost_job.json()["error"]
+            assert "sleep 300" not in run(team_a, unnamed, "ps -o args")["stdout"]
+            assert team_a.get("/jobs/not-a-job-id").status_code == 404
             assert team_a.delete(f"/sandboxes/{unnamed}").status_code == 200
     finally:
         second.stop()
