@@ -26,8 +26,12 @@ WORKDIR_FILE = f"{CTL_DIR}/workdir"  # the sandbox's workdir, for a controller t
 
 # The container's main process in reattach mode: records its pid and the workdir, then
 # becomes the timer (exec keeps the pid). `$1` the control dir, `$2` the workdir; the timer's
-# argv follows.
-RECORD_TIMER = 'mkdir -p "$1" 2>/dev/null; echo $$ >"$1/timer.pid"; printf %s "$2" >"$1/workdir"; shift 2; exec "$@"'
+# argv follows. Its pid comes from /proc/self/stat, not `$$`: Kubernetes reads `$$` in a pod's
+# command as an escaped `$`.
+RECORD_TIMER = (
+    'mkdir -p "$1" 2>/dev/null; read -r _o_p _o_x </proc/self/stat; echo "$_o_p" >"$1/timer.pid"; '
+    'printf %s "$2" >"$1/workdir"; shift 2; exec "$@"'
+)
 
 # The shell exec in reattach mode: as SHELL_WRAPPER, but when the controller goes (EOF, or the
 # keepalive watchdog's silence, which then kills only the relay), the left side marks the

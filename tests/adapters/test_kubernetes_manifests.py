@@ -264,3 +264,21 @@ async def test_a_slow_create_fails_with_its_reason_before_the_pools_create_timeo
     assert name.startswith("orchard-") and name in message
     assert await adapter.list_owned() == []
     await adapter.close()
+
+
+def test_a_pod_with_a_reattach_grace_records_its_timer_in_words_kubernetes_keeps() -> None:
+    """With a reattach grace the pod's command records the timer's pid for the session's end
+    to spare; Kubernetes rewrites `$$` in a command to `$` (and expands `$(NAME)`), so the
+    command must hold neither, or the timer dies with the first controller."""
+    adapter = KubernetesAdapter(namespace="ns", reattach_grace=60)
+    spec = oa.SandboxSpec(ttl=300, workdir="/work")
+    labels = adapter._labels(spec, 1e10, "pod-a")
+    command = adapter._pod_manifest("pod-a", spec, "img", labels)["spec"]["containers"][0]["command"]
+    assert labels[names.REATTACH] == "60.0"
+    assert "timer.pid" in " ".join(command) and "/work" in command
+    assert not any("$$" in part or "$(" in part for part in command)
+    plain = KubernetesAdapter(namespace="ns")
+    assert names.REATTACH not in plain._labels(spec, 1e10, "pod-b")
+    assert "timer.pid" not in " ".join(
+        plain._pod_manifest("pod-b", spec, "img", {})["spec"]["containers"][0]["command"]
+    )
