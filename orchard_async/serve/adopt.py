@@ -22,6 +22,7 @@ sandboxes end with the controller's pipes) re-adopt nothing.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from orchard_async.container_shell import CTL_DIR
-from orchard_async.errors import InfraError, OrchardError
+from orchard_async.errors import InfraError, OrchardError, SandboxLost
 from orchard_async.labels import expiry
 
 from .keys import Tenant
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("orchard_async.serve")
 
 RECORD = f"{CTL_DIR}/serve-request.json"
+ATTACH_ATTEMPTS = 3  # a backend that does not answer, or a sandbox busy with an ending session
+ATTACH_PAUSE = 2.0
 
 
 class Record(msgspec.Struct, kw_only=True):
@@ -106,7 +109,7 @@ async def adopt(registry: Registry, tenants: dict[str, Tenant]) -> None:
 async def _attach(registry: Registry, box: Box, sandbox_id: str) -> None:
     key = (box.tenant.name, box.id)
     try:
-        sandbox = await registry.adapter.attach(sandbox_id)  # type: ignore[attr-defined]
+        sandbox = await _attach_retrying(registry.adapter, sandbox_id)
     except (InfraError, OrchardError, OSError) as exc:
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         log.warning("could not re-adopt key=%s sandbox=%s (%s): %s", box.tenant.name, box.id, sandbox_id, why)
@@ -130,6 +133,21 @@ async def _attach(registry: Registry, box: Box, sandbox_id: str) -> None:
     log.info("re-adopted key=%s sandbox=%s (%s)", box.tenant.name, box.id, sandbox_id)
     if box.deleted:  # deleted while it was being re-attached
         registry.spawn(registry._destroy(box))
+
+
+async def _attach_retrying(adapter: Any, sandbox_id: str) -> Any:
+    """``attach``, again after a pause when the backend did not answer or the sandbox was busy
+    (both may pass); a lost sandbox is lost at once."""
+    for attempt in range(ATTACH_ATTEMPTS):
+        try:
+            return await adapter.attach(sandbox_id)
+        except SandboxLost:
+            raise
+        except (InfraError, OSError):
+            if attempt == ATTACH_ATTEMPTS - 1:
+                raise
+            await asyncio.sleep(ATTACH_PAUSE)
+    raise AssertionError("unreachable")
 
 
 async def _remove(registry: Registry, sandbox_id: str, why: str) -> None:
