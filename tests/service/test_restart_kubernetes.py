@@ -80,7 +80,7 @@ def test_a_killed_service_restarted_serves_the_same_pods(tmp_path: Path, service
             got = http.get(f"/sandboxes/{kept}/files", params={"path": "/workspace/kept.bin"})
             assert got.status_code == 200, got.text
             assert b64decode(got.json()["content"], "content") == payload
-            assert run(http, kept, "echo again")["stdout"] == "again\\n"
+            assert run(http, kept, "echo again")["stdout"] == "again\n"
             assert [box["sandbox_id"] for box in http.get("/sandboxes").json()["sandboxes"]] == [kept]
     finally:
         second.stop()
