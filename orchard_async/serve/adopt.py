@@ -157,4 +157,4 @@ async def _remove(registry: Registry, sandbox_id: str, why: str) -> None:
     except (InfraError, OrchardError, OSError):
         return  # ended already, or ends itself after its reattach grace
     log.info("removing %s: %s", sandbox_id, why)
-    await registry.adapter.destroy(sandbox)
+    await sandbox.close()

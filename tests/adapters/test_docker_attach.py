@@ -34,7 +34,7 @@ async def test_attach_takes_over_a_sandbox_whose_controller_went(make_adapter) -
     assert taken.workdir == box.workdir and int(taken.expires_at) == int(box.expires_at)
     assert taken.labels[oa.labels.RUN] == first.run_id
     assert (await taken.exec("echo again")).stdout == b"again\n"
-    await second.destroy(taken)
+    await taken.close()
     assert await containers(first.run_id) == []
 
 
