@@ -48,7 +48,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
 import aiodocker
 import aiohttp
@@ -81,14 +81,14 @@ from orchard_async.images import ImageMissing, build_command, missing_image_hint
 from orchard_async.protocols import Sandbox
 from orchard_async.sandbox import ShellSandbox
 from orchard_async.shell import CgroupShellClient
-from orchard_async.types import DEFAULT_OUTPUT_CAP, SandboxSpec
+from orchard_async.types import SandboxSpec
+
+from .docker_config import DockerConfig
 
 T = TypeVar("T")
 
-DEFAULT_IMAGE = "orchard/busybox:test"
 WHERE = "the Docker daemon"
 
-API_TIMEOUT = 30.0  # any single daemon call
 PULL_TIMEOUT = 600.0
 INTERRUPT_TIMEOUT = 5.0  # signalling a timed-out command
 DESTROY_TIMEOUT = 20.0
@@ -98,7 +98,6 @@ DESTROY_TIMEOUT = 20.0
 # with its two sides and cat, the keepalive watchdog and its sleep (where the image's
 # shell has no `read -t`), the two output relays, the shell, and the command's subshell.
 PIDS_OVERHEAD = 13
-KEEPALIVE = 6.0  # seconds without a byte from the controller before a container ends itself
 
 # The container's main process (under docker-init): the self-destruct timer, in sh.
 #
@@ -112,7 +111,6 @@ KEEPALIVE = 6.0  # seconds without a byte from the controller before a container
 #   has taken. `read` and `kill` are builtins: relaying forks nothing.
 # * It sleeps in the background: a shell runs traps only between commands, and `wait`
 #   returns at once for a trapped signal.
-ATTACH_GRACE = 60.0  # well beyond the seconds an attach takes on a loaded daemon
 TIMER = """
 _o_pid=$3
 _o_relay() { if read -r _o_p <"$_o_pid"; then kill -USR1 "$_o_p"; fi; }
@@ -153,33 +151,6 @@ class AttachConnection:
 
 
 # -- the adapter ----------------------------------------------------------------------------
-
-
-class DockerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """The docker adapter's options (``--adapter-options`` JSON in the CLI)."""
-
-    image: str = DEFAULT_IMAGE  # default image when a spec names none
-    url: str | None = None  # daemon address (else DOCKER_HOST, else the docker context or the default socket)
-    run_id: str | None = None  # lease label (default: a fresh run id)
-    owner: str | None = None  # lease label (default: user@host)
-    max_creating: Annotated[int, msgspec.Meta(ge=1)] = 8  # containers being created at once (the daemon serialises)
-    api_timeout: Annotated[float, msgspec.Meta(gt=0)] = API_TIMEOUT  # seconds any single daemon call may take
-    read_only: bool = False  # read-only root file system; the workdir and the control dir get tmpfs mounts
-    tmpfs: dict[str, str] = {}  # {path: mount options}: extra tmpfs mounts (executable unless 'noexec')
-    # end the container when its shell ends; False keeps it until its TTL (tests of the TTL and reap paths)
-    exit_with_shell: bool = True
-    # seconds without a byte from this controller after which a container ends itself (0: off; needs
-    # exit_with_shell); at least 1: heartbeats go out every second
-    keepalive: Annotated[float, msgspec.Meta(ge=0, le=86400)] = KEEPALIVE
-    attach_grace: Annotated[float, msgspec.Meta(gt=0)] = ATTACH_GRACE  # a started container's wait for its shell
-    # seconds a container outlives its controller, for another to ``attach`` (0: it ends at once; needs
-    # exit_with_shell). What ``orchard-async serve`` uses to re-adopt its sandboxes after a restart.
-    reattach_grace: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 0.0
-    output_cap: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_OUTPUT_CAP  # bytes kept per output stream
-
-    def __post_init__(self) -> None:
-        if 0 < self.keepalive < 1:
-            raise ValueError(f"keepalive must be 0 (off) or at least 1 second, got {self.keepalive}")
 
 
 class DockerAdapter(BackgroundOwner):
@@ -498,11 +469,6 @@ class DockerAdapter(BackgroundOwner):
             await self._call("interrupt", container.kill(signal="SIGUSR1"), INTERRUPT_TIMEOUT)
 
     # -- destroy, reap, close -----------------------------------------------------------------
-
-    async def destroy(self, sandbox: Sandbox) -> None:
-        """Deprecated: ``sandbox.close()`` is the one way to end a sandbox (protocols.py);
-        kept while orchard_async/serve still calls it."""
-        await sandbox.close()
 
     async def _remove(self, name: str) -> bool:
         """Remove a container; never raises. What the daemon could not confirm is retried

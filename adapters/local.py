@@ -345,11 +345,6 @@ class LocalAdapter:
                 await anyio.to_thread.run_sync(shutil.rmtree, base, True)
             iso.remove_cgroup(cgroup)
 
-    async def destroy(self, sandbox: Sandbox) -> None:
-        """Deprecated: ``sandbox.close()`` is the one way to end a sandbox (protocols.py);
-        kept while orchard_async/serve still calls it."""
-        await sandbox.close()
-
     async def list_owned(self) -> list[str]:
         return list(self._live)
 

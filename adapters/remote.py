@@ -384,11 +384,6 @@ class RemoteAdapter:
             return {"status": "pending"}
         return self._answer(response, file=False)
 
-    async def destroy(self, sandbox: RemoteSandbox) -> None:
-        """Deprecated: ``sandbox.close()`` is the one way to end a sandbox (protocols.py);
-        kept while orchard_async/serve still calls it."""
-        await sandbox.close()
-
     async def list_owned(self) -> list[str]:
         return list(self._live)
 

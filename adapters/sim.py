@@ -250,11 +250,6 @@ class SimAdapter:
         self.created += 1
         return sandbox
 
-    async def destroy(self, sandbox: SimSandbox) -> None:
-        """Deprecated: ``sandbox.close()`` is the one way to end a sandbox (protocols.py);
-        kept while orchard_async/serve still calls it."""
-        await sandbox.close()
-
     async def list_owned(self) -> list[str]:
         return list(self.live)
 

@@ -367,11 +367,6 @@ class KubernetesAdapter(BackgroundOwner):
 
     # -- destroy, reap, close ----------------------------------------------------------------
 
-    async def destroy(self, sandbox: Sandbox) -> None:
-        """Deprecated: ``sandbox.close()`` is the one way to end a sandbox (protocols.py);
-        kept while orchard_async/serve still calls it."""
-        await sandbox.close()
-
     async def _delete_sandbox(self, name: str, allow: bool) -> None:
         """The pod and its allow policy; raises what the API raised."""
         await self.api.delete(self.api.path("pods", name), f"pod {name} delete")

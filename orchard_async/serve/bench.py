@@ -147,7 +147,7 @@ async def create_delete_rate(adapter: oa.Adapter, count: int, concurrency: int) 
         async with limiter:
             started = time.perf_counter()
             sandbox = await adapter.create(oa.SandboxSpec(image=IMAGE, ttl=600))
-            await adapter.destroy(sandbox)
+            await sandbox.close()
             latencies.append(time.perf_counter() - started)
 
     started = time.perf_counter()
@@ -222,9 +222,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 rows.append({**row, **percentiles(latencies), "ops_per_s": round(len(latencies) / elapsed)})
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         for sandbox in own:
-            await local.destroy(sandbox)
+            await sandbox.close()
         for sandbox in far:
-            await remote.destroy(sandbox)
+            await sandbox.close()
         rates = {
             "in-process": await create_delete_rate(local, args.creates, args.create_concurrency),
             "remote adapter": await create_delete_rate(remote, args.creates, args.create_concurrency),

@@ -308,7 +308,7 @@ class Registry:
                 await stack.aclose()
         box.sessions.clear()
         try:
-            await self.adapter.destroy(box.sandbox)
+            await box.sandbox.close()
         except Exception as exc:  # noqa: BLE001 - logged and counted; the adapter's TTL still ends it
             self.metrics.errors["destroy_failed"] += 1
             log.warning("destroy failed key=%s sandbox=%s: %s", box.tenant.name, box.id, exc)

@@ -42,7 +42,7 @@ async def _grade(tmp_path, patch: str, *, instance_changes: dict | None = None, 
             left = (await sandbox.exec(f"ls {scoring.STAGED_PATCHES} 2>/dev/null || true")).text.strip()
             return reward, left
         finally:
-            await adapter.destroy(sandbox)
+            await sandbox.close()
     finally:
         await adapter.close()
 

@@ -1,0 +1,41 @@
+"""The docker adapter's options: one typed struct, validated at the edge (``--adapter-options``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from orchard_async.types import DEFAULT_OUTPUT_CAP
+
+DEFAULT_IMAGE = "orchard/busybox:test"
+API_TIMEOUT = 30.0  # any single daemon call
+KEEPALIVE = 6.0  # seconds without a byte from the controller before a container ends itself
+ATTACH_GRACE = 60.0  # well beyond the seconds an attach takes on a loaded daemon
+
+
+class DockerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """The docker adapter's options (``--adapter-options`` JSON in the CLI)."""
+
+    image: str = DEFAULT_IMAGE  # default image when a spec names none
+    url: str | None = None  # daemon address (else DOCKER_HOST, else the docker context or the default socket)
+    run_id: str | None = None  # lease label (default: a fresh run id)
+    owner: str | None = None  # lease label (default: user@host)
+    max_creating: Annotated[int, msgspec.Meta(ge=1)] = 8  # containers being created at once (the daemon serialises)
+    api_timeout: Annotated[float, msgspec.Meta(gt=0)] = API_TIMEOUT  # seconds any single daemon call may take
+    read_only: bool = False  # read-only root file system; the workdir and the control dir get tmpfs mounts
+    tmpfs: dict[str, str] = {}  # {path: mount options}: extra tmpfs mounts (executable unless 'noexec')
+    # end the container when its shell ends; False keeps it until its TTL (tests of the TTL and reap paths)
+    exit_with_shell: bool = True
+    # seconds without a byte from this controller after which a container ends itself (0: off; needs
+    # exit_with_shell); at least 1: heartbeats go out every second
+    keepalive: Annotated[float, msgspec.Meta(ge=0, le=86400)] = KEEPALIVE
+    attach_grace: Annotated[float, msgspec.Meta(gt=0)] = ATTACH_GRACE  # a started container's wait for its shell
+    # seconds a container outlives its controller, for another to ``attach`` (0: it ends at once; needs
+    # exit_with_shell). What ``orchard-async serve`` uses to re-adopt its sandboxes after a restart.
+    reattach_grace: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 0.0
+    output_cap: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_OUTPUT_CAP  # bytes kept per output stream
+
+    def __post_init__(self) -> None:
+        if 0 < self.keepalive < 1:
+            raise ValueError(f"keepalive must be 0 (off) or at least 1 second, got {self.keepalive}")
