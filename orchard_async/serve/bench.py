@@ -118,9 +118,14 @@ async def round_trips(calls: list[Callable[[], Awaitable[None]]], callers: int, 
     return latencies, time.perf_counter() - started
 
 
-def checked_exec(sandbox: Any) -> Callable[[], Awaitable[None]]:
+# What the service runs for Orchard's request of `true` (jobs.orchard_script: a bash process),
+# run in-process too, so the Orchard row has a baseline that spawns what it spawns.
+ORCHARD_SCRIPT_OF_TRUE = "if command -v bash >/dev/null 2>&1; then exec bash -c true; else exec sh -c true; fi"
+
+
+def checked_exec(sandbox: Any, command: str = "true") -> Callable[[], Awaitable[None]]:
     async def call() -> None:
-        result = await sandbox.exec("true")
+        result = await sandbox.exec(command)
         if result.reason is not oa.ExitReason.OK:
             raise RuntimeError(f"exec failed: {result.reason} {result.error_text[:200]}")
 
@@ -212,6 +217,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         for callers, sandboxes in args.levels:
             ways = {
                 "in-process": [checked_exec(s) for s in own[:sandboxes]],
+                "in-process, Orchard's bash -c": [checked_exec(s, ORCHARD_SCRIPT_OF_TRUE) for s in own[:sandboxes]],
                 "service, Orchard HTTP": [orchard_exec(http, service.url, s.id) for s in far[:sandboxes]],
                 "remote adapter (native)": [checked_exec(s) for s in far[:sandboxes]],
             }
