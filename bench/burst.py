@@ -15,6 +15,7 @@ from collections import Counter, defaultdict
 import anyio
 
 from orchard_async import SandboxSpec
+from orchard_async.errors import ConfigError
 
 from .common import close_and_count, open_adapter
 from .floors import DEFAULT_DOCKER_IMAGE, _docker
@@ -32,7 +33,24 @@ async def run_burst(
     image: str | None = None,
     op_timeout: float = 300.0,
     max_creating: int | None = None,
+    kill_apiserver: bool = False,
 ) -> Outcome:
+    if (adapter_options or {}).get("control_plane_only"):
+        from .hollow import run_control_plane_burst  # kubemark hollow nodes: nothing to exec
+
+        outcome = await run_control_plane_burst(
+            adapter_name,
+            sandboxes=sandboxes,
+            adapter_options=adapter_options or {},
+            image=image,
+            op_timeout=op_timeout,
+            kill_apiserver=kill_apiserver,
+        )
+        if commands:
+            outcome.notes.append(f"--commands {commands} not run: control-plane-only sandboxes have no shell")
+        return outcome
+    if kill_apiserver:
+        raise ConfigError("--kill-apiserver applies to control-plane-only kubernetes runs (control_plane_only)")
     adapter, doctor = await open_adapter(adapter_name, adapter_options)
     outcome = Outcome()
     if doctor:

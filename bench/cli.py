@@ -89,6 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--command", dest="bench_command", default="true")
     p.add_argument("--op-timeout", type=float, default=300.0, help="bound on any one operation (s)")
     p.add_argument("--max-creating", type=_positive, help="cap concurrent creates (default: all at once)")
+    p.add_argument(
+        "--kill-apiserver",
+        action="store_true",
+        help="control-plane-only kubernetes: stop and restart the API server after half the creates",
+    )
 
     p = sub.add_parser(
         "create", parents=[common], help="burst with no commands: create/delete rates (docker: vs `docker run -d`)"
@@ -176,6 +181,7 @@ async def _dispatch(args: argparse.Namespace, adapter: str, options: dict):  # n
             image=args.image,
             op_timeout=args.op_timeout,
             max_creating=args.max_creating,
+            kill_apiserver=getattr(args, "kill_apiserver", False),
         )
     if scenario == "episodes":
         from .episodes import run_episodes

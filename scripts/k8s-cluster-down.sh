@@ -7,6 +7,7 @@
 # cgroups the kubelet and containerd made. Run it in the namespaces the cluster ran in.
 WORK=${WORK:-/tmp/orchard-k8s}
 PORT=${PORT:-16443}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$WORK" 2>/dev/null || exit 0
 log() { echo "k8s-cluster-down: $*"; }
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -33,6 +34,9 @@ if [ -S containerd/containerd.sock ]; then
     NETNS="$NETNS $("${CTR[@]}" containers info "$id" 2>/dev/null | grep -o '/var/run/netns/cni-[0-9a-f-]*' | head -1)"
   done
 fi
+# hollow nodes (scripts/k8s-hollow-nodes.sh) by their recorded PIDs, while the API server still
+# answers their Node deletes
+[ -d hollow ] && ORCHARD_K8S_WORK="$WORK" PORT="$PORT" HOLLOW_PREFIX="" bash "$here/k8s-hollow-nodes.sh" stop
 stop node.pid 100
 for c in sched kcm apiserver; do stop $c.pid 100; done
 if alive containerd.pid; then
@@ -65,6 +69,6 @@ if [ -f cgroups.ours ]; then
   rm -f cgroups.ours
 fi
 rm -rf "$WORK/etcd-data" "$WORK/kubelet" "$WORK/kubelet-pki" "$WORK/containerd/root" "$WORK/containerd/state" \
-  "$WORK/cni/ipam" "$WORK"/*.pid
+  "$WORK/cni/ipam" "$WORK"/*.pid "$WORK/hollow"
 log "stopped"
 exit 0

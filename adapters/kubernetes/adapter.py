@@ -29,6 +29,14 @@ from orchard_async.types import SandboxSpec
 
 from .api import NETWORKING, ApiError, KubeApi
 from .config import KubernetesConfig
+from .hollow import (
+    CONTROL_PLANE_LABEL,
+    HOLLOW_LABEL,
+    ControlPlaneSandbox,
+    hollow_manifest,
+    hollow_placement,
+    hollow_verdict,
+)
 from .manifests import (
     PodSettings,
     allow_egress_policy,
@@ -73,12 +81,15 @@ class KubernetesAdapter(BackgroundOwner):
             raise ConfigError(f"namespace {self.namespace!r} is not a valid Kubernetes namespace name")
         self.run_id = names.label_value(config.run_id or uuid.uuid4().hex[:12])
         self.owner = config.owner or f"{os.environ.get('USER', 'user')}@{socket.gethostname()}"
+        node_selector, tolerations = config.node_selector, config.tolerations
+        if config.control_plane_only:
+            node_selector, tolerations = hollow_placement(node_selector, tolerations)
         self.pod_settings = PodSettings(
             attach_grace=config.attach_grace,
             reattach_grace=config.reattach_grace if config.exit_with_shell else 0.0,
             read_only=config.read_only,
-            node_selector=config.node_selector,
-            tolerations=config.tolerations,
+            node_selector=node_selector,
+            tolerations=tolerations,
             runtime_class=config.runtime_class,
             priority_class=config.priority_class,
         )
@@ -90,6 +101,8 @@ class KubernetesAdapter(BackgroundOwner):
             max_api=config.max_api,
             api_timeout=config.api_timeout,
             api_retry_for=config.api_retry_for,
+            api_qps=config.api_qps,
+            api_burst=config.api_burst,
         )
         self.transport: Transport = transport or ExecTransport()
         self.identity = names.controller_identity()
@@ -100,7 +113,7 @@ class KubernetesAdapter(BackgroundOwner):
         self._create_gate: anyio.Semaphore | None = None
         self._namespace_ready = False
         self.informer: PodInformer | None = None
-        self._live: dict[str, ShellSandbox] = {}
+        self._live: dict[str, ShellSandbox | ControlPlaneSandbox] = {}
         # answered once per image (and pull policy), not per create
         self._images_missing: dict[tuple[str, str], ImageMissing] = {}
         self._unremoved: dict[str, bool] = {}  # name -> had an allow policy; deletion not confirmed
@@ -202,7 +215,7 @@ class KubernetesAdapter(BackgroundOwner):
             informer.creating.add(name)
             try:
                 with anyio.CancelScope(deadline=deadline) as scope:
-                    client, relays = await self._create(name, spec, image, labels, allow)
+                    shell = await self._create(name, spec, image, labels, allow)
                 if scope.cancelled_caught:
                     raise CreateFailed(await self._explain_timeout(name, image, budget))
             except BaseException:
@@ -212,6 +225,9 @@ class KubernetesAdapter(BackgroundOwner):
             finally:
                 informer.creating.discard(name)
                 informer.gone.discard(name)
+        if shell is None:  # control-plane-only: the pod is Running; there is no shell
+            return self._control_plane_sandbox(name, labels, expires_at, allow)
+        client, relays = shell
         return self._sandbox(name, client, relays, labels, expires_at, allow)
 
     def _sandbox(
@@ -241,7 +257,7 @@ class KubernetesAdapter(BackgroundOwner):
 
     async def _create(
         self, name: str, spec: SandboxSpec, image: str, labels: dict[str, str], allow: bool
-    ) -> tuple[CgroupShellClient, list[container_shell.OutputStream]]:
+    ) -> tuple[CgroupShellClient, list[container_shell.OutputStream]] | None:
         manifest = self._pod_manifest(name, spec, image, labels)
         try:
             pod = await self.api.request("POST", self.api.path("pods"), body=manifest, what="pod create")
@@ -265,9 +281,21 @@ class KubernetesAdapter(BackgroundOwner):
                 if exc.status != 409:
                     raise CreateFailed(f"could not create the allow-egress NetworkPolicy for {name}: {exc}") from None
         await self._wait_running(name, image, spec.pull)
+        if self.config.control_plane_only:
+            return None
         seen = self.informer.pods.get(name, {}) if self.informer else {}
         pod = PodRef(self.namespace, name, (seen.get("status") or {}).get("podIP"))
         return await self._open_shell(pod, spec.workdir or container_shell.DEFAULT_WORKDIR)
+
+    def _control_plane_sandbox(
+        self, name: str, labels: dict[str, str], expires_at: float, allow: bool
+    ) -> ControlPlaneSandbox:
+        async def teardown() -> None:
+            self._live.pop(name, None)
+            await self._remove(name, allow)
+
+        sandbox = self._live[name] = ControlPlaneSandbox(name, labels, expires_at, teardown)
+        return sandbox
 
     def _labels(self, spec: SandboxSpec, expires_at: float, name: str) -> dict[str, str]:
         return sandbox_labels(
@@ -281,7 +309,8 @@ class KubernetesAdapter(BackgroundOwner):
         )
 
     def _pod_manifest(self, name: str, spec: SandboxSpec, image: str, labels: dict[str, str]) -> dict[str, Any]:
-        return pod_manifest(name, spec, image, labels, self.pod_settings, identity=self.identity, owner=self.owner)
+        manifest = pod_manifest(name, spec, image, labels, self.pod_settings, identity=self.identity, owner=self.owner)
+        return hollow_manifest(manifest) if self.config.control_plane_only else manifest
 
     async def _wait_running(self, name: str, image: str, pull: str = "missing") -> None:
         """Until the watch sees the pod Running; a fatal state fails at once."""
@@ -291,7 +320,7 @@ class KubernetesAdapter(BackgroundOwner):
             changed = informer.changed(name)
             pod = informer.pods.get(name)
             if pod is not None:
-                verdict, why = pod_verdict(pod)
+                verdict, why = (hollow_verdict if self.config.control_plane_only else pod_verdict)(pod)
                 if verdict == "ready":
                     return
                 if verdict == "failed" and why.startswith(IMAGE_ABSENT):
@@ -447,16 +476,20 @@ class KubernetesAdapter(BackgroundOwner):
             if self.config.manage_network_policies
             else []
         )
-        pods = await self.api.list_all(self.api.path("pods"), f"{names.OWNER},{names.EXPIRES}", "pod list for reap")
+        # page by page, keeping names only: bounded memory however many pods the namespace has
         now = time.time()
-        doomed = [
-            pod["metadata"]["name"]
-            for pod in pods
-            if pod["metadata"]["name"] not in self._live
-            and not pod["metadata"].get("deletionTimestamp")
-            and _pod_abandoned(pod, now, older_than)
-        ]
-        present = {pod["metadata"]["name"] for pod in pods}
+        doomed: list[str] = []
+        present: set[str] = set()
+        async for pods in self.api.pages(self.api.path("pods"), f"{names.OWNER},{names.EXPIRES}", "pod list for reap"):
+            for pod in pods:
+                name = pod["metadata"]["name"]
+                present.add(name)
+                if (
+                    name not in self._live
+                    and not pod["metadata"].get("deletionTimestamp")
+                    and _pod_abandoned(pod, now, older_than)
+                ):
+                    doomed.append(name)
         orphans = [
             policy["metadata"]["name"]
             for policy in policies
@@ -508,6 +541,11 @@ class KubernetesAdapter(BackgroundOwner):
             if self.config.manage_network_policies
             else "left to the cluster admin"
         )
+        if self.config.control_plane_only:
+            return (
+                f"Kubernetes {version.get('gitVersion', '?')} at {version['host']} ({self.api.where}); "
+                f"namespace {self.namespace}; {CONTROL_PLANE_LABEL}: pods on nodes labelled {HOLLOW_LABEL}=true"
+            )
         return (
             f"Kubernetes {version.get('gitVersion', '?')} at {version['host']} ({self.api.where}); "
             f"namespace {self.namespace}; default image {self.image}; transport {self.transport.name}; "

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import random
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,28 @@ async def api_error(response: aiohttp.ClientResponse) -> ApiError:
     return ApiError(response.status, reason, message, retry_after)
 
 
+class RateLimit:
+    """client-go's QPS and burst: a token bucket of ``burst`` tokens refilled at ``qps`` a
+    second; each request takes one, waiting when the bucket is empty. Bounds the request
+    rate the way ``max_api`` bounds the requests in flight (a large cluster's API server
+    has priority-and-fairness limits per client; a small one has only its CPU)."""
+
+    def __init__(self, qps: float, burst: int | None = None):
+        self.qps = qps
+        self.burst = burst or max(1, int(qps))
+        self._tokens = float(self.burst)
+        self._at: float | None = None
+
+    async def take(self) -> None:
+        now = anyio.current_time()
+        if self._at is not None:
+            self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.qps)
+        self._at = now
+        self._tokens -= 1.0  # reserved now: later callers queue behind this one
+        if self._tokens < 0:
+            await anyio.sleep(-self._tokens / self.qps)
+
+
 class KubeApi:
     """One namespace's API: requests under the gate with retries, lists, deletes. The
     client is made on first use (the constructor may run outside an event loop)."""
@@ -74,6 +97,8 @@ class KubeApi:
         max_api: int = 32,
         api_timeout: float = API_TIMEOUT,
         api_retry_for: float = API_RETRY_FOR,
+        api_qps: float | None = None,
+        api_burst: int | None = None,
     ):
         self.namespace = namespace
         self.context = context
@@ -84,7 +109,9 @@ class KubeApi:
         self.api_retry_for = api_retry_for
         self.where = ""  # where the configuration came from, for messages
         self.configuration: k8s.Configuration | None = None
-        self.stats = {"api_calls": 0, "api_retries": 0}
+        # api_calls and api_retries, and one "api_<VERB>" count per HTTP method (every attempt)
+        self.stats: dict[str, int] = {"api_calls": 0, "api_retries": 0}
+        self._rate = RateLimit(api_qps, api_burst) if api_qps else None
         self._client: k8s.ApiClient | None = None
         self._starting: anyio.Lock | None = None
         self._gate: anyio.Semaphore | None = None
@@ -209,8 +236,12 @@ class KubeApi:
         while True:
             wait = delay * (0.5 + random.random())
             try:
+                if self._rate is not None:
+                    await self._rate.take()
                 async with self._gate:
                     self.stats["api_calls"] += 1
+                    verb = f"api_{method}"
+                    self.stats[verb] = self.stats.get(verb, 0) + 1
                     with anyio.fail_after(self.api_timeout):
                         response = await self.open(method, path, query=query, body=body)
                         try:
@@ -241,6 +272,17 @@ class KubeApi:
         if token:
             query.append(("continue", token))
         return await self.request("GET", path, query=query, what=what)
+
+    async def pages(self, path: str, selector: str, what: str) -> AsyncIterator[list[dict[str, Any]]]:
+        """A list by label selector one page at a time: a caller that keeps only what it
+        needs of each page holds one page (500 objects) in memory, not the whole list."""
+        token = ""
+        while True:
+            page = await self.list_page(path, selector, what, token)
+            yield page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return
 
     async def list_all(self, path: str, selector: str, what: str) -> list[dict[str, Any]]:
         """Every object of a list by label selector, page by page."""

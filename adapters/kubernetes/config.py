@@ -36,10 +36,15 @@ class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     exit_with_shell: bool = True  # end the pod when its exec websocket closes
     max_creating: AtLeastOne = 32  # creates in flight at once (pod POST to shell answering)
     max_api: AtLeastOne = 32  # API calls in flight at once
+    api_qps: Positive | None = None  # requests a second, client-go style (default: unlimited; max_api bounds)
+    api_burst: AtLeastOne | None = None  # the QPS bucket's size (default: api_qps)
     api_timeout: Positive = API_TIMEOUT  # seconds one attempt of one API call may take
     api_retry_for: Annotated[float, msgspec.Meta(ge=0)] = API_RETRY_FOR  # seconds one call retries 429/5xx/errors
     attach_grace: Positive = ATTACH_GRACE  # seconds a pod waits for its shell before ending itself
     # seconds a pod outlives its controller, for another to ``attach`` (0: it ends at once; needs
     # exit_with_shell). What ``orchard-async serve`` uses to re-adopt its sandboxes after a restart.
     reattach_grace: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 0.0
+    # hollow (kubemark) nodes: create -> Running -> delete with no shell (nothing can be exec'd);
+    # pods go to nodes labelled and tainted orchard.hollow=true (scripts/k8s-hollow-nodes.sh)
+    control_plane_only: bool = False
     output_cap: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_OUTPUT_CAP  # bytes kept per output stream

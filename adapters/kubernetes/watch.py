@@ -90,6 +90,7 @@ class PodInformer:
         self.watches = 0
         self.errors = 0
         self.gone_410 = 0
+        self.events = 0  # watch events received (bookmarks included)
         self.last_error = ""
 
     def changed(self, name: str) -> anyio.Event:
@@ -180,6 +181,7 @@ class PodInformer:
     def _apply(self, event: dict[str, Any], version: str) -> str:
         """One watch event into memory; the resourceVersion to resume from after it."""
         kind, obj = event.get("type"), event.get("object") or {}
+        self.events += 1
         if kind == "ERROR":
             if obj.get("code") == 410:
                 raise _Gone()
