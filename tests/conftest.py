@@ -47,7 +47,11 @@ DOCKER_FILES = {
     "tests/adapters/test_docker_attach.py",
     "tests/service/test_restart.py",
 }
-KUBERNETES_FILES = {"tests/adapters/test_kubernetes.py", "tests/service/test_restart_kubernetes.py"}
+KUBERNETES_FILES = {
+    "tests/adapters/test_kubernetes.py",
+    "tests/adapters/test_kubernetes_hollow.py",
+    "tests/service/test_restart_kubernetes.py",
+}
 
 
 def group_of(nodeid: str, *, soak: bool) -> str:

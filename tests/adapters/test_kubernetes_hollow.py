@@ -48,6 +48,7 @@ def hollow_nodes() -> Iterator[None]:
         _hollow("stop")
 
 
+@pytest.mark.soak  # ~50 s, almost all of it starting two kubemark nodes: `pytest -m soak` (CI runs both)
 async def test_twenty_sandboxes_on_hollow_nodes(hollow_nodes: None) -> None:
     adapter = KubernetesAdapter(namespace=NAMESPACE, control_plane_only=True)
     sandboxes = []
