@@ -14,8 +14,7 @@ from collections import Counter, defaultdict
 
 import anyio
 
-from orchard_async import SandboxSpec
-from orchard_async.errors import ConfigError
+from orchard_async import ConfigError, SandboxSpec
 
 from .common import close_and_count, open_adapter
 from .floors import DEFAULT_DOCKER_IMAGE, _docker

@@ -25,9 +25,8 @@ from typing import Any
 
 import anyio
 
-from orchard_async import SandboxSpec
+from orchard_async import ConfigError, SandboxSpec
 from orchard_async import labels as names
-from orchard_async.errors import ConfigError
 
 from .common import close_and_count, open_adapter, peak_rss_mb
 from .report import Row, latency_row
