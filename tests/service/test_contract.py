@@ -68,7 +68,7 @@ async def test_wait_answers_ready_with_the_instance_data(client: httpx.AsyncClie
 
 
 async def test_wait_408_when_not_ready_in_time(start_service) -> None:
-    service = await start_service("sim", adapter_options={"create_latency": {"kind": "const", "a": 30}})
+    service = await start_service("sim", adapter_options={"create_latency": {"kind": "const", "a": 5}})
     async with service.client() as http:
         made = (await http.post("/sandboxes", json={"image": "x", "block_network": True})).json()
         late = assert_json(await http.get(f"/sandboxes/{made['sandbox_id']}/wait", params={"timeout": 0}), 408)
