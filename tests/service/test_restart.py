@@ -83,6 +83,17 @@ def containers(name: str) -> list[str]:
     return listed.stdout.split()
 
 
+def pause(container: str) -> None:
+    """`docker pause`, retried: freezing a container whose old session is still being killed
+    (the service just died) can fail for a moment on a loaded machine."""
+    for _ in range(10):
+        done = subprocess.run(["docker", "pause", container], capture_output=True, text=True)
+        if done.returncode == 0:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"docker pause {container} failed: {done.stderr.strip()}")
+
+
 def container_of(name: str, public_id: str) -> str:
     listed = subprocess.run(
         [
@@ -209,7 +220,7 @@ def test_a_sandbox_that_cannot_be_taken_back_is_removed_and_answers_404(tmp_path
     finally:
         first.kill()
     # a frozen container takes no exec: found, but it cannot be re-attached
-    subprocess.run(["docker", "pause", container_of(service_name, victim)], check=True, capture_output=True)
+    pause(container_of(service_name, victim))
     subprocess.run(["docker", "rm", "-f", container_of(service_name, vanished)], check=True, capture_output=True)
     second = Serve(tmp_path, service_name)
     try:
