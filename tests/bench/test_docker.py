@@ -56,3 +56,8 @@ def test_burst_docker(bench) -> None:
     by_op = {row["operation"]: row for row in data["rows"]}
     assert by_op["create"]["ops"] == 3 and by_op["exec"]["ops"] == 6 and by_op["destroy"]["ops"] == 3
     assert by_op["total"]["success_rate"] == 1.0
+
+
+# Whole recipes (or floors) on docker, 20-50 s each: left to `pytest -m soak` so the default run stays
+# under 5 minutes on 2 cores; CI runs both.
+pytestmark = pytest.mark.soak

@@ -57,3 +57,8 @@ def test_oracle_passes_and_empty_scores_zero_on_docker() -> None:
     assert len(oracle) == 4
     empty = anyio.run(main, "empty")
     assert [t.reward for t in empty] == [0.0] * 4, [t.error for t in empty]
+
+
+# Whole recipes (or floors) on docker, 20-50 s each: left to `pytest -m soak` so the default run stays
+# under 5 minutes on 2 cores; CI runs both.
+pytestmark = pytest.mark.soak

@@ -67,3 +67,8 @@ def test_set_of_marks_observations_on_docker() -> None:
     assert trajectory.reward == 1.0, trajectory.error or trajectory.info
     pages = [step.observation for step in trajectory.steps if step.action.kind == "exec"]
     assert pages and all("set-of-marks\n" in page and "\nmarks: " in page.split("\n---\n")[0] for page in pages)
+
+
+# Whole recipes (or floors) on docker, 20-50 s each: left to `pytest -m soak` so the default run stays
+# under 5 minutes on 2 cores; CI runs both.
+pytestmark = pytest.mark.soak

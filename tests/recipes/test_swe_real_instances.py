@@ -171,3 +171,8 @@ def test_a_missing_image_is_one_line_naming_it(tmp_path):
     assert done.returncode == 2, (done.stdout, done.stderr)
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and task.spec.image in lines[0] and "pull='never'" in lines[0], done.stderr
+
+
+# Whole recipes (or floors) on docker, 20-50 s each: left to `pytest -m soak` so the default run stays
+# under 5 minutes on 2 cores; CI runs both.
+pytestmark = pytest.mark.soak
