@@ -152,7 +152,7 @@ async def run_control_plane_burst(
         start = time.perf_counter()
         try:
             with anyio.fail_after(op_timeout):
-                await adapter.destroy(sandbox)
+                await sandbox.close()
         except Exception as exc:
             failures["delete"][type(exc).__name__] += 1
             return

@@ -71,7 +71,7 @@ async def test_twenty_sandboxes_on_hollow_nodes(hollow_nodes: None) -> None:
         assert adapter.stats["api_POST"] >= 20
         async with anyio.create_task_group() as group:
             for sandbox in sandboxes:
-                group.start_soon(adapter.destroy, sandbox)
+                group.start_soon(sandbox.close)
         assert await adapter.list_owned() == []
         selector = f"{names.RUN}={adapter.run_id}"
         assert await adapter.api.list_all(adapter.api.path("pods"), selector, "test") == []
