@@ -152,6 +152,7 @@ def test_chaos_sim(bench) -> None:
     assert sum(details["retries"].values()) > 0
 
 
+@pytest.mark.soak  # 13-20 s of whole episodes; `pytest -m soak` (CI runs both)
 def test_chaos_local_sigkill(bench) -> None:
     data = bench(
         "chaos", "--adapter", "local", "--episodes", "8", "--concurrency", "2", "--steps", "3", "--rounds", "2"

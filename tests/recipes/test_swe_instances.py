@@ -298,6 +298,7 @@ def new_file_patch(path: str, text: str) -> str:
     return f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1,{len(lines)} @@\n{body}"
 
 
+@pytest.mark.soak  # 13-20 s of whole episodes; `pytest -m soak` (CI runs both)
 def test_ids_with_spaces_resolve_end_to_end(tmp_path):
     _, base = small_repo(tmp_path, "words", {"words.py": "def shout(text):\n    return text\n"})
     tests = (
@@ -347,6 +348,7 @@ def plugin_instance(tmp_path: Path, **extra) -> dict:
     )  # fmt: skip
 
 
+@pytest.mark.soak  # 13-20 s of whole episodes; `pytest -m soak` (CI runs both)
 def test_a_plugin_fixture_resolves_when_the_instance_allows_autoload(tmp_path):
     for allow in ("", "0"):  # "0" too: pytest would read any non-empty value as "off"
         row = plugin_instance(tmp_path / allow, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": allow})
