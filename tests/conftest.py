@@ -68,17 +68,17 @@ def group_of(nodeid: str, *, soak: bool) -> str:
 # The longest groups, longest first (by `--durations=0` summed per group), are handed out first:
 # a long group that starts last ends the run last. The rest keep their order.
 LONGEST_GROUPS = (
-    "tests/adapters/test_docker.py",
-    "tests/adapters/test_kubernetes.py",
     "swe-builtin",
-    "tests/recipes/test_swe_instances.py",
-    "tests/recipes/test_gui_browser.py",
-    "tests/recipes/test_claw_recipe.py",
+    "tests/adapters/test_kubernetes.py",
     "tests/recipes/test_swe_docker.py",
+    "tests/adapters/test_docker.py",
     "tests/core/test_cli.py",
-    "tests/conformance/test_exec.py kubernetes",
-    "tests/bench/test_scenarios.py",
     "tests/service/test_restart.py",
+    "tests/conformance/test_stream.py",
+    "tests/recipes/test_gui_browser.py",
+    "tests/bench/test_scenarios.py",
+    "tests/recipes/test_swe_real_instances.py",
+    "tests/recipes/test_swe_openai.py",
 )
 
 
