@@ -172,6 +172,7 @@ def test_tabs_open_switch_and_close(live):
 ONE_PER_SITE = "builtin:shop-add-tote,booking-cancel-eye,forum-codename"
 
 
+@pytest.mark.soak  # an oracle and an empty episode per site in Chromium (~20 s); CI runs soak
 def test_oracle_solves_and_empty_fails_one_task_per_site(tmp_path):
     tasks = gui.load_tasks(ONE_PER_SITE)
     for task in tasks:

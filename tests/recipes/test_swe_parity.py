@@ -93,6 +93,7 @@ def official_runs(tmp_path_factory) -> dict:
     return {"tasks": {t.id: t for t in tasks}, "runs": runs, "judged": judged, "tmp": tmp}
 
 
+@pytest.mark.soak  # the bundled set twice more through the official harness (~25 s); CI runs soak
 def test_the_official_rows_are_graded_by_swebench(official_runs):
     tasks = official_runs["tasks"]
     assert all(isinstance(task.harness, scoring.OfficialTests) for task in tasks.values())
@@ -109,6 +110,7 @@ def test_the_official_rows_are_graded_by_swebench(official_runs):
 
 
 @pytest.mark.parametrize("policy", ["oracle", "empty"])
+@pytest.mark.soak  # the bundled set twice more through the official harness (~25 s); CI runs soak
 def test_same_verdicts_and_statuses_as_the_recipes_own_harness(official_runs, builtin_validation, policy):
     ours = builtin_validation[policy].by_task()
     theirs = official_runs["runs"][policy].by_task()
@@ -121,6 +123,7 @@ def test_same_verdicts_and_statuses_as_the_recipes_own_harness(official_runs, bu
             assert mine["tests_status"][key] == swebench["tests_status"][key], (instance_id, key)
 
 
+@pytest.mark.soak  # the bundled set twice more through the official harness (~25 s); CI runs soak
 def test_each_log_graded_both_ways_on_the_same_file(official_runs):
     tasks, tmp = official_runs["tasks"], official_runs["tmp"]
     verdicts = {True: 0, False: 0}
