@@ -66,19 +66,20 @@ def group_of(nodeid: str, *, soak: bool) -> str:
 
 
 # The longest groups, longest first (by `--durations=0` summed per group), are handed out first:
-# a long group that starts last ends the run last. The rest keep their order.
+# a long group that starts last ends the run last. The rest keep their order. (xdist would
+# otherwise order groups by their number of tests: see pytest_xdist_make_scheduler.)
 LONGEST_GROUPS = (
-    "swe-builtin",
-    "tests/adapters/test_kubernetes.py",
-    "tests/recipes/test_swe_docker.py",
     "tests/adapters/test_docker.py",
+    "tests/adapters/test_kubernetes.py",
+    "swe-builtin",
+    "tests/recipes/test_swe_instances.py",
+    "tests/recipes/test_claw_recipe.py",
+    "tests/recipes/test_swe_docker.py",
     "tests/core/test_cli.py",
-    "tests/service/test_restart.py",
-    "tests/conformance/test_stream.py",
+    "tests/conformance/test_exec.py kubernetes",
     "tests/recipes/test_gui_browser.py",
+    "tests/service/test_restart.py",
     "tests/bench/test_scenarios.py",
-    "tests/recipes/test_swe_real_instances.py",
-    "tests/recipes/test_swe_openai.py",
 )
 
 
@@ -96,6 +97,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     soak = running_soak(config)
+    config.option.loadscopereorder = False  # keep our order (LONGEST_GROUPS first), not "most tests first"
 
     class ByBackend(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
