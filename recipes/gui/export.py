@@ -140,7 +140,7 @@ def export(
     inputs = swe_export._as_sources(sources)
     path = swe_export._check_out(out, inputs)
     samples = swe_export._samples_of(inputs, allow_mixed_runs)
-    summary: dict[str, Any] = {}
+    summary: dict[str, int] = {}
     if kind == "sft":
         skipped: Counter[str] = Counter()
         records = swe_export.sft_records(
@@ -158,19 +158,7 @@ def export(
         records, skipped = result.records, result.skipped
         summary = {"groups": result.groups, "groups_degenerate": result.degenerate, "groups_partial": result.partial}
     records = [chats.finish(record) for record in records]
-    swe_export._write(path, records)
-    mean_reward, resolved_rate = swe_export._rates(records)
-    return swe_export.ExportSummary(
-        path=str(path),
-        records=len(records),
-        episodes=len(records),
-        skipped=sum(skipped.values()),
-        mean_reward=mean_reward,
-        resolved_rate=resolved_rate,
-        runs=list(dict.fromkeys(s.run for s in samples)),
-        skipped_reasons=dict(skipped),
-        **summary,
-    )
+    return swe_export.write_records(path, records, samples, skipped, **summary)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

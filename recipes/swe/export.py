@@ -396,6 +396,25 @@ def _rates(records: list[dict[str, Any]]) -> tuple[float, float]:
     return sum(r["reward"] for r in records) / len(records), sum(r["resolved"] for r in records) / len(records)
 
 
+def write_records(
+    path: Path, records: list[dict[str, Any]], samples: Sequence[Any], skipped: Counter[str], **groups: int
+) -> ExportSummary:
+    """Write the records (JSONL) and say what was written; ``groups`` are the RL export's counts."""
+    _write(path, records)
+    mean_reward, resolved_rate = _rates(records)
+    return ExportSummary(
+        path=str(path),
+        records=len(records),
+        episodes=len(records),
+        skipped=sum(skipped.values()),
+        mean_reward=mean_reward,
+        resolved_rate=resolved_rate,
+        runs=list(dict.fromkeys(s.run for s in samples)),
+        skipped_reasons=dict(skipped),
+        **groups,
+    )
+
+
 def export_sft(
     sources: Source | Sequence[Source],
     out: str | Path,
@@ -413,18 +432,7 @@ def export_sft(
     records = sft_records(
         samples, min_reward=min_reward, only_resolved=only_resolved, skipped=skipped, **prompt_options
     )
-    _write(path, records)
-    mean_reward, resolved_rate = _rates(records)
-    return ExportSummary(
-        path=str(path),
-        records=len(records),
-        episodes=len(records),
-        skipped=sum(skipped.values()),
-        mean_reward=mean_reward,
-        resolved_rate=resolved_rate,
-        runs=list(dict.fromkeys(s.run for s in samples)),
-        skipped_reasons=dict(skipped),
-    )
+    return write_records(path, records, samples, skipped)
 
 
 def export_rl(
@@ -452,20 +460,14 @@ def export_rl(
         complete_groups_only=complete_groups_only,
         **prompt_options,
     )
-    _write(path, result.records)
-    mean_reward, resolved_rate = _rates(result.records)
-    return ExportSummary(
-        path=str(path),
-        records=len(result.records),
-        episodes=len(result.records),
-        skipped=sum(result.skipped.values()),
-        mean_reward=mean_reward,
-        resolved_rate=resolved_rate,
+    return write_records(
+        path,
+        result.records,
+        samples,
+        result.skipped,
         groups=result.groups,
         groups_degenerate=result.degenerate,
         groups_partial=result.partial,
-        runs=list(dict.fromkeys(s.run for s in samples)),
-        skipped_reasons=dict(result.skipped),
     )
 
 
