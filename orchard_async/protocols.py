@@ -30,6 +30,16 @@ Lifetimes, one verb each:
   (``orchard_async.background``); closing it closes every sandbox it still has, cancels
   that work and waits for it.
 
+Forks (optional, for adapters that can): ``async def snapshot(self, sandbox) -> str`` freezes
+a sandbox's file system (not its processes) and returns a snapshot id; a sandbox created
+from ``msgspec.structs.replace(spec, snapshot=id)`` starts with that file system, and every
+such fork is independent (a write in one is never seen in another or in the snapshot).
+``async def drop_snapshot(self, snapshot_id) -> None`` removes it (idempotent). A snapshot
+carries the run's lease labels, so ``reap`` removes it after a crash like a sandbox; an
+adapter that cannot snapshot here raises ``ConfigError`` saying why. The rollout engine
+uses it for groups of a task that opts in (``Task.fork_after_setup = True``): set up once,
+``group_size`` samples started from the snapshot.
+
 Create timeout: the caller owns it (the ``Pool``'s ``create_timeout``, 120 s by default),
 as a cancel scope around ``Adapter.create``. An adapter has no create timeout of its own;
 one that can say why a create is slow reads the caller's deadline

@@ -88,6 +88,9 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     ttl: float = 3600.0  # seconds until the sandbox destroys itself
     labels: dict[str, str] = {}
     pull: Literal["missing", "never", "always"] = "missing"
+    # Start from this snapshot (``adapter.snapshot(sandbox)``'s id) instead of the image's
+    # file system: a fork of a sandbox that was already set up (protocols.py, "Forks").
+    snapshot: str | None = None
 
     def __post_init__(self) -> None:
         # Every field is checked here, types included: msgspec validates types only when it
@@ -113,6 +116,8 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"ttl must be a finite number of seconds (a sandbox must expire), got {self.ttl!r}")
         _check_labels(self.labels)
         _check_choice("pull", self.pull, ("missing", "never", "always"))
+        if self.snapshot is not None and not (isinstance(self.snapshot, str) and self.snapshot.strip()):
+            raise ConfigError(f"snapshot must be a snapshot id from adapter.snapshot(), got {self.snapshot!r}")
 
     @property
     def memory_bytes(self) -> int | None:
