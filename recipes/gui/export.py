@@ -1,6 +1,6 @@
 """GUI trajectories -> training data with image parts: SFT chats and RL (GRPO) groups.
 
-The same two formats and the same rules as the SWE export (``recipes/swe/export.py``,
+The same two formats and the same rules as every recipe's export (``orchard_async.export``,
 docs/training-formats.md): only scored episodes are data (an infrastructure end, a task's
 or a policy's error is never exported, counted in ``skipped_reasons``); ``rl`` gives each
 sample its advantage within its run-prefixed group. What differs:
@@ -17,8 +17,8 @@ sample its advantage within its run-prefixed group. What differs:
   ``file://`` URL of the PNG (small records; the trainer reads the files). A screenshot the
   folder lacks is a ConfigError: a record without the image the model acted on would teach
   something it never saw;
-* each record also lists its screenshots' hashes in order (``images``), and drops the SWE
-  record's ``patch``;
+* each record also lists its screenshots' hashes in order (``images``) (and has no SWE
+  ``patch``);
 * the policy's own ``submit`` after an answer is not a model turn and never trained on;
 * an episode that ended ``parse_failures`` is RL data (its reward teaches the format) but
   not SFT data (its chat ends in replies that are not actions).
@@ -31,15 +31,13 @@ from __future__ import annotations
 
 import argparse
 import base64
-import math
 import os
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from orchard_async import ConfigError, Trajectory
-from orchard_async.recipes.swe import export as swe_export
+from orchard_async import export as training_data
 
 from .conversation import OBSERVATION_CHARS, conversation, fill_images, model_steps, observation_text, system_prompt
 from .openai_policy import DEFAULT_SCREENSHOTS
@@ -104,10 +102,9 @@ class GuiChats:
             return path.resolve().as_uri()
         return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
 
-    def finish(self, record: dict[str, Any]) -> dict[str, Any]:
-        """A record as the GUI export writes it: no SWE ``patch``; ``images``: the hashes of
-        its image parts, in order."""
-        record.pop("patch", None)
+    def finish(self, record: dict[str, Any], trajectory: Trajectory) -> dict[str, Any]:
+        """A record as the GUI export writes it, with ``images``: the hashes of its image
+        parts, in order."""
         parts = [
             part
             for message in record["messages"]
@@ -120,49 +117,18 @@ class GuiChats:
 
 def export(
     kind: str,
-    sources: swe_export.Source | Sequence[swe_export.Source],
+    sources: training_data.Source | Sequence[training_data.Source],
     out: str | Path,
     chats: GuiChats,
-    *,
-    min_reward: float | None = None,
-    only_resolved: bool = False,
-    advantage: swe_export.Advantage = "mean",
-    min_group_size: int = 1,
-    skip_degenerate: bool = False,
-    complete_groups_only: bool = False,
-    allow_mixed_runs: bool = False,
-) -> swe_export.ExportSummary:
-    """Write ``sft`` or ``rl`` (``grpo``) records of GUI trajectories to ``out``."""
-    if kind not in swe_export.FORMATS:
-        raise ConfigError(f"unknown export format {kind!r}; use one of {', '.join(swe_export.FORMATS)}")
-    if min_group_size < 1:
-        raise ConfigError(f"min_group_size must be at least 1, got {min_group_size}")
-    inputs = swe_export._as_sources(sources)
-    path = swe_export._check_out(out, inputs)
-    samples = swe_export._samples_of(inputs, allow_mixed_runs)
-    summary: dict[str, int] = {}
-    if kind == "sft":
-        skipped: Counter[str] = Counter()
-        records = swe_export.sft_records(
-            samples, min_reward=min_reward, only_resolved=only_resolved, skipped=skipped, messages_of=chats
-        )
-    else:
-        result = swe_export.rl_records(
-            samples,
-            advantage=advantage,
-            min_group_size=min_group_size,
-            skip_degenerate=skip_degenerate,
-            complete_groups_only=complete_groups_only,
-            messages_of=chats,
-        )
-        records, skipped = result.records, result.skipped
-        summary = {"groups": result.groups, "groups_degenerate": result.degenerate, "groups_partial": result.partial}
-    records = [chats.finish(record) for record in records]
-    return swe_export.write_records(path, records, samples, skipped, **summary)
+    **options: Any,
+) -> training_data.ExportSummary:
+    """Write ``sft`` or ``rl`` (``grpo``) records of GUI trajectories to ``out`` (``options``:
+    those of ``orchard_async.export.export``)."""
+    return training_data.export(kind, sources, out, chats, finish=chats.finish, **options)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    swe_export.add_arguments(parser)
+    training_data.add_arguments(parser)
     gui = parser.add_argument_group("gui")
     gui.add_argument(
         "--screenshots",
@@ -185,9 +151,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run_export(args: argparse.Namespace) -> swe_export.ExportSummary:
-    if args.min_reward is not None and not math.isfinite(args.min_reward):
-        raise ConfigError(f"--min-reward must be a finite number, got {args.min_reward}")
+def run_export(args: argparse.Namespace) -> training_data.ExportSummary:
     if not args.screenshots:
         raise ConfigError("--screenshots DIR is required: the folder the run kept its screenshots in")
     chats = GuiChats(

@@ -32,6 +32,9 @@ the mean over those alone and ``group.dropped`` saying how many are missing;
 prefixed with the run id, and inputs from different runs are refused unless
 ``allow_mixed_runs``. See docs/training-formats.md for feeding these to TRL and verl.
 
+The machinery (which episodes are data, groups, advantages, the files) is every recipe's:
+``orchard_async.export``. This module gives it the SWE agent's chat and the SFT ``patch``.
+
 Run as ``orchard-async export {sft,rl} TRAJECTORIES... --out FILE``.
 """
 
@@ -39,380 +42,54 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
-from orchard_async import ConfigError, EndReason, Trajectory, read_run_header, read_trajectories
+from orchard_async import ConfigError, Trajectory
+from orchard_async import export as training_data
 
 from .agent import OBSERVATION_CHARS, SYSTEM_PROMPT, build_messages
 
-EPSILON = 1e-6
-# The episodes the scorer judged on what the agent did: the only ones that are data.
-SCORED_END_REASONS = frozenset(reason for reason in EndReason if reason.scored)
-FORMATS = ("sft", "rl", "grpo")
-
-Source = Iterable[Trajectory] | str | Path
-
-
-class ExportSummary(msgspec.Struct, kw_only=True):
-    path: str
-    records: int  # lines written (one per episode in both formats)
-    episodes: int  # episodes in the written records
-    skipped: int  # input episodes left out, for the reasons in skipped_reasons
-    mean_reward: float  # over the written episodes
-    resolved_rate: float
-    groups: int = 0  # rl: groups written
-    groups_degenerate: int = 0  # rl: written groups whose samples all have the same reward
-    groups_partial: int = 0  # rl: written groups missing samples dropped as unjudged
-    runs: list[str] = []
-    skipped_reasons: dict[str, int] = {}
+FORMATS = training_data.FORMATS
+ExportSummary = training_data.ExportSummary
+Sample = training_data.Sample
+Source = training_data.Source
+add_arguments = training_data.add_arguments
 
 
-def is_scored(trajectory: Trajectory) -> bool:
-    """Whether the episode ended in a way its reward means something."""
-    return trajectory.status == "finished" and trajectory.end_reason in SCORED_END_REASONS
-
-
-def _unscored_reason(trajectory: Trajectory) -> str:
-    if trajectory.status != "finished":
-        return trajectory.end_reason or trajectory.status
-    return f"unscored_{trajectory.end_reason}"  # finished, but an end the scorer does not vouch for
-
-
-# -- inputs: one run unless asked ---------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """A trajectory and the run it belongs to (groups never span runs)."""
-
-    run: str
-    trajectory: Trajectory
-
-
-def _header_run_id(path: Path) -> str | None:
-    """The run id a file's run header names, where the file has one that does (the run
-    header is newer than some trajectory files)."""
-    header = read_run_header(path) or {}
-    run_id = header.get("run_id")
-    return run_id if isinstance(run_id, str) and run_id else None
-
-
-def _read(path: Path) -> list[Trajectory]:
-    if not path.exists():
-        raise ConfigError(f"{path}: no such trajectory file")
-    if not path.is_file():
-        raise ConfigError(f"{path}: not a file; give the trajectory file written by `orchard-async run`")
-    return list(read_trajectories(path))
-
-
-def _source_runs(
-    trajectories: list[Trajectory], allow_mixed_runs: bool, name: str, header_run_id: str | None = None
-) -> list[Sample]:
-    """Each trajectory of one input with its run.
-
-    A file written by one ``orchard-async run`` and continued with ``--resume`` may hold
-    several ``run_id`` values (an invocation draws one unless the run header fixes it) but
-    never the same episode twice with a result: it is one run, named by its header's run id
-    or else its first ``run_id``, and its groups stay whole. A file that holds an episode
-    twice is several runs concatenated."""
-    run_ids = list(dict.fromkeys(t.run_id for t in trajectories))
-    judged = Counter(t.episode_id for t in trajectories if is_scored(t))
-    repeated = [episode for episode, count in judged.items() if count > 1]
-    if not repeated or len(run_ids) <= 1:  # one run (the same episode twice in one run: see load_samples)
-        run = header_run_id or (run_ids[0] if run_ids else "")
-        return [Sample(run, t) for t in trajectories]
-    if not allow_mixed_runs:
-        raise ConfigError(
-            f"{name} holds {len(run_ids)} runs ({', '.join(run_ids[:4])}) concatenated (episode {repeated[0]} "
-            "is in it twice); export each run on its own, or pass --allow-mixed-runs to keep their groups apart"
-        )
-    return [Sample(t.run_id, t) for t in trajectories]
-
-
-def _as_sources(sources: Source | Sequence[Source]) -> list[Source]:
-    """One path, several paths, or trajectories in memory -> a list of inputs."""
-    if isinstance(sources, str | Path):
-        return [sources]
-    items = list(sources)  # type: ignore[arg-type]
-    if items and all(isinstance(item, str | Path) for item in items):
-        return items
-    return [items]  # trajectories in memory: one input
-
-
-def load_samples(sources: Source | Sequence[Source], *, allow_mixed_runs: bool = False) -> list[Sample]:
-    """The trajectories of every input with their runs. Trajectories of different runs are an
-    error unless ``allow_mixed_runs`` (their groups are then kept apart by run id); the same
-    episode of the same run twice is always an error (a file given twice)."""
-    return _samples_of(_as_sources(sources), allow_mixed_runs)
-
-
-def _samples_of(inputs: list[Source], allow_mixed_runs: bool) -> list[Sample]:
-    samples: list[Sample] = []
-    for source in inputs:
-        if isinstance(source, str | Path):
-            path = Path(source)
-            samples += _source_runs(_read(path), allow_mixed_runs, str(path), _header_run_id(path))
-        else:
-            samples += _source_runs(list(source), allow_mixed_runs, "the trajectories")
-    runs = list(dict.fromkeys(sample.run for sample in samples))
-    if len(runs) > 1 and not allow_mixed_runs:
-        raise ConfigError(
-            f"the inputs hold {len(runs)} different runs ({', '.join(runs[:4])}); export each run on its own, "
-            "or pass --allow-mixed-runs to export them together (their groups stay apart, prefixed by run id)"
-        )
-    seen: Counter[tuple[str, str]] = Counter(
-        (sample.run, sample.trajectory.episode_id) for sample in samples if is_scored(sample.trajectory)
-    )
-    twice = [key for key, count in seen.items() if count > 1]
-    if twice:
-        run, episode = twice[0]
-        raise ConfigError(f"episode {episode} of run {run} is in the inputs twice; give each trajectory file once")
-    return samples
-
-
-def run_group_id(sample: Sample) -> str:
-    """The group id, unique across runs: the run id, then the rollout's group id."""
-    return f"{sample.run}/{sample.trajectory.group_id}" if sample.run else sample.trajectory.group_id
-
-
-# -- records --------------------------------------------------------------------------------
-
-
-def _usage(trajectory: Trajectory) -> dict[str, int]:
-    total: dict[str, int] = defaultdict(int)
-    for step in trajectory.steps:
-        for key, value in step.action.usage.items():
-            total[key] += value
-    return dict(total)
-
-
-def trajectory_messages(
-    trajectory: Trajectory,
-    *,
-    system_prompt: str = SYSTEM_PROMPT,
-    observation_chars: int = OBSERVATION_CHARS,
-    messages_of: Callable[[Trajectory], list[dict[str, Any]]] | None = None,
+def swe_messages(
+    trajectory: Trajectory, *, system_prompt: str = SYSTEM_PROMPT, observation_chars: int = OBSERVATION_CHARS
 ) -> list[dict[str, Any]]:
-    """The conversation exactly as the model saw it, plus its last reply. ``messages_of``:
-    another recipe's chat builder (the GUI export's, with image parts), used instead."""
-    if messages_of is not None:
-        return messages_of(trajectory)
+    """The conversation exactly as the SWE agent's model saw it, plus its last reply."""
     return build_messages(
         trajectory.instruction, trajectory.steps, system_prompt=system_prompt, observation_chars=observation_chars
     )
 
 
-def _identity(sample: Sample) -> dict[str, Any]:
-    trajectory = sample.trajectory
-    return {
-        "resolved": bool(trajectory.success),
-        "instance_id": trajectory.task_id,
-        "episode_id": trajectory.episode_id,
-        "group_id": run_group_id(sample),
-        "sample": trajectory.sample,
-        "run_id": sample.run,
-        "policy": trajectory.policy,
-        "end_reason": trajectory.end_reason,
-        "turns": len(trajectory.steps),
-        "usage": _usage(trajectory),
-    }
+def with_patch(record: dict[str, Any], trajectory: Trajectory) -> dict[str, Any]:
+    """An SFT record carries the patch the episode submitted (what the chat produced)."""
+    record["patch"] = trajectory.info.get("patch", "")
+    return record
 
 
-def sft_record(trajectory: Trajectory | Sample, **prompt_options: Any) -> dict[str, Any] | None:
-    """The chat of one episode, cut after the model's last reply (an observation after it
-    teaches nothing); None when the model never replied."""
-    sample = trajectory if isinstance(trajectory, Sample) else Sample(trajectory.run_id, trajectory)
-    messages = trajectory_messages(sample.trajectory, **prompt_options)
-    while messages and messages[-1]["role"] != "assistant":
-        messages.pop()
-    if not messages:
-        return None
-    return {
-        "messages": messages,
-        "reward": sample.trajectory.reward,
-        **_identity(sample),
-        "patch": sample.trajectory.info.get("patch", ""),
-    }
+def sft_record(trajectory: Trajectory | Sample) -> dict[str, Any] | None:
+    """One episode's SFT record (None when the model never replied)."""
+    record = training_data.sft_record(trajectory, swe_messages)
+    plain = trajectory.trajectory if isinstance(trajectory, Sample) else trajectory
+    return None if record is None else with_patch(record, plain)
 
 
-def sft_records(
-    trajectories: Iterable[Trajectory | Sample],
-    *,
-    min_reward: float | None = None,
-    only_resolved: bool = False,
-    skipped: Counter[str] | None = None,
-    **prompt_options: Any,
-) -> list[dict[str, Any]]:
-    """SFT records of the scored episodes that clear the bar: ``reward >= min_reward``, or
-    resolved when no ``min_reward`` is given (and with ``only_resolved``)."""
-    skipped = Counter() if skipped is None else skipped
-    records = []
-    for item in trajectories:
-        trajectory = item.trajectory if isinstance(item, Sample) else item
-        if not is_scored(trajectory):
-            skipped[_unscored_reason(trajectory)] += 1
-        elif trajectory.end_reason == EndReason.PARSE_FAILURES:  # its chat ends in replies that are not actions
-            skipped["parse_failures"] += 1
-        elif (min_reward is None or only_resolved) and not trajectory.success:
-            skipped["unresolved"] += 1
-        elif min_reward is not None and not trajectory.reward >= min_reward:
-            skipped["below_min_reward"] += 1
-        elif (record := sft_record(item, **prompt_options)) is None:
-            skipped["no_assistant_turn"] += 1
-        else:
-            records.append(record)
-    return records
-
-
-def group_stats(rewards: list[float], resolved: list[bool], dropped: int = 0) -> dict[str, Any]:
-    """Population statistics of a group's exported rewards."""
-    n = len(rewards)
-    mean = sum(rewards) / n
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n)
-    return {
-        "size": n,
-        "dropped": dropped,
-        "mean": mean,
-        "std": std,
-        "min": min(rewards),
-        "max": max(rewards),
-        "resolved": sum(resolved),
-        "degenerate": max(rewards) - min(rewards) < EPSILON,
-    }
-
-
-Advantage = Literal["mean", "std"]
-
-
-def advantage_of(reward: float, stats: dict[str, Any], advantage: Advantage = "mean") -> float:
-    centred = reward - stats["mean"]
-    return centred / (stats["std"] + EPSILON) if advantage == "std" else centred
-
-
-def rl_record(
-    sample: Sample, stats: dict[str, Any], advantage: Advantage = "mean", **prompt_options: Any
-) -> dict[str, Any]:
-    messages = trajectory_messages(sample.trajectory, **prompt_options)
-    first_reply = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
-    return {
-        "prompt": messages[:first_reply],
-        "messages": [{**message, "train": message["role"] == "assistant"} for message in messages],
-        "reward": sample.trajectory.reward,
-        "advantage": advantage_of(sample.trajectory.reward, stats, advantage),
-        "group": stats,
-        **_identity(sample),
-    }
-
-
-class RLGroups(msgspec.Struct, kw_only=True):
-    records: list[dict[str, Any]]
-    groups: int
-    degenerate: int
-    partial: int
-    skipped: Counter[str]
-
-
-def rl_records(
-    samples: Iterable[Sample | Trajectory],
-    *,
-    advantage: Advantage = "mean",
-    min_group_size: int = 1,
-    skip_degenerate: bool = False,
-    complete_groups_only: bool = False,
-    **prompt_options: Any,
-) -> RLGroups:
-    """One record per scored sample, its advantage taken within its group (first-seen order
-    of groups, samples in order)."""
-    if advantage not in ("mean", "std"):
-        raise ConfigError(f"advantage must be 'mean' or 'std', got {advantage!r}")
-    groups: dict[str, list[Sample]] = {}
-    for item in samples:
-        sample = item if isinstance(item, Sample) else Sample(item.run_id, item)
-        groups.setdefault(run_group_id(sample), []).append(sample)
-    out = RLGroups(records=[], groups=0, degenerate=0, partial=0, skipped=Counter())
-    for members in groups.values():
-        kept = sorted((s for s in members if is_scored(s.trajectory)), key=lambda s: s.trajectory.sample)
-        dropped = [s for s in members if not is_scored(s.trajectory)]
-        out.skipped.update(_unscored_reason(s.trajectory) for s in dropped)
-        if not kept:
-            continue
-        if dropped and complete_groups_only:
-            out.skipped["partial_group"] += len(kept)
-            continue
-        if len(kept) < min_group_size:
-            out.skipped["small_group"] += len(kept)
-            continue
-        stats = group_stats([s.trajectory.reward for s in kept], [s.trajectory.success for s in kept], len(dropped))
-        if stats["degenerate"] and skip_degenerate:
-            out.skipped["degenerate_group"] += len(kept)
-            continue
-        out.groups += 1
-        out.degenerate += stats["degenerate"]
-        out.partial += bool(dropped)
-        out.records += [rl_record(s, stats, advantage, **prompt_options) for s in kept]
-    return out
-
-
-# -- files ------------------------------------------------------------------------------------
-
-
-def _check_out(out: str | Path, inputs: Sequence[Source]) -> Path:
-    """Refuse an output that would destroy an input or cannot be a file, before any work."""
-    path = Path(out)
-    if path.is_dir():
-        raise ConfigError(f"--out {path} is a directory; give a file name such as {path / 'data.jsonl'}")
-    for source in inputs:
-        if isinstance(source, str | Path) and Path(source).exists() and path.exists() and path.samefile(source):
-            raise ConfigError(f"--out {path} is one of the input trajectory files; write the export elsewhere")
-    return path
-
-
-def _write(path: Path, records: list[dict[str, Any]]) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as fh:
-            for record in records:
-                fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-        tmp.replace(path)
-    except OSError as exc:
-        if tmp.parent.is_dir():
-            tmp.unlink(missing_ok=True)
-        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
-    return path
-
-
-def _rates(records: list[dict[str, Any]]) -> tuple[float, float]:
-    if not records:
-        return 0.0, 0.0
-    return sum(r["reward"] for r in records) / len(records), sum(r["resolved"] for r in records) / len(records)
-
-
-def write_records(
-    path: Path, records: list[dict[str, Any]], samples: Sequence[Any], skipped: Counter[str], **groups: int
-) -> ExportSummary:
-    """Write the records (JSONL) and say what was written; ``groups`` are the RL export's counts."""
-    _write(path, records)
-    mean_reward, resolved_rate = _rates(records)
-    return ExportSummary(
-        path=str(path),
-        records=len(records),
-        episodes=len(records),
-        skipped=sum(skipped.values()),
-        mean_reward=mean_reward,
-        resolved_rate=resolved_rate,
-        runs=list(dict.fromkeys(s.run for s in samples)),
-        skipped_reasons=dict(skipped),
-        **groups,
-    )
+def sft_records(trajectories: Iterable[Trajectory | Sample], **bar: Any) -> list[dict[str, Any]]:
+    """The SFT records of the scored episodes that clear the bar (``min_reward``,
+    ``only_resolved``; ``skipped`` counts the rest by reason)."""
+    samples = [item if isinstance(item, Sample) else Sample(item.run_id, item) for item in trajectories]
+    by_key = {(sample.run, sample.trajectory.episode_id): sample.trajectory for sample in samples}
+    records = training_data.sft_records(samples, swe_messages, **bar)
+    return [with_patch(record, by_key[(record["run_id"], record["episode_id"])]) for record in records]
 
 
 def export_sft(
@@ -422,100 +99,48 @@ def export_sft(
     min_reward: float | None = None,
     only_resolved: bool = False,
     allow_mixed_runs: bool = False,
-    **prompt_options: Any,
 ) -> ExportSummary:
     """One chat record per scored episode whose reward clears the bar (default: resolved)."""
-    inputs = _as_sources(sources)
-    path = _check_out(out, inputs)
-    samples = _samples_of(inputs, allow_mixed_runs)
-    skipped: Counter[str] = Counter()
-    records = sft_records(
-        samples, min_reward=min_reward, only_resolved=only_resolved, skipped=skipped, **prompt_options
+    return training_data.export(
+        "sft",
+        sources,
+        out,
+        swe_messages,
+        finish=with_patch,
+        min_reward=min_reward,
+        only_resolved=only_resolved,
+        allow_mixed_runs=allow_mixed_runs,
     )
-    return write_records(path, records, samples, skipped)
 
 
 def export_rl(
     sources: Source | Sequence[Source],
     out: str | Path,
     *,
-    advantage: Advantage = "mean",
+    advantage: training_data.Advantage = "mean",
     min_group_size: int = 1,
     skip_degenerate: bool = False,
     complete_groups_only: bool = False,
     allow_mixed_runs: bool = False,
-    **prompt_options: Any,
 ) -> ExportSummary:
     """One record per scored sample, with its group id, training mask and group advantage."""
-    if min_group_size < 1:
-        raise ConfigError(f"min_group_size must be at least 1, got {min_group_size}")
-    inputs = _as_sources(sources)
-    path = _check_out(out, inputs)
-    samples = _samples_of(inputs, allow_mixed_runs)
-    result = rl_records(
-        samples,
+    return training_data.export(
+        "rl",
+        sources,
+        out,
+        swe_messages,
         advantage=advantage,
         min_group_size=min_group_size,
         skip_degenerate=skip_degenerate,
         complete_groups_only=complete_groups_only,
-        **prompt_options,
-    )
-    return write_records(
-        path,
-        result.records,
-        samples,
-        result.skipped,
-        groups=result.groups,
-        groups_degenerate=result.degenerate,
-        groups_partial=result.partial,
+        allow_mixed_runs=allow_mixed_runs,
     )
 
 
 export_grpo = export_rl  # the format's former name
 
 
-# -- command line ---------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "format", choices=FORMATS, help="sft: one chat per good episode; rl (or grpo): one record per sample"
-    )
-    # The first file is ``args.trajectories`` (one path, as callers that check it expect), the rest apart.
-    parser.add_argument("trajectories", help="trajectory file written by `orchard-async run` (.jsonl or .msgpack)")
-    parser.add_argument(
-        "more_trajectories", nargs="*", metavar="MORE", help="more trajectory files (of the same run, unless mixed)"
-    )
-    parser.add_argument("--out", required=True, help="output JSONL file")
-    parser.add_argument(
-        "--allow-mixed-runs",
-        action="store_true",
-        help="export trajectories of different runs together (groups stay apart, prefixed by run id)",
-    )
-    sft = parser.add_argument_group("sft")
-    sft.add_argument(
-        "--min-reward", type=float, default=None, help="keep episodes with reward >= this (default: resolved only)"
-    )
-    sft.add_argument("--only-resolved", action="store_true", help="also require resolved with --min-reward")
-    rl = parser.add_argument_group("rl")
-    rl.add_argument(
-        "--advantage",
-        choices=["mean", "std"],
-        default="mean",
-        help="mean: reward - group mean (default); std: also divided by the group's std (GRPO)",
-    )
-    rl.add_argument("--min-group-size", type=int, default=1, help="drop groups with fewer scored samples")
-    rl.add_argument("--skip-degenerate", action="store_true", help="drop groups whose rewards are all equal")
-    rl.add_argument(
-        "--complete-groups-only",
-        action="store_true",
-        help="drop groups that lost a sample to an infrastructure failure (default: keep the scored ones)",
-    )
-
-
 def run_export(args: argparse.Namespace) -> ExportSummary:
-    if args.min_reward is not None and not math.isfinite(args.min_reward):
-        raise ConfigError(f"--min-reward must be a finite number, got {args.min_reward}")
     sources = [args.trajectories, *getattr(args, "more_trajectories", [])]
     if args.format == "sft":
         return export_sft(
