@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .sandbox import claw_server
+from .sandbox import claw_tools
 
 PASS_THRESHOLD = 0.75
 COMPLETION_SHARE = 0.8
@@ -162,7 +162,7 @@ def _outgoing_text(audit: list[dict[str, Any]]) -> str:
     """Every argument of every call that changes something or sends something: what left."""
     parts = []
     for entry in audit:
-        spec = claw_server.TOOLS.get(entry.get("tool", ""))
+        spec = claw_tools.TOOLS.get(entry.get("tool", ""))
         if spec and spec["mutates"] and entry.get("tool") != "user.ask":
             parts.append(_text(list((entry.get("args") or {}).values())))
     return "\n".join(parts)

@@ -35,7 +35,7 @@ from orchard_async.recipes.swe.openai_policy import (
     is_context_error,
 )
 
-from .sandbox import claw_server
+from .sandbox import claw_tools
 
 SYSTEM_PROMPT = """\
 You are a personal assistant acting for the user through their services (mail, calendar, \
@@ -57,7 +57,7 @@ def tool_definitions(tools: list[str]) -> list[dict[str, Any]]:
     offered = set(tools) - {"agent.answer"}  # the final answer is the plain reply
     return [
         {"type": "function", "function": {**entry, "name": function_name(entry["name"])}}
-        for entry in claw_server.catalogue(offered)
+        for entry in claw_tools.catalogue(offered)
         if entry["name"] in offered
     ]
 

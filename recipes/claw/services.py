@@ -24,12 +24,12 @@ from typing import Any
 
 from orchard_async import ExecResult, Sandbox, SandboxLost
 
-from .sandbox import claw_server
+from .sandbox import claw_tools
 
 HOME = "/tmp/claw"
 BIN = f"{HOME}/bin"
 SANDBOX_PATH = f"{BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-SERVICE_COMMANDS = (*claw_server.SERVICES, "claw", "ask", "answer")
+SERVICE_COMMANDS = (*claw_tools.SERVICES, "claw", "ask", "answer")
 SOURCES = Path(__file__).parent / "sandbox"
 START_TIMEOUT = 60.0
 SNAPSHOT_TIMEOUT = 60.0
@@ -100,6 +100,7 @@ def install_script(tools_json: str) -> str:
         f'if [ -e {HOME} ]; then echo "claw: {HOME} already exists: the services need a private /tmp per sandbox" >&2; exit 3; fi\n'
         f"mkdir -p {BIN}\n"
         + _heredoc(f"{HOME}/claw_server.py", (SOURCES / "claw_server.py").read_text())
+        + _heredoc(f"{HOME}/claw_tools.py", (SOURCES / "claw_tools.py").read_text())
         + _heredoc(f"{HOME}/claw_cli.py", (SOURCES / "claw_cli.py").read_text())
         + _heredoc(f"{HOME}/claw_mcp.py", (SOURCES / "claw_mcp.py").read_text())
         + _heredoc(f"{HOME}/claw_user.py", (SOURCES / "claw_user.py").read_text())
@@ -131,7 +132,7 @@ async def start(
     """Install the services in ``sandbox`` and start them seeded with ``world`` (``user_model``:
     where the simulated user's model is, as the sandbox reaches it; see ``simulated_user``)."""
     key = secrets.token_hex(32)
-    offered = claw_server.catalogue(set(tools) if tools is not None else None)
+    offered = claw_tools.catalogue(set(tools) if tools is not None else None)
     config = {"key": key, "world": world, "tools": tools, "faults": faults or {}, "user_model": user_model}
     result = await sandbox.exec(
         install_script(json.dumps(offered, indent=1)),

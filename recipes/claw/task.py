@@ -48,7 +48,7 @@ from orchard_async import ConfigError, Reward, Sandbox, SandboxSpec
 from orchard_async.images import ImageSpec
 
 from . import grading, services
-from .sandbox import claw_server
+from .sandbox import claw_tools
 from .simulated_user import DEADLINE_MARGIN, UserLink, UserModel, calls_info, check_user_turns
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
@@ -281,19 +281,19 @@ def _fixture(where: _Where, value: Any, name: str) -> dict[str, Any]:
 
 def _tool_names(where: _Where, given: Any, services_seeded: list[str], has_user: bool) -> list[str]:
     if given is None:
-        names = [t for t in claw_server.TOOLS if t.split(".")[0] in services_seeded]
+        names = [t for t in claw_tools.TOOLS if t.split(".")[0] in services_seeded]
         return names + (["user.ask"] if has_user else [])
     if not isinstance(given, list):
         where.fail("tools", "must be a list of services or service.tool names")
     names = []
     for index, item in enumerate(given):
-        if item in claw_server.SERVICES:
-            names += [t for t in claw_server.TOOLS if t.startswith(item + ".")]
-        elif item in claw_server.TOOLS:
+        if item in claw_tools.SERVICES:
+            names += [t for t in claw_tools.TOOLS if t.startswith(item + ".")]
+        elif item in claw_tools.TOOLS:
             names.append(item)
         else:
             where.fail(
-                f"tools[{index}]", f"unknown tool or service {item!r} (services: {', '.join(claw_server.SERVICES)})"
+                f"tools[{index}]", f"unknown tool or service {item!r} (services: {', '.join(claw_tools.SERVICES)})"
             )
     return list(dict.fromkeys(names))
 
@@ -324,7 +324,7 @@ def _checks(where: _Where, value: Any, name: str, prefix: str) -> list[dict[str,
         for key in REQUIRED_KEYS[kind]:
             if key not in check:
                 where.fail(field_name, f"a {kind} check needs {key!r}")
-        if "tool" in check and check["tool"] not in claw_server.TOOLS:
+        if "tool" in check and check["tool"] not in claw_tools.TOOLS:
             where.fail(f"{field_name}.tool", f"unknown tool {check['tool']!r}")
         weight = check.get("weight", 1)
         if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
@@ -399,10 +399,10 @@ def load_task(path: Path, *, image: str | None = None) -> ClawTask:
         for name, value in _mapping(where, data.get("services"), "services").items()
     }
     for name in seeded:
-        if name not in claw_server.SERVICES or name in ("agent", "user"):
+        if name not in claw_tools.SERVICES or name in ("agent", "user"):
             where.fail(
                 f"services.{name}",
-                f"unknown service (known: {', '.join(s for s in claw_server.SERVICES if s not in ('agent', 'user'))})",
+                f"unknown service (known: {', '.join(s for s in claw_tools.SERVICES if s not in ('agent', 'user'))})",
             )
     user = _mapping(where, data.get("user"), "user")
     if set(user) - USER_KEYS:
@@ -413,7 +413,7 @@ def load_task(path: Path, *, image: str | None = None) -> ClawTask:
             f"faults.{sorted(set(faults) - FAULT_KEYS)[0]}", f"unknown field (known: {', '.join(sorted(FAULT_KEYS))})"
         )
     for name in list(_mapping(where, faults.get("fail_first"), "faults.fail_first")) + list(faults.get("tools") or []):
-        if name not in claw_server.TOOLS:
+        if name not in claw_tools.TOOLS:
             where.fail("faults", f"unknown tool {name!r}")
     world: dict[str, Any] = dict(seeded)
     world["now"] = str(data.get("now", "2026-03-10T09:00"))

@@ -15,7 +15,7 @@ import orchard_async as oa
 from orchard_async.adapters.local import LocalAdapter
 from orchard_async.recipes import claw
 from orchard_async.recipes.claw import grading, services
-from orchard_async.recipes.claw.sandbox import claw_server
+from orchard_async.recipes.claw.sandbox import claw_server, claw_tools
 from tests.recipes.swe_support import RunResult, ScriptPolicy, run_rollout
 
 
@@ -380,13 +380,13 @@ def test_fixtures_from_files_and_the_tool_schemas(tmp_path) -> None:
     )
     task = claw.load_task(tmp_path / "t.yaml")
     assert task.world["notes"]["notes"][0]["id"] == "n1" and "notes.create" in task.tools
-    for name, spec in claw_server.TOOLS.items():
-        assert claw_server.schema_problem(spec["schema"]) is None, name
-    assert claw_server.schema_problem({"type": "object", "properties": {"a": {"type": "strnig"}}})
-    assert claw_server.schema_problem({"type": "object", "properties": {}, "required": ["a"]})
-    schema = claw_server.TOOLS["mail.send"]["schema"]
-    assert claw_server.validate(schema, {"to": "a", "subject": "s"}) == "missing required argument 'body'"
-    assert "unknown argument" in claw_server.validate(schema, {"to": "a", "subject": "s", "body": "b", "bcc": "x"})
+    for name, spec in claw_tools.TOOLS.items():
+        assert claw_tools.schema_problem(spec["schema"]) is None, name
+    assert claw_tools.schema_problem({"type": "object", "properties": {"a": {"type": "strnig"}}})
+    assert claw_tools.schema_problem({"type": "object", "properties": {}, "required": ["a"]})
+    schema = claw_tools.TOOLS["mail.send"]["schema"]
+    assert claw_tools.validate(schema, {"to": "a", "subject": "s"}) == "missing required argument 'body'"
+    assert "unknown argument" in claw_tools.validate(schema, {"to": "a", "subject": "s", "body": "b", "bcc": "x"})
 
 
 # -- pass@k and pass^k -------------------------------------------------------------------------------
