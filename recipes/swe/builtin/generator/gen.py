@@ -188,7 +188,9 @@ def render(instances: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=pathlib.Path, default=INSTANCES_PATH, help=f"output file (default {INSTANCES_PATH})")
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=INSTANCES_PATH, help=f"output file (default {INSTANCES_PATH})"
+    )
     parser.add_argument("--check", action="store_true", help="regenerate and compare with --out instead of writing it")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="instances built in parallel")
     args = parser.parse_args(argv)
