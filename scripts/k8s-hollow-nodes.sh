@@ -39,6 +39,7 @@ PREFIX=${HOLLOW_PREFIX-hollow-}  # node names; stop and status act on this prefi
 BASE_PORT=${HOLLOW_BASE_PORT:-21000}  # each node's kubelet port: BASE_PORT + index
 KUBEMARK_MAX_PODS=110
 INOTIFY_PER_NODE=12  # inotify instances one hollow kubelet holds (10 nodes exhausted the default 128)
+MB_PER_NODE=${HOLLOW_MB_PER_NODE:-120}  # memory to have free per node: ~75 MB measured once Ready, more with 110 pods
 log() { echo "k8s-hollow-nodes: $*"; }
 die() { echo "k8s-hollow-nodes: ERROR: $*" >&2; exit 1; }
 api() { curl -sf --max-time 10 --cacert "$WORK/pki/ca.crt" --cert "$WORK/pki/admin.crt" --key "$WORK/pki/admin.key" "$@"; }
@@ -62,6 +63,11 @@ start() {
     sysctl -qw fs.inotify.max_user_instances=1000
     log "fs.inotify.max_user_instances: $limit -> 1000 (host-wide)"
   fi
+  # a machine shared with others: refuse rather than push it into swap or the OOM killer
+  local available_mb
+  available_mb=$(awk '/^MemAvailable/ {print int($2 / 1024)}' /proc/meminfo)
+  [ $((count * MB_PER_NODE)) -lt "$available_mb" ] \
+    || die "$count hollow nodes need ~$((count * MB_PER_NODE)) MB (HOLLOW_MB_PER_NODE=$MB_PER_NODE each) and $available_mb MB is available: start fewer"
   mkdir -p "$DIR"
   local i name first=1 t0
   t0=$(date +%s.%N)
