@@ -40,6 +40,8 @@ from .report import Row, latency_row
 from .scenario import Outcome
 
 SUBJECT = "kubernetes[control-plane-only]"
+ENDED = ("Succeeded", "Failed", "gone")
+ABANDONED_END_WAIT = 300.0  # seconds the abandoned pods get to end before the reap (see _reap_abandoned)
 CLUSTER_PROCESSES = ("apiserver", "etcd", "sched", "kcm")
 
 
@@ -288,6 +290,18 @@ async def _reap_abandoned(
     """A fresh adapter's reap (another controller's, as the next run's would be) must delete
     every abandoned pod: they have ended, and nobody holds them. Its Python memory is traced for the reap call alone: it lists
     page by page keeping names, so its peak stays near one page whatever the namespace holds."""
+    # A pod nobody holds is reap's when it has ended, expired or its controller is dead; this
+    # controller lives on and the TTLs are long, so the abandoned pods are reap's once their
+    # hollow containers have ended (the fake runtime ends them by itself): wait for that.
+    waiting = time.perf_counter()
+    informer = adapter.informer
+    while informer is not None and time.perf_counter() - waiting < ABANDONED_END_WAIT:
+        running = [name for name in abandoned if _phase(informer.pods.get(name)) not in ENDED]
+        if not running:
+            break
+        await anyio.sleep(1.0)
+    not_ended = [name for name in abandoned if _phase(informer.pods.get(name)) not in ENDED]
+    ended_wait = time.perf_counter() - waiting
     reaper = get_adapter(adapter_name, **options)
     try:
         tracemalloc.start()
@@ -307,6 +321,8 @@ async def _reap_abandoned(
         await reaper.close()
     return {
         "abandoned": len(abandoned),
+        "waited_for_them_to_end_s": round(ended_wait, 1),
+        "not_ended_at_reap": len(not_ended),
         "reaped": len(reaped & abandoned),
         "reaped_not_abandoned": len(reaped - abandoned),
         "wall_s": round(wall, 2),
@@ -315,3 +331,10 @@ async def _reap_abandoned(
         "peak_traced_mb": round(peak / 2**20, 1),
         "left_after_reap": len(set(still) & abandoned),  # not deleted (terminating ones are deleted)
     }
+
+
+def _phase(pod: dict[str, Any] | None) -> str:
+    """A pod's phase as the watch saw it last; "gone" once deleted (nothing left to reap)."""
+    if pod is None:
+        return "gone"
+    return (pod.get("status") or {}).get("phase") or "Pending"
