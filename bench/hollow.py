@@ -13,9 +13,9 @@ be created twice (the run's pods, listed once all creates returned, number the c
 succeeded) and nothing may be left.
 
 ``abandon`` (a share, 0-1) tests reap at scale: that share of the sandboxes is not closed but
-forgotten, as a controller that crashed would leave them (their hollow pods have ended by
-then), and a fresh adapter's ``reap`` must find and delete every one of them, listing page by
-page: its wall time, deletes/s, list pages and peak Python memory (tracemalloc, the reap call
+forgotten, as a controller that crashed would leave them (the pods are annotated with a
+controller process that has exited: ``dead_controller``), and a fresh adapter's ``reap`` must
+find and delete every one of them, listing page by page: its wall time, deletes/s, list pages and peak Python memory (tracemalloc, the reap call
 only) are reported, and ``left_after_reap`` counts the run's pods still listed after it.
 """
 
@@ -40,8 +40,6 @@ from .report import Row, latency_row
 from .scenario import Outcome
 
 SUBJECT = "kubernetes[control-plane-only]"
-ENDED = ("Succeeded", "Failed", "gone")
-ABANDONED_END_WAIT = 300.0  # seconds the abandoned pods get to end before the reap (see _reap_abandoned)
 CLUSTER_PROCESSES = ("apiserver", "etcd", "sched", "kcm")
 
 
@@ -132,6 +130,10 @@ async def run_control_plane_burst(
     if not 0.0 <= abandon < 1.0:
         raise ConfigError(f"--abandon is the share of sandboxes left for reap: 0 <= share < 1, not {abandon}")
     adapter, doctor = await open_adapter(adapter_name, adapter_options)
+    if abandon:
+        # every pod names a controller that has exited (this process lives on and closes the
+        # rest itself): the abandoned share is then, to a fresh reap, a crashed run's
+        adapter.identity = dead_controller()  # type: ignore[attr-defined]
     outcome = Outcome(notes=[f"{SUBJECT}: pods reach Running on kubemark hollow nodes; nothing is exec'd"])
     outcome.details["mode"] = "control-plane-only"
     if doctor:
@@ -284,24 +286,31 @@ async def _count_run_pods(adapter: Any) -> int:
     return len(await adapter.api.list_all(adapter.api.path("pods"), selector, "bench pod count"))
 
 
+def dead_controller() -> dict[str, str]:
+    """The identity (``labels.controller_identity``) of a process that has exited: pods
+    annotated with it are, to reap, a crashed controller's (reap deletes a pod whose
+    controller is dead, one that ended, or one past its TTL; hollow pods never end and the
+    TTLs are long). A child is started, its identity read, and it is waited for."""
+    child = subprocess.Popen(["sleep", "0.2"])
+    try:
+        identity = {
+            **names.controller_identity(),
+            "pid": str(child.pid),
+            "start": names.process_start_time(child.pid) or "",
+        }
+    finally:
+        child.wait()
+    if names.process_start_time(child.pid) == identity["start"] or not identity["start"]:
+        raise RuntimeError("could not make a dead controller's identity (the child's start time was not read)")
+    return identity
+
+
 async def _reap_abandoned(
     adapter: Any, adapter_name: str, options: dict[str, Any], abandoned: set[str]
 ) -> dict[str, Any]:
     """A fresh adapter's reap (another controller's, as the next run's would be) must delete
-    every abandoned pod: they have ended, and nobody holds them. Its Python memory is traced for the reap call alone: it lists
+    every abandoned pod: their controller is dead (``dead_controller``) and nobody holds them. Its Python memory is traced for the reap call alone: it lists
     page by page keeping names, so its peak stays near one page whatever the namespace holds."""
-    # A pod nobody holds is reap's when it has ended, expired or its controller is dead; this
-    # controller lives on and the TTLs are long, so the abandoned pods are reap's once their
-    # hollow containers have ended (the fake runtime ends them by itself): wait for that.
-    waiting = time.perf_counter()
-    informer = adapter.informer
-    while informer is not None and time.perf_counter() - waiting < ABANDONED_END_WAIT:
-        running = [name for name in abandoned if _phase(informer.pods.get(name)) not in ENDED]
-        if not running:
-            break
-        await anyio.sleep(1.0)
-    not_ended = [name for name in abandoned if _phase(informer.pods.get(name)) not in ENDED]
-    ended_wait = time.perf_counter() - waiting
     reaper = get_adapter(adapter_name, **options)
     try:
         tracemalloc.start()
@@ -321,8 +330,6 @@ async def _reap_abandoned(
         await reaper.close()
     return {
         "abandoned": len(abandoned),
-        "waited_for_them_to_end_s": round(ended_wait, 1),
-        "not_ended_at_reap": len(not_ended),
         "reaped": len(reaped & abandoned),
         "reaped_not_abandoned": len(reaped - abandoned),
         "wall_s": round(wall, 2),
@@ -331,10 +338,3 @@ async def _reap_abandoned(
         "peak_traced_mb": round(peak / 2**20, 1),
         "left_after_reap": len(set(still) & abandoned),  # not deleted (terminating ones are deleted)
     }
-
-
-def _phase(pod: dict[str, Any] | None) -> str:
-    """A pod's phase as the watch saw it last; "gone" once deleted (nothing left to reap)."""
-    if pod is None:
-        return "gone"
-    return (pod.get("status") or {}).get("phase") or "Pending"
