@@ -33,6 +33,7 @@ async def run_burst(
     op_timeout: float = 300.0,
     max_creating: int | None = None,
     kill_apiserver: bool = False,
+    abandon: float = 0.0,
 ) -> Outcome:
     if (adapter_options or {}).get("control_plane_only"):
         from .hollow import run_control_plane_burst  # kubemark hollow nodes: nothing to exec
@@ -44,10 +45,13 @@ async def run_burst(
             image=image,
             op_timeout=op_timeout,
             kill_apiserver=kill_apiserver,
+            abandon=abandon,
         )
         if commands:
             outcome.notes.append(f"--commands {commands} not run: control-plane-only sandboxes have no shell")
         return outcome
+    if abandon:
+        raise ConfigError("--abandon applies to control-plane-only kubernetes runs (control_plane_only)")
     if kill_apiserver:
         raise ConfigError("--kill-apiserver applies to control-plane-only kubernetes runs (control_plane_only)")
     adapter, doctor = await open_adapter(adapter_name, adapter_options)

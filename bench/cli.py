@@ -94,6 +94,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="control-plane-only kubernetes: stop and restart the API server after half the creates",
     )
+    p.add_argument(
+        "--abandon",
+        type=float,
+        default=0.0,
+        help="control-plane-only kubernetes: this share of the sandboxes is left (not closed) for a fresh reap",
+    )
 
     p = sub.add_parser(
         "create", parents=[common], help="burst with no commands: create/delete rates (docker: vs `docker run -d`)"
@@ -182,6 +188,7 @@ async def _dispatch(args: argparse.Namespace, adapter: str, options: dict):  # n
             op_timeout=args.op_timeout,
             max_creating=args.max_creating,
             kill_apiserver=getattr(args, "kill_apiserver", False),
+            abandon=getattr(args, "abandon", 0.0),
         )
     if scenario == "episodes":
         from .episodes import run_episodes

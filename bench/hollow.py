@@ -11,6 +11,12 @@ deletes and after close and reap (must be 0). ``--kill-apiserver`` stops the API
 once half the creates are done and starts it again: the watch must recover, no sandbox may
 be created twice (the run's pods, listed once all creates returned, number the creates that
 succeeded) and nothing may be left.
+
+``abandon`` (a share, 0-1) tests reap at scale: that share of the sandboxes is not closed but
+forgotten, as a controller that crashed would leave them (the pods are annotated with a
+controller process that has exited: ``dead_controller``), and a fresh adapter's ``reap`` must
+find and delete every one of them, listing page by page: its wall time, deletes/s, list pages and peak Python memory (tracemalloc, the reap call
+only) are reported, and ``left_after_reap`` counts the run's pods still listed after it.
 """
 
 from __future__ import annotations
@@ -19,13 +25,14 @@ import os
 import resource
 import subprocess
 import time
+import tracemalloc
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from orchard_async import ConfigError, SandboxSpec
+from orchard_async import ConfigError, SandboxSpec, get_adapter
 from orchard_async import labels as names
 
 from .common import close_and_count, open_adapter, peak_rss_mb
@@ -118,8 +125,15 @@ async def run_control_plane_burst(
     image: str | None = None,
     op_timeout: float = 300.0,
     kill_apiserver: bool = False,
+    abandon: float = 0.0,
 ) -> Outcome:
+    if not 0.0 <= abandon < 1.0:
+        raise ConfigError(f"--abandon is the share of sandboxes left for reap: 0 <= share < 1, not {abandon}")
     adapter, doctor = await open_adapter(adapter_name, adapter_options)
+    if abandon:
+        # every pod names a controller that has exited (this process lives on and closes the
+        # rest itself): the abandoned share is then, to a fresh reap, a crashed run's
+        adapter.identity = dead_controller()  # type: ignore[attr-defined]
     outcome = Outcome(notes=[f"{SUBJECT}: pods reach Running on kubemark hollow nodes; nothing is exec'd"])
     outcome.details["mode"] = "control-plane-only"
     if doctor:
@@ -178,12 +192,17 @@ async def run_control_plane_burst(
     all_ready = time.perf_counter() - started
     pods_listed = await _count_run_pods(adapter)
     stats_after_create = dict(adapter.stats)  # type: ignore[attr-defined]
+    to_close = list(created.values())
+    abandoned = {sandbox.id for sandbox in to_close[: int(len(to_close) * abandon)]}
+    to_close = [sandbox for sandbox in to_close if sandbox.id not in abandoned]
+    for name in abandoned:  # what a crashed controller leaves: pods it no longer knows of
+        adapter._live.pop(name, None)  # type: ignore[attr-defined]
     deleting = time.perf_counter()
     async with anyio.create_task_group() as group:
-        for sandbox in created.values():
+        for sandbox in to_close:
             group.start_soon(delete, sandbox)
     delete_wall = time.perf_counter() - deleting
-    left_after_delete = await _count_run_pods(adapter)
+    left_after_delete = await _count_run_pods(adapter) - len(abandoned)
     informer = adapter.informer  # type: ignore[attr-defined]
     watch = {
         "events": informer.events,
@@ -197,6 +216,7 @@ async def run_control_plane_burst(
     wall = time.perf_counter() - started
     rss = peak_rss_mb()
     ids = [sandbox.id for sandbox in created.values()]
+    reap = await _reap_abandoned(adapter, adapter_name, adapter_options, abandoned) if abandoned else None
     leftovers = await close_and_count(adapter, adapter_name, adapter_options, ids)
 
     ok_creates, ok_deletes = len(times["create"]), len(times["delete"])
@@ -218,8 +238,8 @@ async def run_control_plane_burst(
             operation="total",
             concurrency=sandboxes,
             ops=sandboxes,
-            success_rate=round(min(ok_creates, ok_deletes) / sandboxes, 4),
-            errors=sandboxes - min(ok_creates, ok_deletes),
+            success_rate=round(min(ok_creates, ok_deletes + len(abandoned)) / sandboxes, 4),
+            errors=sandboxes - min(ok_creates, ok_deletes + len(abandoned)),
             wall_s=round(wall, 2),
             peak_rss_mb=rss,
             extra={
@@ -232,7 +252,7 @@ async def run_control_plane_burst(
         )
     )
     outcome.lost = sandboxes - ok_creates - sum(failures["create"].values())
-    outcome.leaked = leftovers["leaked"] + left_after_delete
+    outcome.leaked = leftovers["leaked"] + left_after_delete + (reap["left_after_reap"] if reap else 0)
     outcome.details.update(
         {
             "sandboxes": sandboxes,
@@ -240,6 +260,8 @@ async def run_control_plane_burst(
             "time_to_all_ready_s": round(all_ready, 2),
             "creates_per_s": round(ok_creates / all_ready, 1) if all_ready > 0 else None,
             "deletes_per_s": round(ok_deletes / delete_wall, 1) if delete_wall > 0 else None,
+            "closed": len(to_close),
+            "abandoned_for_reap": len(abandoned),
             "pods_listed_after_creates": pods_listed,  # == created: none made twice, none extra
             "left_after_delete": left_after_delete,
             "create_failures": samples,
@@ -251,6 +273,8 @@ async def run_control_plane_burst(
             "controller_peak_rss_mb": rss,
         }
     )
+    if reap:
+        outcome.details["reap"] = reap
     if kill_apiserver:
         outcome.details["apiserver_kill"] = {**kill, "at": "after half the creates"}
     return outcome
@@ -260,3 +284,57 @@ async def _count_run_pods(adapter: Any) -> int:
     """This run's pods as the API server lists them (paginated), terminating ones included."""
     selector = f"{names.RUN}={adapter.run_id}"
     return len(await adapter.api.list_all(adapter.api.path("pods"), selector, "bench pod count"))
+
+
+def dead_controller() -> dict[str, str]:
+    """The identity (``labels.controller_identity``) of a process that has exited: pods
+    annotated with it are, to reap, a crashed controller's (reap deletes a pod whose
+    controller is dead, one that ended, or one past its TTL; hollow pods never end and the
+    TTLs are long). A child is started, its identity read, and it is waited for."""
+    child = subprocess.Popen(["sleep", "0.2"])
+    try:
+        identity = {
+            **names.controller_identity(),
+            "pid": str(child.pid),
+            "start": names.process_start_time(child.pid) or "",
+        }
+    finally:
+        child.wait()
+    if names.process_start_time(child.pid) == identity["start"] or not identity["start"]:
+        raise RuntimeError("could not make a dead controller's identity (the child's start time was not read)")
+    return identity
+
+
+async def _reap_abandoned(
+    adapter: Any, adapter_name: str, options: dict[str, Any], abandoned: set[str]
+) -> dict[str, Any]:
+    """A fresh adapter's reap (another controller's, as the next run's would be) must delete
+    every abandoned pod: their controller is dead (``dead_controller``) and nobody holds them. Its Python memory is traced for the reap call alone: it lists
+    page by page keeping names, so its peak stays near one page whatever the namespace holds."""
+    reaper = get_adapter(adapter_name, **options)
+    try:
+        tracemalloc.start()
+        started = time.perf_counter()
+        reaped = set(await reaper.reap(0.0))
+        wall = time.perf_counter() - started
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        stats = dict(reaper.stats)  # type: ignore[attr-defined]
+        selector = f"{names.RUN}={adapter.run_id}"
+        still = [
+            pod["metadata"]["name"]
+            for pod in await reaper.api.list_all(reaper.api.path("pods"), selector, "pods left after reap")  # type: ignore[attr-defined]
+            if not pod["metadata"].get("deletionTimestamp")
+        ]
+    finally:
+        await reaper.close()
+    return {
+        "abandoned": len(abandoned),
+        "reaped": len(reaped & abandoned),
+        "reaped_not_abandoned": len(reaped - abandoned),
+        "wall_s": round(wall, 2),
+        "deletes_per_s": round(len(reaped) / wall, 1) if wall > 0 else None,
+        "list_pages": stats.get("api_GET", 0),  # the reap's GETs are its list pages (500 pods each)
+        "peak_traced_mb": round(peak / 2**20, 1),
+        "left_after_reap": len(set(still) & abandoned),  # not deleted (terminating ones are deleted)
+    }

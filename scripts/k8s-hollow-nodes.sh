@@ -27,9 +27,11 @@
 # More than ~8 nodes need fs.inotify.max_user_instances above the default 128: the script
 # says so, and raises it to 1000 (host-wide, as kubemark's manifests do) with HOLLOW_RAISE_INOTIFY=1.
 #
-# Cost on the 2-core reference machine: ~75 MB RSS per hollow node (73-84 MB measured with 10 nodes and 1,000 pods) once Ready (measured
-# by `status`; the number printed at start is the one to trust), ~1-3 s to Ready each
-# (started together), and a few status updates per node every 10 s to the API server.
+# Cost on the 2-core reference machine: 74 MB RSS per hollow node once Ready (printed at start;
+# `status` prints each), 88 MB (max 90) with ~109 pods each (46 nodes, 5,000 pods: 4.4 GB in all);
+# 46 nodes started together were Ready in 53-65 s; a few status updates per node every 10 s to
+# the API server, and their pod sync is most of a large run's CPU (46 nodes and 5,000 pods: 653 s
+# of CPU in a 15-minute run). HOLLOW_MB_PER_NODE (default 120) x N must be below MemAvailable.
 set -euo pipefail
 WORK=${ORCHARD_K8S_WORK:-${WORK:-/tmp/orchard-k8s}}
 K8S_BIN=${K8S_BIN:-/var/cache/k8s-from-debian/bin}
@@ -39,6 +41,7 @@ PREFIX=${HOLLOW_PREFIX-hollow-}  # node names; stop and status act on this prefi
 BASE_PORT=${HOLLOW_BASE_PORT:-21000}  # each node's kubelet port: BASE_PORT + index
 KUBEMARK_MAX_PODS=110
 INOTIFY_PER_NODE=12  # inotify instances one hollow kubelet holds (10 nodes exhausted the default 128)
+MB_PER_NODE=${HOLLOW_MB_PER_NODE:-120}  # memory to have free per node: ~75 MB measured once Ready, more with 110 pods
 log() { echo "k8s-hollow-nodes: $*"; }
 die() { echo "k8s-hollow-nodes: ERROR: $*" >&2; exit 1; }
 api() { curl -sf --max-time 10 --cacert "$WORK/pki/ca.crt" --cert "$WORK/pki/admin.crt" --key "$WORK/pki/admin.key" "$@"; }
@@ -62,6 +65,11 @@ start() {
     sysctl -qw fs.inotify.max_user_instances=1000
     log "fs.inotify.max_user_instances: $limit -> 1000 (host-wide)"
   fi
+  # a machine shared with others: refuse rather than push it into swap or the OOM killer
+  local available_mb
+  available_mb=$(awk '/^MemAvailable/ {print int($2 / 1024)}' /proc/meminfo)
+  [ $((count * MB_PER_NODE)) -lt "$available_mb" ] \
+    || die "$count hollow nodes need ~$((count * MB_PER_NODE)) MB (HOLLOW_MB_PER_NODE=$MB_PER_NODE each) and $available_mb MB is available: start fewer"
   mkdir -p "$DIR"
   local i name first=1 t0
   t0=$(date +%s.%N)

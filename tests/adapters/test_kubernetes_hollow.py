@@ -123,3 +123,21 @@ def test_a_hollow_pod_counts_as_started_even_if_its_fake_container_already_ended
     assert kube_pod_verdict({"status": {"phase": "Succeeded", "containerStatuses": [ended]}})[0] == "failed"
     scheduled = {"status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}}
     assert hollow_verdict(scheduled)[0] == "pending"
+
+
+def test_the_bench_abandons_sandboxes_as_a_dead_controller_s_so_reap_takes_them() -> None:
+    import json
+
+    from orchard_async.bench.hollow import dead_controller
+
+    dead = dead_controller()
+    assert dead["host"] == names.controller_identity()["host"]
+    assert names.annotated_controller_alive(json.dumps(dead)) is False  # reap's test: a crashed controller
+    assert names.annotated_controller_alive(json.dumps(names.controller_identity())) is True
+
+
+async def test_abandon_is_for_control_plane_only_runs() -> None:
+    from orchard_async.bench.burst import run_burst
+
+    with pytest.raises(ConfigError, match="--abandon applies to control-plane-only"):
+        await run_burst("sim", sandboxes=2, commands=0, abandon=0.5)
