@@ -61,6 +61,7 @@ if [ "$mode" = none ]; then
     p=${f#/proc/}; p=${p%/environ}; if [ "$p" != $$ ]; then kill -KILL "$p" 2>/dev/null; fi
   done
 fi
+if [ -d "$base/upper" ]; then umount -l -- "$base/work" 2>/dev/null; fi  # a fork's overlay (local_snapshot)
 rm -rf -- "$base" 2>/dev/null
 if [ -n "$cg" ]; then
   n=0; until rmdir "$cg" 2>/dev/null || [ $n -ge 50 ]; do sleep 0.1; n=$((n+1)); done
