@@ -88,7 +88,8 @@ class GroupSetups:
         self.pool = pool
         self.adapter = pool.adapter
         counts = Counter(episode.group_id for episode in episodes if opts_in(episode.task))
-        self._groups = {group_id: _Group(remaining=count) for group_id, count in counts.items()}
+        # A group of one sample gains nothing from a base and a snapshot: it sets up alone.
+        self._groups = {group_id: _Group(remaining=count) for group_id, count in counts.items() if count > 1}
         self.unsupported = ""  # why forks are not used in this rollout, once found
 
     @staticmethod
@@ -169,12 +170,12 @@ class GroupSetups:
 
 @asynccontextmanager
 async def group_setups(pool: Pool, episodes: Sequence[Episode]) -> AsyncIterator[GroupSetups | None]:
-    """For a rollout: its groups' setups, or None when no task opts in or the adapter
-    cannot snapshot at all (every sample then runs the plain path)."""
-    if not GroupSetups.can_fork(pool.adapter) or not any(opts_in(episode.task) for episode in episodes):
+    """For a rollout: its groups' setups, or None when no group of two or more samples
+    opts in or the adapter cannot snapshot at all (every sample then runs the plain path)."""
+    groups = GroupSetups(pool, episodes)
+    if not GroupSetups.can_fork(pool.adapter) or not groups._groups:
         yield None
         return
-    groups = GroupSetups(pool, episodes)
     try:
         yield groups
     finally:
