@@ -87,9 +87,11 @@ class GroupSetups:
     def __init__(self, pool: Pool, episodes: Sequence[Episode]):
         self.pool = pool
         self.adapter = pool.adapter
-        counts = Counter(episode.group_id for episode in episodes if opts_in(episode.task))
+        counts = Counter(episode.group_id for episode in episodes)
         # A group of one sample gains nothing from a base and a snapshot: it sets up alone.
-        self._groups = {group_id: _Group(remaining=count) for group_id, count in counts.items() if count > 1}
+        self._groups = {
+            group_id: _Group(remaining=counts[group_id]) for group_id in forked_groups(self.adapter, episodes)
+        }
         self.unsupported = ""  # why forks are not used in this rollout, once found
 
     @staticmethod
@@ -166,6 +168,40 @@ class GroupSetups:
         """Drop every snapshot still held (the rollout ended with samples still to run)."""
         for group in self._groups.values():
             await self._drop(group)
+
+
+def forked_groups(adapter: Any, episodes: Sequence[Episode]) -> set[str]:
+    """The groups that will start from a snapshot: two or more samples of a task that opts
+    in, on an adapter that can snapshot."""
+    if not GroupSetups.can_fork(adapter):
+        return set()
+    counts = Counter(episode.group_id for episode in episodes if opts_in(episode.task))
+    return {group_id for group_id, count in counts.items() if count > 1}
+
+
+def leaders_ahead(adapter: Any, episodes: Sequence[Episode]) -> list[Episode]:
+    """The plan in the order workers take it, each forked group's first sample moved ahead
+    of the previous forked group's other samples: L0, L1, F0..., L2, F1..., so a group's
+    base is set up while the group before it runs, instead of the workers that took the
+    group's samples all waiting on one setup (measured: 0.71x the plain path's episodes/s
+    with a group as large as the concurrency, and this order)."""
+    forked = forked_groups(adapter, episodes)
+    if not forked:
+        return list(episodes)
+    order: list[Episode] = []
+    held: list[Episode] = []  # the previous forked group's samples after its first
+    seen: set[str] = set()
+    for episode in episodes:
+        if episode.group_id not in forked:
+            order.append(episode)
+        elif episode.group_id not in seen:
+            seen.add(episode.group_id)
+            order.append(episode)
+            order.extend(held)
+            held = []
+        else:
+            held.append(episode)
+    return order + held
 
 
 @asynccontextmanager

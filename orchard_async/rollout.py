@@ -25,7 +25,7 @@ import msgspec
 
 from .episode import Episode, run_attempt
 from .errors import ConfigError, InfraError
-from .groups import GroupSetups, group_setups
+from .groups import GroupSetups, group_setups, leaders_ahead
 from .paths import check_output_file
 from .pool import Pool
 from .protocols import Adapter
@@ -143,7 +143,7 @@ async def rollout(
     if not episodes:
         return
     send, receive = anyio.create_memory_object_stream[Trajectory](max_buffer_size=concurrency)
-    pending = iter(episodes)
+    pending = iter(leaders_ahead(pool.adapter, episodes))  # plan order, but forked groups' bases early
 
     async def worker(groups: GroupSetups | None) -> None:
         for episode in pending:  # shared iterator: each episode goes to exactly one worker

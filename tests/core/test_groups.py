@@ -174,3 +174,17 @@ async def test_a_cancelled_run_drops_its_snapshot(root: Path) -> None:
                 break
         assert snapshots_left(root) == []
         assert await adapter.list_owned() == []
+
+
+def test_each_forked_groups_first_sample_goes_ahead_of_the_group_before() -> None:
+    from orchard_async.groups import leaders_ahead
+    from orchard_async.rollout import plan
+
+    plain = SetUpOnceTask(id="plain", fork_after_setup=False)
+    episodes = plan([SetUpOnceTask(id="a"), plain, SetUpOnceTask(id="b")], n=9, group_size=3)
+    order = [e.episode_id for e in leaders_ahead(LocalAdapter(root="/nonexistent"), episodes)]
+    assert order == [
+        *["a/g0/s0", "plain/g1/s0", "plain/g1/s1", "plain/g1/s2", "b/g2/s0"],
+        *["a/g0/s1", "a/g0/s2", "b/g2/s1", "b/g2/s2"],
+    ]
+    assert leaders_ahead(NoSnapshots(LocalAdapter(root="/nonexistent")), episodes) == episodes
