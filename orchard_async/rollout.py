@@ -143,7 +143,7 @@ async def rollout(
     if not episodes:
         return
     send, receive = anyio.create_memory_object_stream[Trajectory](max_buffer_size=concurrency)
-    pending = iter(leaders_ahead(pool.adapter, episodes))  # plan order, but forked groups' bases early
+    pending = iter(leaders_ahead(pool.adapter, episodes, concurrency))  # forked groups' bases set up early
 
     async def worker(groups: GroupSetups | None) -> None:
         for episode in pending:  # shared iterator: each episode goes to exactly one worker

@@ -176,15 +176,23 @@ async def test_a_cancelled_run_drops_its_snapshot(root: Path) -> None:
         assert await adapter.list_owned() == []
 
 
-def test_each_forked_groups_first_sample_goes_ahead_of_the_group_before() -> None:
+def test_forked_groups_first_samples_go_ahead_of_the_groups_before() -> None:
     from orchard_async.groups import leaders_ahead
     from orchard_async.rollout import plan
 
     plain = SetUpOnceTask(id="plain", fork_after_setup=False)
-    episodes = plan([SetUpOnceTask(id="a"), plain, SetUpOnceTask(id="b")], n=9, group_size=3)
-    order = [e.episode_id for e in leaders_ahead(LocalAdapter(root="/nonexistent"), episodes)]
+    tasks = [SetUpOnceTask(id="a"), plain, SetUpOnceTask(id="b"), SetUpOnceTask(id="c")]
+    episodes = plan(tasks, n=12, group_size=3)
+    adapter = LocalAdapter(root="/nonexistent")
+    order = [e.episode_id for e in leaders_ahead(adapter, episodes, concurrency=1)]  # 2 groups ahead
     assert order == [
-        *["a/g0/s0", "plain/g1/s0", "plain/g1/s1", "plain/g1/s2", "b/g2/s0"],
-        *["a/g0/s1", "a/g0/s2", "b/g2/s1", "b/g2/s2"],
+        *["a/g0/s0", "plain/g1/s0", "plain/g1/s1", "plain/g1/s2", "b/g2/s0", "c/g3/s0"],
+        *["a/g0/s1", "a/g0/s2", "b/g2/s1", "b/g2/s2", "c/g3/s1", "c/g3/s2"],
     ]
-    assert leaders_ahead(NoSnapshots(LocalAdapter(root="/nonexistent")), episodes) == episodes
+    order = [e.episode_id for e in leaders_ahead(adapter, plan(tasks[:1], n=12, group_size=3), concurrency=3)]
+    assert order == [
+        *["a/g0/s0", "a/g1/s0", "a/g2/s0", "a/g0/s1", "a/g0/s2", "a/g3/s0"],
+        *["a/g1/s1", "a/g1/s2", "a/g2/s1", "a/g2/s2", "a/g3/s1", "a/g3/s2"],
+    ]
+    assert sorted(order) == sorted(e.episode_id for e in plan(tasks[:1], n=12, group_size=3))
+    assert leaders_ahead(NoSnapshots(adapter), episodes, concurrency=3) == episodes
