@@ -247,7 +247,10 @@ class LocalAdapter:
         self._prepare_dirs(base, lease)
         if tree is not None:
             try:
-                await anyio.to_thread.run_sync(snaps.fork_into, tree, base, self.fork_method[0], self._owner())
+                if self.fork_method[0] == "overlay":  # two mkdirs and a mount: no thread hop for that
+                    snaps.fork_into(tree, base, "overlay", self._owner())
+                else:
+                    await anyio.to_thread.run_sync(snaps.fork_into, tree, base, self.fork_method[0], self._owner())
             except CreateFailed:
                 snaps.remove_sandbox_dir(base)
                 raise
