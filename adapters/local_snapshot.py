@@ -45,6 +45,7 @@ from orchard_async.errors import ConfigError, CreateFailed
 from . import local_isolation as iso
 
 PREFIX = "snap-"  # snapshot dirs under the adapter root; sandbox dirs are "lo-"
+PROBE_PREFIX = ".fork-probe-"  # fork_method's scratch dir under the root (reap removes a stale one)
 METHODS = ("reflink", "overlay", "copy")
 FICLONE = 0x40049409  # ioctl: clone a whole file (linux/fs.h)
 MNT_DETACH = 2
@@ -79,6 +80,8 @@ def remove_sandbox_dir(base: Path) -> None:
     mount would fill ``upper/`` with whiteouts and leave ``work/`` busy)."""
     if (base / "upper").is_dir():
         unmount(base / "work")
+    elif base.name.startswith(PROBE_PREFIX):  # a probe cut short while its overlay was mounted
+        unmount(base / "box" / "work")
     shutil.rmtree(base, ignore_errors=True)
 
 
@@ -139,7 +142,7 @@ def fork_method(root: str, mode: str, user_namespace: bool) -> tuple[str, str]:
     """(method, why the better ones are not used) for forks under ``root`` in isolation
     ``mode``: probed once per root and mode, on the root's own file system."""
     os.makedirs(root, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".fork-probe-", dir=root))
+    scratch = Path(tempfile.mkdtemp(prefix=PROBE_PREFIX, dir=root))
     try:
         no_reflink = _reflink_works(scratch)
         if not no_reflink:
