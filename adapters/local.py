@@ -28,7 +28,6 @@ import errno
 import functools
 import json
 import os
-import shutil
 import signal
 import tempfile
 import time
@@ -48,11 +47,17 @@ from orchard_async.streams import PipeStream
 from orchard_async.types import DEFAULT_OUTPUT_CAP, SandboxSpec
 
 from . import local_isolation as iso
+from . import local_snapshot as snaps
+from .local_reap import SANDBOX_ENV, _kill_quietly, _kill_sandbox_processes, _sandbox_processes, reap_local
 
-SANDBOX_ENV = "ORCHARD_SANDBOX"  # the sandbox dir: names the sandbox and the root it lives in
+__all__ = ["SANDBOX_ENV", "LocalAdapter", "_sandbox_processes", "default_root", "isolation_report", "reap_local"]
+
 DESTROY_GRACE = 5.0
 CREATE_ATTEMPTS = 2  # a sandbox shell that does not start is started again once
 STREAM_START_TIMEOUT = 30.0  # starting a stream's process, until it holds its FIFOs
+# A snapshot outlives the sandbox it was taken from (a group's samples start from it later);
+# reap removes it at once when its controller is dead, else past this lifetime.
+SNAPSHOT_TTL = 24 * 3600.0
 
 # `$1` TTL seconds, `$2` "ns" when the sandbox has its own PID namespace. stdin is the
 # controller's pipe, passed to the server. Traps run while the supervisor waits (POSIX `wait`
@@ -139,6 +144,7 @@ class LocalAdapter:
         owner: str | None = None,
         isolation: str = "auto",
         output_cap: int = DEFAULT_OUTPUT_CAP,
+        snapshot_ttl: float = SNAPSHOT_TTL,
     ):
         self.root = Path(root) if root else default_root()
         self.run_id = run_id or uuid.uuid4().hex[:12]
@@ -148,6 +154,8 @@ class LocalAdapter:
         self.output_cap = output_cap
         self.controller = names.controller_id()
         self._live: dict[str, tuple[ShellSandbox, anyio.abc.Process]] = {}
+        self._snapshots: set[str] = set()  # made here and not dropped: reap leaves them alone
+        self.snapshot_ttl = snapshot_ttl
 
     @property
     def namespaces(self) -> bool:
@@ -180,11 +188,50 @@ class LocalAdapter:
             (base / name).mkdir()
         iso.write_python_shims(base / "bin")
         (base / "ctl" / "shell.log").touch()
-        owner = iso.sandbox_ids() if iso.is_root() and self.namespaces else None
+        owner = self._owner()
         if owner is not None:  # root's sandboxes run as nobody: what they write is nobody's
             for path in (base / "work", base / "ctl", base / "ctl" / "shell.log"):
                 os.chown(path, *owner)
         make_output_pipes(str(base / "out"), owner)
+
+    def _owner(self) -> tuple[int, int] | None:
+        """Whom a sandbox's own dirs belong to, when not to the caller: root's run as nobody."""
+        return iso.sandbox_ids() if iso.is_root() and self.namespaces else None
+
+    @functools.cached_property
+    def fork_method(self) -> tuple[str, str]:
+        """How forks' work dirs are made here, and why not a better way (local_snapshot)."""
+        return snaps.fork_method(str(self.root), self.isolation, self._probe.user_namespace)
+
+    async def snapshot(self, sandbox: Sandbox) -> str:
+        """Freeze ``sandbox``'s work dir (not its /tmp, not its processes) into a snapshot."""
+        if sandbox.id not in self._live:
+            raise ConfigError(f"sandbox {sandbox.id} is not a live sandbox of this adapter")
+        method, _ = await anyio.to_thread.run_sync(lambda: self.fork_method)
+        expires_at = time.time() + self.snapshot_ttl
+        lease = names.lease_labels(owner=self.owner, run=self.run_id, expires_at=expires_at, controller=self.controller)
+        work = self.root / sandbox.id / "work"
+        with anyio.CancelScope(shield=True):  # a snapshot cut short would be a dir nobody holds
+            try:
+                taken = await anyio.to_thread.run_sync(
+                    snaps.take, self.root, work, {**sandbox.labels, **lease}, expires_at, method
+                )
+            except OSError as exc:
+                raise SandboxLost(f"could not snapshot {sandbox.id}: {exc}") from exc
+            self._snapshots.add(taken)
+        return taken
+
+    async def drop_snapshot(self, snapshot_id: str) -> None:
+        """Remove a snapshot (idempotent). Forks still running from an overlay snapshot lose
+        what they had not changed yet: drop it after its forks end."""
+        self._snapshots.discard(snapshot_id)
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(snaps.drop, self.root, snapshot_id)
+
+    async def doctor(self) -> str:
+        method, why = await anyio.to_thread.run_sync(lambda: self.fork_method)
+        isolation = self.isolation if self.namespaces else f"none ({self._probe.why})"
+        return f"isolation {isolation}; {snaps.describe(method, why)}"
 
     async def _create(self, spec: SandboxSpec) -> Sandbox:
         sandbox_id = f"lo-{uuid.uuid4().hex[:16]}"
@@ -196,7 +243,17 @@ class LocalAdapter:
             **names.lease_labels(owner=self.owner, run=self.run_id, expires_at=expires_at, controller=self.controller),
         }
         lease = {"id": sandbox_id, "labels": labels, "expires_at": expires_at}
+        tree = snaps.tree_of(self.root, spec.snapshot) if spec.snapshot else None
         self._prepare_dirs(base, lease)
+        if tree is not None:
+            try:
+                if self.fork_method[0] == "overlay":  # two mkdirs and a mount: no thread hop for that
+                    snaps.fork_into(tree, base, "overlay", self._owner())
+                else:
+                    await anyio.to_thread.run_sync(snaps.fork_into, tree, base, self.fork_method[0], self._owner())
+            except CreateFailed:
+                snaps.remove_sandbox_dir(base)
+                raise
         plan = iso.layout(self.root, base, network=spec.network == "on")
         cgroup = iso.make_pids_cgroup(sandbox_id, spec.pids) if spec.pids and self.namespaces else ""
         inner = iso.sandbox_argv(self.isolation, plan, self._probe.user_namespace)
@@ -218,7 +275,7 @@ class LocalAdapter:
                 process = await anyio.open_process(argv, stderr=log, cwd=work, env=env, start_new_session=True)
             except OSError as exc:
                 log_reader.close()
-                shutil.rmtree(base, ignore_errors=True)
+                snaps.remove_sandbox_dir(base)
                 iso.remove_cgroup(cgroup)
                 raise CreateFailed(f"could not start the sandbox shell: {exc}") from exc
         assert process.stdin is not None and process.stdout is not None
@@ -342,14 +399,15 @@ class LocalAdapter:
             if not self.namespaces:  # orphans of finished commands went to the host's init
                 await anyio.to_thread.run_sync(_kill_sandbox_processes, {str(base)})
             if base.exists():
-                await anyio.to_thread.run_sync(shutil.rmtree, base, True)
+                await anyio.to_thread.run_sync(snaps.remove_sandbox_dir, base)
             iso.remove_cgroup(cgroup)
 
     async def list_owned(self) -> list[str]:
         return list(self._live)
 
     async def reap(self, older_than: float = 0.0) -> list[str]:
-        removed = await anyio.to_thread.run_sync(reap_local, self.root, older_than, set(self._live))
+        keep = set(self._live) | self._snapshots
+        removed = await anyio.to_thread.run_sync(reap_local, self.root, older_than, keep)
         await anyio.to_thread.run_sync(iso.reap_cgroups, set(removed), set(self._live))
         return removed
 
@@ -396,83 +454,3 @@ def _host_pid(launcher: int, sandbox_pid: int, *, nested: bool) -> int:
         except (OSError, ValueError):
             continue
     return 0
-
-
-def _kill_quietly(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _sandbox_processes() -> dict[str, list[int]]:
-    """Every process on the host that belongs to some local sandbox, by sandbox dir."""
-    marker = SANDBOX_ENV.encode() + b"="
-    found: dict[str, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = Path(entry.path, "environ").read_bytes()
-        except OSError:
-            continue
-        for var in environ.split(b"\0"):
-            if var.startswith(marker):
-                found.setdefault(var[len(marker) :].decode(), []).append(int(entry.name))
-                break
-    return found
-
-
-def _kill_sandbox_processes(dirs: set[str], settle: float = 5.0) -> None:
-    """Kill the processes of these sandboxes and wait (up to ``settle`` seconds) until they
-    are gone: a kill is delivered at once, but a process takes a moment to die."""
-    deadline = time.monotonic() + settle
-    while True:
-        left = [pid for sandbox_dir, pids in _sandbox_processes().items() if sandbox_dir in dirs for pid in pids]
-        if not left or time.monotonic() > deadline:
-            return
-        for pid in left:
-            _kill_quietly(pid)
-        time.sleep(0.01)
-
-
-def _lease_is_dead(lease: dict, now: float, older_than: float) -> bool:
-    if lease.get("expires_at", 0) + older_than < now:
-        return True
-    return names.controller_alive(lease.get("labels", {}).get(names.CONTROLLER, "")) is not True
-
-
-def reap_local(root: Path, older_than: float = 0.0, keep: set[str] | None = None) -> list[str]:
-    """Remove sandboxes whose controller is dead or whose TTL has passed; return their ids.
-
-    Also kills stray processes of sandboxes whose directory is already gone.
-    """
-    keep = keep or set()
-    now = time.time()
-    # Processes first: a sandbox's dir exists before its first process, so one created while
-    # this runs is seen in the dir scan below and never mistaken for an orphan.
-    processes = {
-        Path(sandbox_dir).name: pids
-        for sandbox_dir, pids in _sandbox_processes().items()
-        if Path(sandbox_dir).parent == root  # other roots are other users' business
-    }
-    doomed: set[str] = set()
-    live_dirs: set[str] = set()
-    if root.exists():
-        for base in root.iterdir():
-            try:
-                lease = json.loads((base / "lease.json").read_text())
-            except (OSError, ValueError):
-                # A dir without a readable lease is a half-created sandbox; leave young ones.
-                if base.is_dir() and now - base.stat().st_mtime > 60 and base.name not in keep:
-                    doomed.add(base.name)
-                continue
-            live_dirs.add(base.name)
-            if base.name not in keep and _lease_is_dead(lease, now, older_than):
-                doomed.add(base.name)
-    orphans = {sid for sid in processes if sid not in live_dirs and sid not in keep}
-    # Killed until none is left (a kill takes a moment, and a process not yet frozen may fork).
-    _kill_sandbox_processes({str(root / sandbox_id) for sandbox_id in doomed | orphans if sandbox_id in processes})
-    for sandbox_id in doomed | orphans:
-        shutil.rmtree(root / sandbox_id, ignore_errors=True)
-    return sorted(doomed | orphans)

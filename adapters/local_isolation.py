@@ -61,6 +61,7 @@ if [ "$mode" = none ]; then
     p=${f#/proc/}; p=${p%/environ}; if [ "$p" != $$ ]; then kill -KILL "$p" 2>/dev/null; fi
   done
 fi
+if [ -d "$base/upper" ]; then umount -l -- "$base/work" 2>/dev/null; fi  # a fork's overlay (local_snapshot)
 rm -rf -- "$base" 2>/dev/null
 if [ -n "$cg" ]; then
   n=0; until rmdir "$cg" 2>/dev/null || [ $n -ge 50 ]; do sleep 0.1; n=$((n+1)); done
@@ -100,9 +101,11 @@ for d in $hide; do mount -t tmpfs -o mode=755,nosuid,nodev tmpfs "$d"; done
 if [ -n "$resolv" ]; then
   mkdir -p "${resolv%/*}" && : >"$resolv" && mount -c --bind /proc/self/fd/9 "$resolv"
 fi
-# Binds of read-only mounts are read-only: only work and ctl are made writable again.
+# Binds of read-only mounts are read-only: only work and ctl are made writable again. They
+# are bound from the dir opened first, which still reaches what is mounted on them (a fork's
+# overlay, see local_snapshot): the bind of the dir itself carries no mounts under it.
 mkdir -p "$base" && mount -c --bind /proc/self/fd/3 "$base"
-for d in work ctl; do mount -c --bind "$base/$d" "$base/$d" && mount -o remount,bind,rw "$base/$d"; done
+for d in work ctl; do mount -c --bind "/proc/self/fd/3/$d" "$base/$d" && mount -o remount,bind,rw "$base/$d"; done
 n=4; for d in $expose; do mkdir -p "$d" && mount -c --bind "/proc/self/fd/$n" "$d"; n=$((n+1)); done
 for d in $hide; do mount -o remount,bind,ro,nosuid,nodev "$d"; done
 exec 3<&- 4<&- 5<&- 6<&- 7<&- 8<&- 9<&-

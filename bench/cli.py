@@ -120,6 +120,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", default="builtin")
     p.add_argument("--policy", default="oracle")
     p.add_argument("--max-retries", type=int, default=2)
+    p.add_argument("--group-size", type=_positive, default=1, help="samples per task group (default 1)")
+    p.add_argument(
+        "--fork",
+        action="store_true",
+        help="also run each level with groups set up once and forked from a snapshot (tasks that opt in), side by side",
+    )
 
     p = sub.add_parser("scale", parents=[common], help="the core alone on sim: 1k..20k concurrent episodes")
     p.add_argument(
@@ -202,6 +208,8 @@ async def _dispatch(args: argparse.Namespace, adapter: str, options: dict):  # n
             policy=args.policy,
             adapter_options=options,
             max_retries=args.max_retries,
+            group_size=args.group_size,
+            fork=args.fork,
         )
     if scenario == "scale":
         from .scale import run_scale

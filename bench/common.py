@@ -169,3 +169,23 @@ class TrackingAdapter:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.inner.__aexit__(*exc)
+
+
+class ForkingTrackingAdapter(TrackingAdapter):
+    """A ``TrackingAdapter`` that also passes snapshots through (so the rollout engine forks
+    groups of tasks that opt in; see orchard_async.groups), counting those not dropped."""
+
+    def __init__(self, inner: Adapter):
+        super().__init__(inner)
+        self.snapshots: set[str] = set()
+        self.snapshots_taken = 0
+
+    async def snapshot(self, sandbox: Any) -> str:
+        snapshot_id = await self.inner.snapshot(sandbox)  # type: ignore[attr-defined]
+        self.snapshots.add(snapshot_id)
+        self.snapshots_taken += 1
+        return snapshot_id
+
+    async def drop_snapshot(self, snapshot_id: str) -> None:
+        await self.inner.drop_snapshot(snapshot_id)  # type: ignore[attr-defined]
+        self.snapshots.discard(snapshot_id)

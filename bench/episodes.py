@@ -6,11 +6,19 @@ episode duration percentiles, exec percentiles and where the time went (create, 
 agent, exec, score, destroy; the shares of summed episode time, from each trajectory's
 timings; where a task reports its test command's own time, ``tests`` is that and ``score``
 the rest of scoring). Sandboxes left after each level are counted.
+
+``group_size`` plans groups of samples per task (the level's episodes are rounded up to
+whole groups). ``fork`` runs every level a second time, as ``<adapter>+fork``, with groups
+of tasks that opt in (``fork_after_setup``, e.g. SWE) set up once and started from a snapshot
+(``orchard_async.groups``); the first run never forks. The forked run's ``setup`` share is
+the groups' shared setup, counted once per group; ``group_wait`` is the time samples waited
+for their group's base; the ratios table compares the two runs level by level.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections import Counter
 
@@ -18,8 +26,8 @@ import anyio
 
 from orchard_async import Trajectory, load_recipe, rollout, summarize
 
-from .common import TrackingAdapter, close_and_count, open_adapter
-from .report import Row, ms_percentiles
+from .common import ForkingTrackingAdapter, TrackingAdapter, close_and_count, open_adapter
+from .report import Comparison, Row, ms_percentiles
 from .scenario import Outcome
 
 
@@ -33,23 +41,36 @@ async def run_episodes(
     policy: str = "oracle",
     adapter_options: dict | None = None,
     max_retries: int = 2,
+    group_size: int = 1,
+    fork: bool = False,
 ) -> Outcome:
     module = load_recipe(recipe)
-    task_list = module.load_tasks(tasks)
+    module.load_tasks(tasks)  # a task source that does not load fails here, before any sandbox
     agent = module.make_policy(policy)
     inner, doctor = await open_adapter(adapter_name, adapter_options)
-    adapter = TrackingAdapter(inner)
+    adapter = TrackingAdapter(inner)  # no snapshot(): every episode creates and sets up its own sandbox
+    # With fork, each level runs twice on the same adapter: as above, then with groups of tasks
+    # that opt in set up once and forked (orchard_async.groups).
+    forking = ForkingTrackingAdapter(inner) if fork else None
+    variants: list[tuple[str, TrackingAdapter]] = [(adapter_name, adapter)]
+    if forking is not None:
+        variants.append((f"{adapter_name}+fork", forking))
     outcome = Outcome()
     if doctor:
         outcome.details["adapter_doctor"] = doctor
     lost_total = 0
     per_level = {}
     try:
-        for level in concurrency:
-            n = max(episodes, level)
+        for level, (subject, runner) in itertools.product(concurrency, variants):
+            n = -(-max(episodes, level) // group_size) * group_size  # whole groups
             finished: list[Trajectory] = []
+            # Tasks loaded anew for every run: what a recipe caches per process (SWE's harness
+            # proofs) is paid by each run alike, not by the first one only.
+            task_list = module.load_tasks(tasks)
             started = time.perf_counter()
-            stream = rollout(task_list, agent, adapter, n=n, concurrency=level, max_retries=max_retries)
+            stream = rollout(
+                task_list, agent, runner, n=n, group_size=group_size, concurrency=level, max_retries=max_retries
+            )
             async with contextlib.aclosing(stream):
                 async for trajectory in stream:
                     finished.append(trajectory)
@@ -66,7 +87,7 @@ async def run_episodes(
             lost_total += lost
             outcome.rows.append(
                 Row(
-                    subject=adapter_name,
+                    subject=subject,
                     operation="episode",
                     concurrency=level,
                     episodes=len(finished),
@@ -84,11 +105,13 @@ async def run_episodes(
                         "retries": summary.retries,
                         "setup_p50_ms": setups["p50_ms"],
                         "setup_p99_ms": setups["p99_ms"],
+                        "group_size": group_size,
+                        "forked": sum(bool(t.forked_from) for t in finished),
                     },
                     **ms_percentiles(durations),
                 )
             )
-            per_level[str(level)] = {
+            per_level[str(level) if forking is None else f"{subject}@{level}"] = {
                 "planned": n,
                 "lost": lost,
                 "duplicates": sum(c - 1 for c in ids.values()),
@@ -103,13 +126,40 @@ async def run_episodes(
         if aclose is not None:
             with anyio.CancelScope(shield=True):
                 await aclose()
-    leftovers = await close_and_count(adapter, adapter_name, adapter_options or {}, adapter.created)
+    ours = adapter.created + (forking.created if forking else [])
+    leftovers = await close_and_count(adapter, adapter_name, adapter_options or {}, ours)
+    if forking is not None:
+        leftovers["snapshots_taken"] = forking.snapshots_taken
+        leftovers["snapshots_not_dropped"] = len(forking.snapshots)
+        leftovers["leaked"] += len(forking.snapshots)
+        outcome.comparisons = _fork_ratios(outcome.rows, adapter_name)
     outcome.lost = lost_total
     outcome.leaked = leftovers["leaked"]
     outcome.details["leftovers"] = leftovers
     outcome.details.update({"recipe": recipe, "tasks": tasks, "policy": policy, "levels": per_level})
     outcome.notes.append("p50/p99 ms are whole-episode durations; exec percentiles are in each row's extra")
     return outcome
+
+
+def _fork_ratios(rows: list[Row], baseline: str) -> list[Comparison]:
+    """Forked against plain at each level: episode p50/p99 and episodes/s."""
+    plain = {row.concurrency: row for row in rows if row.subject == baseline}
+    return [
+        Comparison(
+            subject=row.subject,
+            baseline=baseline,
+            concurrency=row.concurrency,
+            p50_ratio=_ratio(row.p50_ms, plain[row.concurrency].p50_ms),
+            p99_ratio=_ratio(row.p99_ms, plain[row.concurrency].p99_ms),
+            ops_ratio=_ratio(row.episodes_per_s, plain[row.concurrency].episodes_per_s),
+        )
+        for row in rows
+        if row.subject != baseline and row.concurrency in plain
+    ]
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
 
 
 def _with_test_share(shares: dict[str, float], finished: list[Trajectory]) -> dict[str, float]:

@@ -20,6 +20,7 @@ import msgspec
 
 from . import labels as names
 from .errors import ContextExhausted, InfraError, SandboxLost, VerifierError
+from .groups import GroupSetups, SharedSetup
 from .pool import Pool
 from .protocols import GradedApart, Policy, Sandbox, Task
 from .task import Observation, Reward
@@ -112,9 +113,12 @@ class RecordingSandbox:
         await self.close()
 
 
-async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: str, attempt: int = 0) -> Trajectory:
+async def run_attempt(
+    episode: Episode, policy: Policy, pool: Pool, *, run_id: str, attempt: int = 0, groups: GroupSetups | None = None
+) -> Trajectory:
     """Run the episode once. Raises InfraError when the backend fails; everything else
-    ends up in the returned trajectory."""
+    ends up in the returned trajectory. With ``groups``, a task that opts in starts from
+    its group's snapshot and skips setup (see ``groups``)."""
     task = episode.task
     t0 = time.monotonic()
     started_at = time.time()
@@ -134,10 +138,19 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
     end_reason = EndReason.MAX_STEPS
     reward = Reward(value=0.0, success=False)
 
+    fork, shared = None, SharedSetup()
+    if groups is not None:
+        fork = await groups.start(episode, spec, ops, t0, shared)
+        timings["create"], timings["setup"], timings["destroy"] = shared.create, shared.setup, shared.destroy
+        waited = time.monotonic() - t0 - shared.create - shared.setup - shared.destroy
+        if fork is not None and waited > 0.0005:  # for another sample's base: its own phase, not setup
+            timings["group_wait"] = waited
     start = time.monotonic()
-    raw = await pool.acquire(spec)  # a failure here is an InfraError: the engine records the retry
-    timings["create"] = time.monotonic() - start
-    ops.append(Op("create", start - t0, timings["create"]))
+    # A failure here is an InfraError: the engine records the retry.
+    raw = await pool.acquire(spec if fork is None else msgspec.structs.replace(spec, snapshot=fork.snapshot))
+    timings["create"] += time.monotonic() - start
+    ops.append(Op("create", start - t0, time.monotonic() - start, "fork" if fork else "ok"))
+    t_agent = time.monotonic() if fork else t0  # the group's shared setup is not this sample's budget
     sandbox = RecordingSandbox(raw, ops, t0)
     agent_closed = False
 
@@ -151,15 +164,18 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
             ops.append(Op("destroy", mark - t0, time.monotonic() - mark))
 
     try:
-        agent_deadline = t0 + task.deadline - task.score_timeout
+        agent_deadline = t_agent + task.deadline - task.score_timeout
         # One cancel scope for the whole agent phase (a timer per step costs more than a step);
         # a bare CancelScope: move_on_after/fail_after add a generator context manager each.
         with anyio.CancelScope(deadline=anyio.current_time() + agent_deadline - time.monotonic()) as agent_phase:
             mark = time.monotonic()
-            try:
-                instruction = await task.setup(sandbox)
-            finally:
-                timings["setup"] = time.monotonic() - mark
+            if fork is not None:
+                instruction = fork.instruction_for(raw)
+            else:
+                try:
+                    instruction = await task.setup(sandbox)
+                finally:
+                    timings["setup"] = time.monotonic() - mark
             # Replies in a row that were not actions; at the task's limit (if it sets one) the episode ends.
             parse_failure_limit = getattr(task, "parse_failure_limit", 0) or 0
             parse_failures = 0
@@ -249,6 +265,7 @@ async def run_attempt(episode: Episode, policy: Policy, pool: Pool, *, run_id: s
         info=reward.info,
         error=error,
         started_at=started_at,
+        forked_from=fork.snapshot if fork else "",
     )
 
 

@@ -25,6 +25,7 @@ import msgspec
 
 from .episode import Episode, run_attempt
 from .errors import ConfigError, InfraError
+from .groups import GroupSetups, group_setups, leaders_ahead
 from .paths import check_output_file
 from .pool import Pool
 from .protocols import Adapter
@@ -72,13 +73,20 @@ def _episode_count(tasks: Sequence[Task], n: int | None, group_size: int) -> int
 
 
 async def run_with_retries(
-    episode: Episode, policy: Policy, pool: Pool, *, run_id: str, max_retries: int, retry_backoff: float = RETRY_BACKOFF
+    episode: Episode,
+    policy: Policy,
+    pool: Pool,
+    *,
+    run_id: str,
+    max_retries: int,
+    retry_backoff: float = RETRY_BACKOFF,
+    groups: GroupSetups | None = None,
 ) -> Trajectory:
     retries: list[Retry] = []
     for attempt in range(max_retries + 1):
         started = time.monotonic()
         try:
-            trajectory = await run_attempt(episode, policy, pool, run_id=run_id, attempt=attempt)
+            trajectory = await run_attempt(episode, policy, pool, run_id=run_id, attempt=attempt, groups=groups)
         except InfraError as exc:
             retries.append(
                 Retry(
@@ -135,20 +143,30 @@ async def rollout(
     if not episodes:
         return
     send, receive = anyio.create_memory_object_stream[Trajectory](max_buffer_size=concurrency)
-    pending = iter(episodes)
+    pending = iter(leaders_ahead(pool.adapter, episodes, concurrency))  # forked groups' bases set up early
 
-    async def worker() -> None:
+    async def worker(groups: GroupSetups | None) -> None:
         for episode in pending:  # shared iterator: each episode goes to exactly one worker
             trajectory = await run_with_retries(
-                episode, policy, pool, run_id=run_id, max_retries=max_retries, retry_backoff=retry_backoff
+                episode,
+                policy,
+                pool,
+                run_id=run_id,
+                max_retries=max_retries,
+                retry_backoff=retry_backoff,
+                groups=groups,
             )
+            if groups is not None:
+                await groups.finish(episode)
             await send.send(trajectory)
 
     async def workers() -> None:
-        async with send:
+        # Groups of tasks that opt in are set up once and forked (groups.py); their
+        # snapshots are dropped as groups end, and here for any left when the run ends.
+        async with send, group_setups(pool, episodes) as groups:
             async with anyio.create_task_group() as group:
                 for _ in range(min(concurrency, len(episodes))):
-                    group.start_soon(worker)
+                    group.start_soon(worker, groups)
 
     async with anyio.create_task_group() as group:
         group.start_soon(workers)

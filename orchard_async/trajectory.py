@@ -171,10 +171,13 @@ class Trajectory(msgspec.Struct, kw_only=True, omit_defaults=True):
     steps: list[Step] = []
     ops: list[Op] = []
     retries: list[Retry] = []
-    timings: dict[str, float] = {}  # create, setup, agent, exec, score, destroy, total
+    timings: dict[str, float] = {}  # create, setup, agent, exec, score, destroy, total (group_wait: groups.py)
     info: dict[str, Any] = {}  # recipe-specific: per-test results, usage totals, ...
     error: str = ""
     started_at: float = 0.0
+    # The group snapshot this sample's sandbox started from (its setup ran once, in the
+    # group's base; see orchard_async.groups); "" when it set up its own sandbox.
+    forked_from: str = ""
     version: int = FORMAT_VERSION
 
 

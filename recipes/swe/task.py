@@ -94,6 +94,9 @@ class SWETask:
     proofs: HarnessProofs = field(default_factory=HarnessProofs, repr=False)
     activation: Activation = field(default_factory=Activation)
     official: swebench.OfficialHarness | None = None  # SWE-bench's own grading, when it applies
+    # Checkout and environment check are the same for every sample of a group: the engine
+    # sets a group up once and starts its samples from a snapshot (orchard_async.groups).
+    fork_after_setup: bool = True
     id: str = field(init=False)
 
     def __post_init__(self) -> None:

@@ -106,6 +106,19 @@ def test_episodes(bench, adapter: str) -> None:
         assert all(row["success_rate"] == 1.0 for row in data["rows"])
 
 
+def test_episodes_with_fork_runs_plain_and_forked_side_by_side(bench) -> None:
+    args = ["--adapter", "local", "--recipe", "swe", "--tasks", "builtin:minicalc__1", "--group-size", "2"]
+    data = bench("episodes", *args, "--concurrency", "2", "--episodes", "2", "--fork")
+    assert data["lost"] == 0 and data["leaked"] == 0
+    assert [(row["subject"], row["episodes"]) for row in data["rows"]] == [("local", 2), ("local+fork", 2)]
+    assert [row["extra"]["forked"] for row in data["rows"]] == [0, 2]
+    assert all(row["success_rate"] == 1.0 for row in data["rows"])  # the oracle resolves it, forked or not
+    assert data["details"]["leftovers"]["snapshots_taken"] == 1
+    assert data["details"]["leftovers"]["snapshots_not_dropped"] == 0
+    assert [(c["subject"], c["baseline"]) for c in data["comparisons"]] == [("local+fork", "local")]
+    assert "fork" in data["details"]["adapter_doctor"]
+
+
 # -- scale -------------------------------------------------------------------------------
 
 

@@ -139,7 +139,7 @@ def test_bad_input_is_a_clear_error_that_changes_nothing(
 def test_doctor_reports_adapters_and_isolation(tmp_path: Path) -> None:
     done = cli("doctor", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    for word in ("local", "sim", "docker", "kubernetes", "namespaces", "network", "event loop"):
+    for word in ("local", "sim", "docker", "kubernetes", "namespaces", "network", "event loop", "forks:"):
         assert word in done.stdout
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
+import orchard_async as oa
 from orchard_async.recipes import swe
 from orchard_async.recipes.swe.policies import gold_patch_command
 from tests.recipes.swe_support import ScriptPolicy, run_rollout
@@ -97,6 +98,43 @@ def test_cheat_is_unresolved_on_local(task, cheat, tmp_path):
         assert "test_config_touched" not in trajectory.info
     if cheat in ("pyc_trick", "background_writer"):
         assert trajectory.info["empty_patch"] and ".pyc" not in trajectory.info["patch"]
+
+
+class PerSamplePolicy:
+    """Sample k of a group runs scripts[k] (the episode id ends in /s<k>), then submits."""
+
+    name = "per-sample"
+
+    def __init__(self, scripts: list[list[str]]):
+        self.scripts = scripts
+
+    async def act(self, observation):
+        script = self.scripts[int(observation.episode_id.rsplit("/s", 1)[1])]
+        if observation.step < len(script):
+            return oa.Action(command=script[observation.step])
+        return oa.Action(kind="submit")
+
+
+def test_forked_samples_cannot_reach_each_other_or_the_grade(task, tmp_path):
+    """A group of SWE samples starts from one snapshot (SWE opts in to fork_after_setup):
+    every cheat runs in a fork at once with a gold sample and a sample that does nothing.
+    The cheats stay unresolved, the gold resolves, and the idle sample, whose fork shares
+    the snapshot with the gold's, is not credited with the gold's fix."""
+    names = ["edit_hidden_tests", "delete_tests", "conftest_hook", "pyc_trick", "background_writer"]
+    scripts = [cheats(task.instance)[name] for name in names]
+    scripts += [[gold_patch_command(task.instance.patch)], ["git status --short"]]
+    run = anyio.run(
+        lambda: run_rollout(
+            [task], PerSamplePolicy(scripts), tmp_path / "root", n=len(scripts), group_size=len(scripts), concurrency=4
+        )
+    )
+    by_sample = {t.sample: t for t in run.trajectories}
+    assert all(t.status == "finished" for t in by_sample.values()), [t.error for t in by_sample.values()]
+    snapshots = {t.forked_from for t in by_sample.values()}
+    assert len(snapshots) == 1 and snapshots != {""}  # every sample started from the group's snapshot
+    assert [by_sample[k].success for k in range(len(scripts))] == [False] * len(names) + [True, False]
+    assert by_sample[len(scripts) - 1].info["empty_patch"]
+    assert run.leaked == [] and run.left_on_disk == []
 
 
 def test_gold_resolves_and_a_lax_grader_is_fooled_by_the_conftest_hook(task, tmp_path):
