@@ -225,6 +225,8 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     box, _ = registry.ready(tenant, request.match_info["id"], 404)
     key = request.headers.get("Idempotency-Key")
     job = jobs.original(tenant.name, box, body, key)
+    if job is None and key is not None and box.readopted and request.headers.get("X-Orchard-Retry") == "1":
+        return reply(jobs.cut_by_restart(box, body))
     if job is None:
         job = jobs.start(tenant.name, box, body, key, registry.spawn)
         job.origin = request.transport
@@ -399,8 +401,11 @@ def create_app(
     async def lifetime(app: web.Application) -> Any:
         # Sandboxes a killed earlier run of the service left (their controller is dead): the
         # service's state is gone with it, so none can be adopted; remove them.
+        handed_out = adopt.handed_out(registry)
         for sandbox_id in await adapter.reap():
             log.info("reaped %s, left by a run that is gone", sandbox_id)
+            if sandbox_id in handed_out:
+                adopt.lost_in_restart(registry, handed_out[sandbox_id])
         # ...but those this service made, with a reattach grace, wait for it: take them back
         tenants = {tenant.name: tenant for tenant in app[KEYS].tenants} or {ANONYMOUS.name: ANONYMOUS}
         await adopt.adopt(registry, tenants)
