@@ -279,8 +279,11 @@ class Jobs:
         if seconds is None:
             await job.done.wait()
             return
+        if job.done.is_set():
+            return
         try:
-            await asyncio.wait_for(job.done.wait(), timeout=seconds)
+            async with asyncio.timeout(seconds):  # not wait_for: that runs the wait in a task of its own
+                await job.done.wait()
         except TimeoutError:
             pass
 

@@ -133,7 +133,7 @@ async def test_a_create_and_an_exec_whose_answers_were_lost_in_kills_docker(tmp_
         assert runs.stdout == b"one\ntwo\n", runs
         await sandbox.close()
         with anyio.fail_after(60):  # the container's removal runs after the DELETE's answer
-            while containers(name):
+            while containers(name):  # noqa: ASYNC110 - polling the daemon
                 await anyio.sleep(0.2)
     finally:
         await remote.close()
