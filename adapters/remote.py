@@ -386,11 +386,20 @@ class RemoteAdapter:
         # Registered before it is ready: a cancelled or failed wait still deletes it in close().
         sandbox = RemoteSandbox(self, made)
         self._live[sandbox_id] = sandbox
-        info = made
+        info, posted_again = made, False
         try:
             with anyio.fail_after(deadline - anyio.current_time()):
                 while info["status"] == "pending":
-                    info = await self._wait(sandbox_id)
+                    try:
+                        info = await self._wait(sandbox_id)
+                    except SandboxLost:
+                        if posted_again:
+                            raise
+                        # The service forgot it: it restarted before the sandbox was made, or lost
+                        # it in the restart. The same create again, under the same id: never two.
+                        posted_again = True
+                        until = min(deadline, anyio.current_time() + max(self.retry_for, 0.0))
+                        info = await self._call("POST", "/sandboxes", json=body, until=until)
         except BaseException as exc:
             await self._discard(sandbox)
             if isinstance(exc, TimeoutError):

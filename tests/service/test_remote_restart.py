@@ -43,16 +43,17 @@ async def restarted(serve: Serve, tmp_path: Path, name: str, port: int, *extra: 
 
 
 async def create_through_a_kill(
-    tmp_path: Path, adapter: str, *extra: str
+    tmp_path: Path, adapter: str, *extra: str, cut: bytes = b"POST /sandboxes "
 ) -> tuple[Serve, oa.Sandbox, str, CuttingProxy, oa.Adapter]:
-    """Create through the proxy; the create lands, its answer is lost, the service is killed
-    once the sandbox is ready and started again: the adapter's retry must find what it made."""
+    """Create through the proxy; the create (or its ``/wait``: ``cut``) lands, its answer is
+    lost, the service is killed once the sandbox is ready and started again: the adapter's
+    retry must end with one sandbox, under the id it sent."""
     name, port = f"test-cut-{uuid.uuid4().hex[:10]}", free_port()
     first = Serve(tmp_path, name, "--port", str(port), *extra, adapter=adapter)
     proxy = await CuttingProxy(port).start()
     remote = oa.get_adapter("remote", url=proxy.url, retry_for=RETRY_FOR)
     try:
-        proxy.cut(b"POST /sandboxes ")
+        proxy.cut(cut)
         async with anyio.create_task_group() as tg:
             made: list[oa.Sandbox] = []
 
@@ -72,11 +73,12 @@ async def create_through_a_kill(
         raise
 
 
-async def test_a_create_whose_answer_was_lost_in_a_kill_makes_one_sandbox_local(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cut", [b"POST /sandboxes ", b"GET /sandboxes/"], ids=["create", "wait"])
+async def test_a_create_whose_answer_was_lost_in_a_kill_makes_one_sandbox_local(tmp_path: Path, cut: bytes) -> None:
     root = tmp_path / "sandboxes"
     root.mkdir()
     options = ("--adapter-options", json.dumps({"root": str(root)}))
-    second, sandbox, landed, proxy, remote = await create_through_a_kill(tmp_path, "local", *options)
+    second, sandbox, landed, proxy, remote = await create_through_a_kill(tmp_path, "local", *options, cut=cut)
     try:
         # local cannot re-adopt: the landed sandbox died with the service and was reaped; the
         # retry (same id) made the one sandbox there is now, under the id the caller holds
