@@ -258,6 +258,7 @@ def test_a_sandbox_nobody_takes_back_ends_after_its_grace(tmp_path: Path, servic
         second.stop()
 
 
+@pytest.mark.soak  # ~25 s (the reaper's 5 s interval): kept out of the default run's longest group
 def test_re_adopted_sandboxes_no_client_claims_are_reaped_when_idle(tmp_path: Path, service_name: str) -> None:
     """The idle limit's clock of a re-adopted sandbox starts at the restart: one nobody asks
     for again (its client gave up while the service was down) does not wait for its TTL."""
