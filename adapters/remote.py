@@ -7,9 +7,13 @@ extensions the library's contract needs (``mode: native`` exec: sh semantics, st
 bytes in base64, the exit reason; sessions; a file listing's modes).
 
 Retries are safe: a create names its sandbox (``ra-<random>``), so a retried create finds
-the one already made; a command carries an ``Idempotency-Key``, so a retried exec gets the
-job already running. Connection errors and 503s are retried (3 attempts; a 503's
-``Retry-After`` is honoured).
+the one already made, even by a restarted service that re-adopted it (a lost answer never
+makes a second sandbox); a command carries an ``Idempotency-Key``, so a retried exec gets
+the job already running, and a retry whose first attempt may have reached the service says
+so (``X-Orchard-Retry``), so a service restarted meanwhile answers "outcome unknown" rather
+than running the command a second time. Connection errors and 503s are retried for
+``retry_for`` seconds (default 30: a service's restart fits; a 503's ``Retry-After`` is
+honoured), a create's within its deadline too.
 
 Defaults: ``url`` from ``ORCHARD_REMOTE_URL`` (else ``SANDBOX_BASE_URL``, else
 ``http://127.0.0.1:8000``), ``api_key`` from ``ORCHARD_REMOTE_KEY`` (else ``SANDBOX_API_KEY``).
@@ -42,8 +46,10 @@ from orchard_async.pool import explained_deadline
 from orchard_async.protocols import DEFAULT_EXEC_TIMEOUT
 from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec, check_env, check_timeout
 
-ATTEMPTS = 3
+RETRY_FOR = 30.0  # seconds a call retries a service that does not answer, or answers 503
+FIRST_PAUSE, MAX_PAUSE = 0.25, 2.0  # between retries of a call that got no answer (doubling)
 MAX_RETRY_AFTER = 30.0
+DOCTOR_RETRY_FOR = 2.0  # `doctor` says at once that no service answers
 WAIT_STEP = 300  # seconds per /wait call while a sandbox is being made
 HTTP_MARGIN = 60.0  # beyond a command's own timeout before the HTTP call gives up
 CONNECT_TIMEOUT = 10.0
@@ -219,6 +225,7 @@ class RemoteAdapter:
         url: str | None = None,
         api_key: str | None = None,
         max_connections: int = 256,
+        retry_for: float = RETRY_FOR,
     ):
         self.url = (
             url or os.environ.get("ORCHARD_REMOTE_URL") or os.environ.get("SANDBOX_BASE_URL") or "http://127.0.0.1:8000"
@@ -231,12 +238,15 @@ class RemoteAdapter:
         # use: a session belongs to the event loop it is made in.
         self._headers = {"X-API-Key": key} if key else {}
         self._max_connections = max_connections
+        if not 0 <= retry_for <= 3600:
+            raise ConfigError(f"retry_for must be between 0 and 3600 seconds, got {retry_for}")
+        self.retry_for = retry_for
         self._session: aiohttp.ClientSession | None = None
         self._live: dict[str, RemoteSandbox] = {}
 
     async def doctor(self) -> str:
         try:
-            health = await self._call("GET", "/health")
+            health = await self._call("GET", "/health", until=anyio.current_time() + DOCTOR_RETRY_FOR)
         except (BackendUnavailable, ConfigError) as exc:
             raise AdapterUnavailable(f"no orchard-async service answers at {self.url} ({exc})") from None
         return f"the service at {self.url} ({health.get('adapter', '?')} adapter behind it)"
@@ -251,22 +261,51 @@ class RemoteAdapter:
         headers: dict[str, str] | None = None,
         timeout: float | None | object = DEFAULT,
         file: bool = False,
+        until: float | None = None,
     ) -> dict[str, Any]:
         """One API call, retried on connection errors and 503; errors mapped to the library's.
         ``file``: a 404 names a missing file rather than a missing sandbox."""
-        for attempt in range(1, ATTEMPTS + 1):
+        response = await self._retrying(
+            method, path, json=json, params=params, headers=headers, timeout=timeout, until=until
+        )
+        return self._answer(response, file)
+
+    async def _retrying(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float | None | object = DEFAULT,
+        until: float | None = None,
+    ) -> Answer:
+        """The call's answer, after retrying connection errors and 503s until ``until`` (default:
+        ``retry_for`` seconds from now). Every call the library makes is safe to repeat: reads,
+        DELETEs, creates (they name their sandbox) and execs (``Idempotency-Key``)."""
+        give_up = anyio.current_time() + self.retry_for if until is None else until
+        pause, reached = FIRST_PAUSE, False
+        while True:
+            sent = dict(headers or {})
+            if reached and "Idempotency-Key" in sent:
+                sent["X-Orchard-Retry"] = "1"  # the first attempt may have run (see jobs.py)
             try:
-                response = await self._request(method, path, json=json, params=params, headers=headers, timeout=timeout)
+                response = await self._request(method, path, json=json, params=params, headers=sent, timeout=timeout)
             except TRANSPORT_ERRORS as exc:
-                if attempt == ATTEMPTS:
+                # a refused connection reached nothing; any other failure may have come after the request
+                reached = reached or not isinstance(exc, aiohttp.ClientConnectorError)
+                if anyio.current_time() + pause > give_up:
                     raise BackendUnavailable(f"the service at {self.url} did not answer: {exc!r}") from None
-                await anyio.sleep(attempt * 0.5)
+                await anyio.sleep(pause)
+                pause = min(pause * 2, MAX_PAUSE)
                 continue
-            if response.status_code == 503 and attempt < ATTEMPTS:
-                await anyio.sleep(min(float(response.headers.get("Retry-After", 1)), MAX_RETRY_AFTER))
-                continue
-            return self._answer(response, file)
-        raise AssertionError("unreachable")
+            if response.status_code == 503:
+                wait = min(float(response.headers.get("Retry-After", 1)), MAX_RETRY_AFTER)
+                if anyio.current_time() + wait <= give_up:
+                    await anyio.sleep(wait)
+                    continue
+            return response
 
     async def _request(
         self,
@@ -337,19 +376,30 @@ class RemoteAdapter:
             "workdir": spec.workdir,
             "pids": spec.pids,
         }
+        # Retried with the same id (a lost answer finds the sandbox it made), while the caller waits.
+        until = min(deadline, anyio.current_time() + max(self.retry_for, 0.0))
         try:
-            made = await self._call("POST", "/sandboxes", json=body)
+            made = await self._call("POST", "/sandboxes", json=body, until=until)
         except (BackendUnavailable, SandboxLost) as exc:
             raise CreateFailed(f"the service could not create a sandbox: {exc}") from None
         sandbox_id = made["sandbox_id"]
         # Registered before it is ready: a cancelled or failed wait still deletes it in close().
         sandbox = RemoteSandbox(self, made)
         self._live[sandbox_id] = sandbox
-        info = made
+        info, posted_again = made, False
         try:
             with anyio.fail_after(deadline - anyio.current_time()):
                 while info["status"] == "pending":
-                    info = await self._wait(sandbox_id)
+                    try:
+                        info = await self._wait(sandbox_id)
+                    except SandboxLost:
+                        if posted_again:
+                            raise
+                        # The service forgot it: it restarted before the sandbox was made, or lost
+                        # it in the restart. The same create again, under the same id: never two.
+                        posted_again = True
+                        until = min(deadline, anyio.current_time() + max(self.retry_for, 0.0))
+                        info = await self._call("POST", "/sandboxes", json=body, until=until)
         except BaseException as exc:
             await self._discard(sandbox)
             if isinstance(exc, TimeoutError):
@@ -374,12 +424,11 @@ class RemoteAdapter:
             pass
 
     async def _wait(self, sandbox_id: str) -> dict[str, Any]:
-        try:
-            response = await self._request(
-                "GET", f"/sandboxes/{sandbox_id}/wait", params={"timeout": WAIT_STEP}, timeout=WAIT_STEP + HTTP_MARGIN
-            )
-        except TRANSPORT_ERRORS as exc:  # e.g. the service restarted under the wait
-            raise BackendUnavailable(f"the service at {self.url} stopped answering: {exc!r}") from None
+        """One ``/wait``; connection errors and 503s retried (a restarted service re-adopting the
+        sandbox answers 503 until it is back)."""
+        response = await self._retrying(
+            "GET", f"/sandboxes/{sandbox_id}/wait", params={"timeout": WAIT_STEP}, timeout=WAIT_STEP + HTTP_MARGIN
+        )
         if response.status_code == 408:
             return {"status": "pending"}
         return self._answer(response, file=False)

@@ -46,6 +46,7 @@ DOCKER_FILES = {
     "tests/recipes/test_swe_real_instances.py",
     "tests/adapters/test_docker_attach.py",
     "tests/service/test_restart.py",
+    "tests/service/test_remote_restart.py",
 }
 KUBERNETES_FILES = {
     "tests/adapters/test_kubernetes.py",

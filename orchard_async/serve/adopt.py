@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -99,11 +100,41 @@ async def adopt(registry: Registry, tenants: dict[str, Tenant]) -> None:
         request = CreateRequest(image=None, sandbox_id=public_id)  # until the record is read back
         expires_at = expiry(labels)
         box = Box(public_id, tenant, request, max(1.0, expires_at - time.time()), registry.idle_timeout)
-        box.adopting, box.expires_at = True, expires_at
+        box.adopting, box.readopted, box.expires_at = True, True, expires_at
         registry.boxes[(tenant.name, public_id)] = box
         registry.spawn(_attach(registry, box, sandbox_id))
     registry.adopting = False
     log.info("re-adopting %d sandboxes of service %s", len(found), registry.service_name)
+
+
+SHELL_ENDED = "its shell ended with the service's process (the local adapter cannot re-adopt)"
+
+
+def handed_out(registry: Registry) -> dict[str, tuple[str, str]]:
+    """Adapters whose sandboxes die with the service (local: its sandboxes' shells are the
+    service's children) re-adopt nothing, and the reap at start removes what is left. Read
+    before that reap: the (key, public id) of each sandbox dir this service had handed out,
+    from its lease file, so that ``lost_in_restart`` can make their ids answer 404
+    ``sandbox_lost`` saying why, not a bare "not found"."""
+    from .registry import ID_LABEL, NAME_LABEL, TENANT_LABEL
+
+    root = getattr(registry.adapter, "root", None)
+    if not registry.service_name or can_adopt(registry.adapter) or not isinstance(root, Path):
+        return {}
+    found = {}
+    for lease_file in root.glob("*/lease.json"):
+        try:
+            labels = msgspec.json.decode(lease_file.read_bytes()).get("labels") or {}
+        except (OSError, msgspec.DecodeError, AttributeError):
+            continue  # half-written: the sandbox never was handed out
+        if labels.get(NAME_LABEL) == registry.service_name and labels.get(ID_LABEL):
+            found[lease_file.parent.name] = (labels.get(TENANT_LABEL, ""), labels[ID_LABEL])
+    return found
+
+
+def lost_in_restart(registry: Registry, public: tuple[str, str]) -> None:
+    registry.lost[public] = SHELL_ENDED
+    registry.metrics.deletes[(public[0], "lost_in_restart")] += 1
 
 
 async def _attach(registry: Registry, box: Box, sandbox_id: str) -> None:
@@ -125,8 +156,11 @@ async def _attach(registry: Registry, box: Box, sandbox_id: str) -> None:
     record = await read_record(box)
     if record is not None:
         box.request, box.created_at, box.ttl = record.request, record.created_at, record.ttl
+    else:
+        box.record_missing = True
     box.expires_at = sandbox.expires_at or box.expires_at
-    box.touch()
+    # Its idle clock runs from the restart (Box() started it), not from the attach: one that no
+    # client claims is reaped like any idle sandbox, not kept until its TTL.
     box.adopting = False
     box.status = "ready"
     box.ready.set()

@@ -65,53 +65,56 @@ async def deliver(request: web.Request, payload: Any) -> tuple[web.Response, boo
     return response, True
 
 
-# -- middlewares -------------------------------------------------------------------------------
+# -- the one middleware ------------------------------------------------------------------------
 
 
 @web.middleware
-async def log_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """One structured line per request. The path only: a query may hold an API key (PTY)."""
+async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Around every request: the key check, errors as JSON answers, and one structured log
+    line. One middleware, not three: each is a coroutine frame on every exec's path."""
     started = time.perf_counter()
     status = 500
     try:
-        response = await handler(request)
+        try:
+            if request.path not in PUBLIC_PATHS and not request.path.endswith("/exec/pty"):  # PTY: in-band
+                request[TENANT] = authenticated(request)
+            response = await handler(request)
+        except ApiError as exc:
+            response = error_answer(request, exc.status, exc.reason, exc.detail, exc.headers)
+        except web.HTTPException as exc:  # aiohttp's own: unknown route, wrong method, body too large
+            if exc.status < 400:
+                status = exc.status
+                raise
+            reason = {404: "no_route", 405: "method_not_allowed", 413: "too_large"}.get(
+                exc.status, f"http_{exc.status}"
+            )
+            detail = exc.text if exc.status == 413 else f"{exc.reason}: {request.method} {request.path}"
+            headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+            response = error_answer(request, exc.status, reason, detail, headers)
+        except Exception:
+            log.exception("internal error on %s %s", request.method, request.path)
+            response = error_answer(request, 500, "internal", "internal error (see the service's log)")
         status = response.status
         return response
     finally:
-        tenant = request.get(TENANT)
-        access_log.info(
-            json.dumps(
-                {
-                    "method": request.method,
-                    "path": request.path,
-                    "status": status,
-                    "ms": round((time.perf_counter() - started) * 1000, 2),
-                    "key": tenant.name if tenant else None,
-                }
-            )
-        )
+        # The path only: a query may hold an API key (PTY).
+        if access_log.isEnabledFor(logging.INFO):
+            tenant = request.get(TENANT)
+            line = {
+                "method": request.method,
+                "path": request.path,
+                "status": status,
+                "ms": round((time.perf_counter() - started) * 1000, 2),
+                "key": tenant.name if tenant else None,
+            }
+            access_log.info(json.dumps(line))
 
 
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    metrics = request.app[METRICS]
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        metrics.errors[exc.reason] += 1
-        return reply({"detail": exc.detail, "reason": exc.reason}, exc.status, exc.headers)
-    except web.HTTPException as exc:  # aiohttp's own: unknown route, wrong method, body too large
-        if exc.status < 400:
-            raise
-        reason = {404: "no_route", 405: "method_not_allowed", 413: "too_large"}.get(exc.status, f"http_{exc.status}")
-        metrics.errors[reason] += 1
-        detail = exc.text if exc.status == 413 else f"{exc.reason}: {request.method} {request.path}"
-        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        return reply({"detail": detail, "reason": reason}, exc.status, headers)
-    except Exception:
-        metrics.errors["internal"] += 1
-        log.exception("internal error on %s %s", request.method, request.path)
-        return reply({"detail": "internal error (see the service's log)", "reason": "internal"}, 500)
+def error_answer(
+    request: web.Request, status: int, reason: str, detail: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    request.app[METRICS].errors[reason] += 1
+    return reply({"detail": detail, "reason": reason}, status, headers)
 
 
 def tenant_of(request: web.Request, key: str | None) -> Tenant:
@@ -126,14 +129,11 @@ def tenant_of(request: web.Request, key: str | None) -> Tenant:
     return tenant
 
 
-@web.middleware
-async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.path not in PUBLIC_PATHS and not request.path.endswith("/exec/pty"):  # the PTY answers in-band
-        key = request.headers.get("X-API-Key")
-        if key is None and request.headers.get("Authorization", "").startswith("Bearer "):
-            key = request.headers["Authorization"][len("Bearer ") :]  # Prometheus scrapes send this
-        request[TENANT] = tenant_of(request, key)
-    return await handler(request)
+def authenticated(request: web.Request) -> Tenant:
+    key = request.headers.get("X-API-Key")
+    if key is None and request.headers.get("Authorization", "").startswith("Bearer "):
+        key = request.headers["Authorization"][len("Bearer ") :]  # Prometheus scrapes send this
+    return tenant_of(request, key)
 
 
 # -- sandboxes ----------------------------------------------------------------------------------
@@ -225,6 +225,8 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     box, _ = registry.ready(tenant, request.match_info["id"], 404)
     key = request.headers.get("Idempotency-Key")
     job = jobs.original(tenant.name, box, body, key)
+    if job is None and key is not None and box.readopted and request.headers.get("X-Orchard-Retry") == "1":
+        return reply(jobs.cut_by_restart(box, body))
     if job is None:
         job = jobs.start(tenant.name, box, body, key, registry.spawn)
         job.origin = request.transport
@@ -383,7 +385,7 @@ def create_app(
     """The service over ``adapter``. On shutdown every sandbox it holds is destroyed (and
     the adapter closed, unless ``close_adapter`` is False). With a ``service_name`` its
     sandboxes carry it, and a restart with the same name re-adopts them (adopt.py)."""
-    app = web.Application(middlewares=[log_requests, json_errors, authenticate], client_max_size=max_body)
+    app = web.Application(middlewares=[front], client_max_size=max_body)
     metrics_ = Metrics(lambda: registry.live_counts())
     registry = Registry(
         adapter,
@@ -399,8 +401,11 @@ def create_app(
     async def lifetime(app: web.Application) -> Any:
         # Sandboxes a killed earlier run of the service left (their controller is dead): the
         # service's state is gone with it, so none can be adopted; remove them.
+        handed_out = adopt.handed_out(registry)
         for sandbox_id in await adapter.reap():
             log.info("reaped %s, left by a run that is gone", sandbox_id)
+            if sandbox_id in handed_out:
+                adopt.lost_in_restart(registry, handed_out[sandbox_id])
         # ...but those this service made, with a reattach grace, wait for it: take them back
         tenants = {tenant.name: tenant for tenant in app[KEYS].tenants} or {ANONYMOUS.name: ANONYMOUS}
         await adopt.adopt(registry, tenants)

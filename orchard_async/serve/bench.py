@@ -49,13 +49,24 @@ def free_port() -> int:
 
 
 class ServiceProcess:
-    """``orchard-async serve`` in a child process (its log in a file)."""
+    """``orchard-async serve`` in a child process (its log in a file). ``start`` again after
+    ``kill9`` restarts it on the same port with the same ``--name`` (so it re-adopts)."""
 
-    def __init__(self, adapter: str, options: dict[str, Any], log: Path, port: int | None = None):
+    def __init__(
+        self,
+        adapter: str,
+        options: dict[str, Any],
+        log: Path,
+        port: int | None = None,
+        *,
+        name: str | None = None,
+        idle_timeout: float = 0.0,
+    ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.name = name or f"bench-{self.port}"
         command = [str(Path(sys.executable).with_name("orchard-async")), "serve", "--adapter", adapter]
-        command += ["--port", str(self.port), "--idle-timeout", "0"]
+        command += ["--port", str(self.port), "--idle-timeout", f"{idle_timeout:g}", "--name", self.name]
         if options:
             command += ["--adapter-options", json.dumps(options)]
         self.command, self.log = command, log

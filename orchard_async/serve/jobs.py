@@ -12,6 +12,10 @@ may already be running. So:
   job, not a new run (a caller who *received* an answer and sends the same command again
   means it: it runs again).
 * ``Idempotency-Key`` (header): the same key from the same API key is the same job.
+* ``X-Orchard-Retry: 1`` (the remote adapter's, on a retry of a POST whose connection broke
+  after it was sent) with an ``Idempotency-Key`` this run of the service does not know, in a
+  sandbox re-adopted after a restart: the first POST may have started the command in the run
+  that died, so it is not run again; the answer is a failed job saying so.
 * The ``wait`` answer always comes within ``timeout_seconds + 30`` s, complete; a job
   still queued or running by then is answered as such, with its ``job_id``, and the client
   polls instead of re-POSTing.
@@ -45,6 +49,23 @@ RETRY_HORIZON = 600.0  # seconds during which a retry can still find its origina
 INSTANCE = secrets.token_hex(4)
 JOB_ID = re.compile(r"[0-9a-f]{32}")
 LOST_IN_RESTART = "the service restarted while this job ran; its outcome is unknown (run it again if that is safe)"
+
+
+def lost_job(job_id: str, sandbox_id: str, command: str) -> dict[str, Any]:
+    """A job object for a command the restart of the service cut: failed, outcome unknown."""
+    return {
+        "job_id": job_id,
+        "sandbox_id": sandbox_id,
+        "command": command,
+        "status": "failed",
+        "created_at": 0.0,
+        "started_at": None,
+        "completed_at": None,
+        "stdout": "",
+        "stderr": "",
+        "exit_code": None,
+        "error": LOST_IN_RESTART,
+    }
 
 
 class Job:
@@ -146,25 +167,20 @@ class Jobs:
         self._recent: dict[tuple[str, int, bytes], collections.deque[Job]] = {}
 
     @staticmethod
-    def lost_in_restart(job_id: str) -> dict[str, Any] | None:
+    def lost_in_restart(job_id: str, sandbox_id: str = "", command: str = "") -> dict[str, Any] | None:
         """The answer for a job of an earlier run of this service (its id has another
         instance's prefix): failed, since a restart ends every session's commands. The same
         for every key and for ids never handed out: it tells nobody anything."""
         if not JOB_ID.fullmatch(job_id) or job_id.startswith(INSTANCE):
             return None
-        return {
-            "job_id": job_id,
-            "sandbox_id": "",
-            "command": "",
-            "status": "failed",
-            "created_at": 0.0,
-            "started_at": None,
-            "completed_at": None,
-            "stdout": "",
-            "stderr": "",
-            "exit_code": None,
-            "error": LOST_IN_RESTART,
-        }
+        return lost_job(job_id, sandbox_id, command)
+
+    @staticmethod
+    def cut_by_restart(box: Box, request: ExecRequest) -> dict[str, Any]:
+        """The answer to a retried POST whose first attempt may have run in the service's run
+        before a restart (see the module docstring): its outcome is unknown."""
+        command = " ".join(request.command) if isinstance(request.command, list) else request.command
+        return lost_job("", box.id, command)
 
     def get(self, tenant: str, job_id: str) -> Job:
         job = self.jobs.get(job_id)
@@ -263,8 +279,11 @@ class Jobs:
         if seconds is None:
             await job.done.wait()
             return
+        if job.done.is_set():
+            return
         try:
-            await asyncio.wait_for(job.done.wait(), timeout=seconds)
+            async with asyncio.timeout(seconds):  # not wait_for: that runs the wait in a task of its own
+                await job.done.wait()
         except TimeoutError:
             pass
 

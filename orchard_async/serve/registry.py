@@ -61,6 +61,10 @@ class Box:
         self.sessions: dict[str, tuple[contextlib.AsyncExitStack, oa.Session]] = {}
         self.origin: Any = None  # the connection of the create's caller, until its answer is delivered
         self.adopting = False  # found after a restart; its shell is being re-attached (see adopt.py)
+        # Re-adopted after a restart: a job of the run before may have been cut in it (see jobs.py);
+        # without its record, the first retried create with its id tells what it was made from.
+        self.readopted = False
+        self.record_missing = False
 
     def caller_gone(self) -> bool:
         return self.origin is not None and self.origin.is_closing()
@@ -222,6 +226,9 @@ class Registry:
                     503, f"sandbox {public_id} is being re-adopted after a restart; retry", "restarting", RETRY
                 )
             if existing.request == request:
+                return existing
+            if existing.record_missing:  # owner and id come from its labels; the retry says the rest
+                existing.request, existing.record_missing = request, False
                 return existing
             raise ApiError(409, f"sandbox {public_id} already exists", "conflict")
         spec, ttl = self.spec_of(request, tenant, public_id)

@@ -43,7 +43,7 @@ async def broken_service(request: pytest.FixtureRequest) -> AsyncIterator[tuple[
 
 async def test_a_create_whose_wait_and_cleanup_fail_is_create_failed(broken_service: tuple[str, list[str]]) -> None:
     url, calls = broken_service
-    adapter = oa.get_adapter("remote", url=url)
+    adapter = oa.get_adapter("remote", url=url, retry_for=1.0)
     try:
         with pytest.raises(oa.CreateFailed):
             await adapter.create(oa.SandboxSpec(image="orchard/busybox:test"))

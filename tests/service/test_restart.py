@@ -256,3 +256,31 @@ def test_a_sandbox_nobody_takes_back_ends_after_its_grace(tmp_path: Path, servic
             assert http.get(f"/sandboxes/{sandbox_id}").status_code == 404
     finally:
         second.stop()
+
+
+@pytest.mark.soak  # ~25 s (the reaper's 5 s interval): kept out of the default run's longest group
+def test_re_adopted_sandboxes_no_client_claims_are_reaped_when_idle(tmp_path: Path, service_name: str) -> None:
+    """The idle limit's clock of a re-adopted sandbox starts at the restart: one nobody asks
+    for again (its client gave up while the service was down) does not wait for its TTL."""
+    first = Serve(tmp_path, service_name)
+    try:
+        with first.client("") as http:
+            claimed, forgotten = make(http), make(http)
+    finally:
+        first.kill()
+    second = Serve(tmp_path, service_name, "--idle-timeout", "4")
+    try:
+        with second.client("") as http:
+            deadline = time.monotonic() + 60
+            while http.get(f"/sandboxes/{forgotten}").status_code != 404:
+                assert time.monotonic() < deadline, "the unclaimed re-adopted sandbox was never reaped"
+                assert run(http, claimed, "echo still-here")["stdout"] == "still-here\n"  # a call renews its clock
+                time.sleep(1.0)
+            assert run(http, claimed, "echo still-here")["stdout"] == "still-here\n"
+            assert 'orchard_serve_deletes_total{key="local",reason="idle"} 1' in http.get("/metrics").text
+            while len(containers(service_name)) != 1:  # its container's removal follows the 404
+                assert time.monotonic() < deadline + 60, containers(service_name)
+                time.sleep(0.2)
+    finally:
+        second.stop()
+    assert containers(service_name) == []

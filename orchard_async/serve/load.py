@@ -1,20 +1,23 @@
-"""Load test of ``orchard-async serve``: many sandboxes through the service, a ``kill -9`` in the middle.
+"""Load on ``orchard-async serve``: many sandboxes through the service, a ``kill -9`` in the middle.
 
-    /work/venv/bin/python scripts/service-load.py --adapter local --sandboxes 200 --commands 10 \
-        --concurrency 32 [--kill-at 0.4]
+    python -m orchard_async.serve.load --adapter local --sandboxes 200 --commands 10 \\
+        --concurrency 32 [--kill-at 0.4] [--json FILE]
 
 Starts the service in its own process (a fresh local root, or docker), then runs one
 "episode" per sandbox through the remote adapter: create, ``--commands`` commands whose
 output is checked byte for byte, delete. With ``--kill-at F`` the service is SIGKILLed once
-a fraction F of all commands are done and started again on the same port; an episode whose
-sandbox is lost or whose create fails starts over on a new sandbox (what a trainer does).
+a fraction F of all commands are done and started again on the same port with the same
+``--name``; an episode whose sandbox is lost or whose command's outcome the restart made
+unknown starts over on a new sandbox (what a trainer does).
 
 Reports one JSON object: commands right / wrong (a wrong result is one that came back
-``ok`` with output other than its own: it must be 0), errors the client saw by kind
-(retryable ones: connection refused, 503, the sandbox lost to the restart), the sandboxes
-live at the kill and what the restarted service reaped, and the leak check: sandboxes the
-service still lists, sandbox dirs / processes (local) or containers (docker) left once
-everything is deleted and once the service has stopped.
+``ok`` with output other than its own: it must be 0), errors the client saw by kind (all
+must be retryable: the service did not answer, 503, the sandbox or the command's outcome
+lost to the restart), the sandboxes live at the kill and what became of them (docker:
+re-adopted or lost; local: reaped, and what each of their ids answers now), and the leak
+check: sandboxes the service still lists, sandbox dirs and processes (local) or containers
+(docker) left once everything is deleted and once the service has stopped. The service runs
+without an idle limit (``--idle-timeout 0``), so nothing it reaps on its own hides a leak.
 """
 
 from __future__ import annotations
@@ -23,65 +26,20 @@ import argparse
 import collections
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
 
 import orchard_async as oa
 
-SERVE = [str(Path(sys.executable).with_name("orchard-async")), "serve"]
-IMAGE = "orchard/busybox:test"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class ServiceProcess:
-    """``orchard-async serve`` in a child process, logging to a file."""
-
-    def __init__(self, adapter: str, options: dict, port: int, log: Path):
-        self.adapter, self.options, self.port, self.log = adapter, options, port, log
-        self.process: subprocess.Popen | None = None
-        self.url = f"http://127.0.0.1:{port}"
-
-    def start(self) -> None:
-        command = [*SERVE, "--adapter", self.adapter, "--port", str(self.port), "--idle-timeout", "0"]
-        if self.options:
-            command += ["--adapter-options", json.dumps(self.options)]
-        with self.log.open("a") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-
-    async def ready(self, within: float = 120.0) -> float:
-        started = time.monotonic()
-        async with httpx.AsyncClient(base_url=self.url, timeout=5) as http:
-            while time.monotonic() - started < within:
-                if self.process.poll() is not None:
-                    raise SystemExit(f"the service exited with {self.process.returncode}; see {self.log}")
-                try:
-                    if (await http.get("/health")).status_code == 200:
-                        return time.monotonic() - started
-                except httpx.TransportError:
-                    pass
-                await anyio.sleep(0.1)
-        raise SystemExit(f"the service did not answer within {within}s; see {self.log}")
-
-    def kill9(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=120)
+from .bench import IMAGE, ServiceProcess, free_port
 
 
 class Load:
@@ -97,11 +55,12 @@ class Load:
         self.episodes_failed = 0
         self.restarts_of_episodes = 0
         self.live: set[str] = set()  # sandboxes the client holds right now
-        self.live_at_kill: int | None = None
+        self.ids_at_kill: list[str] = []
         self.killed = anyio.Event()
         self.restart_s: float | None = None
         self.backend_after_kill: dict | None = None  # sandboxes in the backend just after the kill
         self.backend_after_restart: dict | None = None  # and once the restarted service answers
+        self.answers_after_restart: collections.Counter[str] = collections.Counter()
 
     async def episode(self, adapter: oa.Adapter, number: int) -> None:
         for attempt in range(self.args.episode_attempts):
@@ -147,48 +106,68 @@ class Load:
         if self.args.kill_at is None or self.killed.is_set() or self.right < self.args.kill_at * self.total:
             return
         self.killed.set()
-        self.live_at_kill = len(self.live)
+        self.ids_at_kill = sorted(self.live)
         self.service.kill9()
-        self.backend_after_kill = await anyio.to_thread.run_sync(backend_leaks, self.args.adapter, self.root)
-        print(f"kill -9 at {self.right} commands, {self.live_at_kill} sandboxes live", file=sys.stderr)
+        self.backend_after_kill = await anyio.to_thread.run_sync(backend_leaks, self.service.name, self.root)
+        print(f"kill -9 at {self.right} commands, {len(self.ids_at_kill)} sandboxes live", file=sys.stderr)
         await anyio.sleep(self.args.down_for)
         self.service.start()
         self.restart_s = await self.service.ready()
-        self.backend_after_restart = await anyio.to_thread.run_sync(backend_leaks, self.args.adapter, self.root)
+        self.backend_after_restart = await anyio.to_thread.run_sync(backend_leaks, self.service.name, self.root)
+        await self.ask_after_restart()
+
+    async def ask_after_restart(self) -> None:
+        """What the restarted service answers for each sandbox the clients held at the kill
+        (``GET /sandboxes/{id}``, retried while it answers 503 re-adopting): docker ``200
+        ready`` (re-adopted); local ``404 sandbox_lost`` (a clear error, never a stale sandbox)."""
+        async with httpx.AsyncClient(base_url=self.service.url, timeout=60) as http:
+            for sandbox_id in self.ids_at_kill:
+                for _ in range(120):
+                    answer = await http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60})
+                    if answer.status_code != 503:
+                        break
+                    await anyio.sleep(0.5)
+                body = answer.json()
+                said = body.get("status") if answer.status_code == 200 else body.get("reason")
+                self.answers_after_restart[f"{answer.status_code} {said}"] += 1
 
 
 def kind_of(message: str) -> str:
     """An error message, shortened to its kind (for counting)."""
-    for kind in ("ConnectError", "RemoteProtocolError", "ReadError", "503", "not found", "did not answer"):
+    kinds = ("lost when the service restarted", "service restarted", "did not answer", "503", "not found")
+    for kind in kinds:
         if kind in message:
             return kind
     return message.splitlines()[0][:80] if message else "?"
 
 
-async def leaks(service: ServiceProcess, adapter: str, root: Path | None) -> dict:
+# What a trainer retries: the service did not answer or was restarting (503), the sandbox was
+# lost (its episode starts over), the restart made a command's outcome unknown.
+RETRYABLE = ("service restarted", "did not answer", "503", "sandbox_lost", "infra_error")
+
+
+async def leaks(service: ServiceProcess, root: Path | None) -> dict:
     found: dict = {}
     if service.process.poll() is None:
         async with httpx.AsyncClient(base_url=service.url, timeout=30) as http:
             found["service_lists"] = len((await http.get("/sandboxes")).json()["sandboxes"])
-    found.update(await anyio.to_thread.run_sync(backend_leaks, adapter, root))
+    found.update(await anyio.to_thread.run_sync(backend_leaks, service.name, root))
     return found
 
 
-def backend_leaks(adapter: str, root: Path | None) -> dict:
-    if adapter == "local":
+def backend_leaks(name: str, root: Path | None) -> dict:
+    """What the backend holds of this service: local sandbox dirs and their processes, or the
+    containers labelled with the service's name (other services' containers are not ours)."""
+    if root is not None:
         dirs = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-        return {"sandbox_dirs": dirs, "sandbox_processes": sandbox_processes(root)}
+        return {"sandbox_dirs": len(dirs), "sandbox_processes": sandbox_processes(root)}
     out = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", "label=orchard.serve.id"], capture_output=True, text=True, check=True
+        ["docker", "ps", "-aq", "--filter", f"label=orchard.serve.name={name}"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return {"containers": len(out.stdout.split())}
-
-
-def summary(found: dict | None) -> dict | None:
-    """Counts, not names."""
-    if found is None:
-        return None
-    return {name: len(value) if isinstance(value, list) else value for name, value in found.items()}
 
 
 def sandbox_processes(root: Path) -> int:
@@ -205,28 +184,29 @@ def sandbox_processes(root: Path) -> int:
     return count
 
 
-async def settle(service: ServiceProcess, adapter: str, root: Path | None, within: float = 30.0) -> dict:
+async def settle(service: ServiceProcess, root: Path | None, within: float = 60.0) -> dict:
     """The leak check, repeated until clean or ``within`` seconds pass (teardown runs in the background)."""
     deadline = time.monotonic() + within
     while True:
-        found = await leaks(service, adapter, root)
-        clean = not any(found.values())
-        if clean or time.monotonic() > deadline:
+        found = await leaks(service, root)
+        if not any(found.values()) or time.monotonic() > deadline:
             return found
         await anyio.sleep(1.0)
 
 
-async def main(args: argparse.Namespace) -> dict:
+async def run_load(args: argparse.Namespace) -> dict[str, Any]:
     scratch = Path(tempfile.mkdtemp(prefix="service-load-"))
     root = scratch / "sandboxes" if args.adapter == "local" else None
     options = {"root": str(root)} if root else {}
     if root:
         root.mkdir()
-    service = ServiceProcess(args.adapter, options, free_port(), scratch / "serve.log")
+    name = f"load-{uuid.uuid4().hex[:10]}"
+    service = ServiceProcess(args.adapter, options, scratch / "serve.log", free_port(), name=name)
     service.start()
     await service.ready()
     load = Load(args, service, root)
-    adapter = oa.get_adapter("remote", url=service.url)
+    adapter = oa.get_adapter("remote", url=service.url, retry_for=args.retry_for)
+    load_before = os.getloadavg()[0]
     started = time.monotonic()
     limiter = anyio.Semaphore(args.concurrency)
 
@@ -242,36 +222,41 @@ async def main(args: argparse.Namespace) -> dict:
         service.stop()  # not left running behind a failed run (it deletes its sandboxes)
         raise
     elapsed = time.monotonic() - started
+    load_after = os.getloadavg()[0]
     await adapter.close()
-    while_running = await settle(service, args.adapter, root)
+    while_running = await settle(service, root)
     stopped_rc = service.stop()
-    after_stop = await settle(service, args.adapter, root)
-    log = (scratch / "serve.log").read_text()
+    after_stop = await settle(service, root)
+    log = service.log.read_text()
+    errors = dict(load.errors)
     return {
         "adapter": args.adapter,
         "sandboxes": args.sandboxes,
         "commands_each": args.commands,
         "concurrency": args.concurrency,
         "elapsed_s": round(elapsed, 1),
+        "load_average_1m": [round(load_before, 1), round(load_after, 1)],
         "commands_right": load.right,
         "commands_wrong": len(load.wrong),
         "wrong_examples": load.wrong[:5],
         "episodes_done": load.episodes_done,
         "episodes_failed": load.episodes_failed,
         "episodes_restarted": load.restarts_of_episodes,
-        "client_errors": dict(load.errors),
+        "client_errors": errors,
+        "client_errors_not_retryable": {k: v for k, v in errors.items() if not any(r in k for r in RETRYABLE)},
         "killed": load.killed.is_set(),
-        "live_at_kill": load.live_at_kill,
+        "live_at_kill": len(load.ids_at_kill),
         "restart_to_healthy_s": None if load.restart_s is None else round(load.restart_s, 2),
-        "backend_just_after_kill": summary(load.backend_after_kill),
-        "backend_when_restarted": summary(load.backend_after_restart),
+        "backend_just_after_kill": load.backend_after_kill,
+        "backend_when_restarted": load.backend_after_restart,
+        "answers_after_restart": dict(load.answers_after_restart),
         "reaped_at_restart": log.count("left by a run that is gone"),
         "readopted_at_restart": log.count("re-adopted key="),
         "lost_at_restart": log.count("could not re-adopt"),
         "leaks_service_running": while_running,
         "leaks_after_stop": after_stop,
         "service_exit_code": stopped_rc,
-        "service_log": str(scratch / "serve.log"),
+        "service_log": str(service.log),
     }
 
 
@@ -284,8 +269,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kill-at", type=float, help="SIGKILL the service once this fraction of commands is done")
     parser.add_argument("--down-for", type=float, default=1.0, help="seconds between the kill and the restart")
     parser.add_argument("--episode-attempts", type=int, default=10)
+    parser.add_argument("--retry-for", type=float, default=60.0, help="the remote adapter's retry_for (s)")
+    parser.add_argument("--json", dest="json_out", help="write the result here too")
     return parser.parse_args(argv)
 
 
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    result = oa.run(run_load, args)
+    text = json.dumps(result, indent=2)
+    if args.json_out:
+        Path(args.json_out).write_text(text)
+    print(text)
+    return 0
+
+
 if __name__ == "__main__":
-    print(json.dumps(anyio.run(main, parse()), indent=2))
+    sys.exit(main())
