@@ -4,9 +4,9 @@ interrupts keep working while the API server is down (a restart, an upgrade). Th
 websocket (``ExecTransport``) is the fallback, chosen per pod when its shell is opened:
 
 * the pod has no IP yet, or was made without a secret (``attach`` by another controller);
-* the pod IP does not answer (no route, a timeout: the controller is outside the pod
-  network). The first such pod turns the relay off for the rest of the adapter's life: one
-  slow connect, not one per create;
+* the pod IP does not answer (no route, or connect timeouts on three pods in a row: the
+  controller is outside the pod network). That turns the relay off for the rest of the
+  adapter's life: a few slow connects, not one per create;
 * nothing listens (the image has no ``python3``): retried for ``relay_wait`` seconds (the
   relay may still be starting), then that image goes to the websocket from then on;
 * the relay refuses the secret (something else listens on the port).
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import socket
 import struct
 from collections import Counter
@@ -36,9 +37,23 @@ from .relay import EXIT, OK, RELAY_PORT, REFUSED, STDERR, STDOUT
 from .transport import ExecTransport, PodRef
 
 CONNECT_TIMEOUT = 2.0  # a pod IP that does not answer within this is not routable from here
-RELAY_WAIT = 5.0  # how long a refused connection may mean "the relay is still starting"
+RELAY_WAIT = 10.0  # how long a refused connection may mean "the relay is still starting" (python3 on a busy node)
+TIMEOUTS_TO_GIVE_UP = 3  # connect timeouts in a row before pod IPs count as unroutable (one may be load)
 UNROUTABLE = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT}
 MAX_FRAME = 16 * 1024 * 1024
+
+
+def _errno(exc: BaseException) -> int | None:
+    """The errno behind a failed connect: anyio wraps the attempts' errors in one without it."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno is not None:
+            return seen.errno
+        if isinstance(seen, BaseExceptionGroup) and seen.exceptions:
+            seen = seen.exceptions[-1]
+        else:
+            seen = seen.__cause__
+    return None
 
 
 class RelayRefused(Exception):
@@ -108,6 +123,7 @@ class PodIpTransport:
         self.relay_port = relay_port  # the adapter puts a relay in its pods when this is set
         self.stats: Counter[str] = Counter()
         self.unroutable = ""  # why pod IPs are not used any more (empty: they are)
+        self._timeouts = 0  # connect timeouts in a row
         self._absent: set[str] = set()  # images seen without a relay
         self._routes: dict[str, tuple[str, str]] = {}  # pod name -> (ip, secret): its shell went over the relay
         self._background: Background | None = None
@@ -127,25 +143,30 @@ class PodIpTransport:
         waited = 0.0
         while True:
             try:
-                return await connect_relay(pod.ip, self.relay_port, pod.secret, command, stdin=True)
+                connection = await connect_relay(pod.ip, self.relay_port, pod.secret, command, stdin=True)
+                self._timeouts = 0
+                return connection
             except RelayRefused:
                 self.stats["fallback_refused"] += 1
                 return None
             except TimeoutError:
-                self.unroutable = f"connecting to pod IP {pod.ip} timed out"
+                self._timeouts += 1
+                if self._timeouts >= TIMEOUTS_TO_GIVE_UP:
+                    self.unroutable = f"connecting to pod IPs timed out {self._timeouts} times in a row"
             except OSError as exc:
-                if exc.errno == errno.ECONNREFUSED and waited < RELAY_WAIT:
+                code = _errno(exc)
+                if code == errno.ECONNREFUSED and waited < RELAY_WAIT:
                     await anyio.sleep(0.05)
                     waited += 0.05
                     continue
-                if exc.errno == errno.ECONNREFUSED:
+                if code == errno.ECONNREFUSED:
                     self._absent.add(pod.image)
                     self.stats["fallback_no_relay"] += 1
                     return None
-                if exc.errno not in UNROUTABLE:
+                if code not in UNROUTABLE:
                     self.stats["fallback_error"] += 1
                     return None
-                self.unroutable = f"pod IP {pod.ip}: {exc.strerror}"
+                self.unroutable = f"pod IP {pod.ip}: {os.strerror(code)}"
             self.stats["fallback_unroutable"] += 1
             return None
 
