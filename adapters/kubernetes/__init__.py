@@ -71,6 +71,7 @@ from .adapter import KubernetesAdapter
 from .api import ApiError, KubeApi
 from .config import KubernetesConfig
 from .manifests import PodSettings, allow_egress_policy, deny_egress_policy, pod_manifest, sandbox_labels
+from .podip import PodIpTransport, RelayRefused, connect_relay
 from .transport import ExecTransport, PodRef, Transport
 from .watch import PodInformer, pod_verdict
 
@@ -81,10 +82,13 @@ __all__ = [
     "KubernetesAdapter",
     "KubernetesConfig",
     "PodInformer",
+    "PodIpTransport",
     "PodRef",
     "PodSettings",
+    "RelayRefused",
     "Transport",
     "allow_egress_policy",
+    "connect_relay",
     "deny_egress_policy",
     "pod_manifest",
     "pod_verdict",

@@ -7,8 +7,9 @@ websocket (``ExecTransport``) is the fallback, chosen per pod when its shell is 
 * the pod IP does not answer (no route, or connect timeouts on three pods in a row: the
   controller is outside the pod network). That turns the relay off for the rest of the
   adapter's life: a few slow connects, not one per create;
-* nothing listens (the image has no ``python3``): retried for ``relay_wait`` seconds (the
-  relay may still be starting), then that image goes to the websocket from then on;
+* nothing listens (the image has no ``python3``): retried for ``RELAY_WAIT`` seconds (the
+  relay may still be starting), then that image goes to the websocket from then on, in
+  every adapter of this process (``IMAGES_WITHOUT_RELAY``);
 * the relay refuses the secret (something else listens on the port).
 
 Once a pod's shell went one way, every other connection to that pod goes the same way.
@@ -33,14 +34,17 @@ from orchard_async.background import Background
 from orchard_async.container_shell import DuplexStream, ExecStream, OutputStream
 from orchard_async.errors import BackendUnavailable, CreateFailed
 
-from .relay import EXIT, OK, RELAY_PORT, REFUSED, STDERR, STDOUT
+from .relay import EXIT, OK, REFUSED, RELAY_PORT, STDERR, STDOUT
 from .transport import ExecTransport, PodRef
 
 CONNECT_TIMEOUT = 2.0  # a pod IP that does not answer within this is not routable from here
-RELAY_WAIT = 10.0  # how long a refused connection may mean "the relay is still starting" (python3 on a busy node)
+RELAY_WAIT = 5.0  # how long a refused connection may mean "the relay is still starting" (python3 on a busy node)
 TIMEOUTS_TO_GIVE_UP = 3  # connect timeouts in a row before pod IPs count as unroutable (one may be load)
 UNROUTABLE = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT}
 MAX_FRAME = 16 * 1024 * 1024
+# images whose pods had no relay: what an image holds does not change with the adapter, and
+# each adapter finding out again would cost every create of it RELAY_WAIT
+IMAGES_WITHOUT_RELAY: set[str] = set()
 
 
 def _errno(exc: BaseException) -> int | None:
@@ -124,7 +128,6 @@ class PodIpTransport:
         self.stats: Counter[str] = Counter()
         self.unroutable = ""  # why pod IPs are not used any more (empty: they are)
         self._timeouts = 0  # connect timeouts in a row
-        self._absent: set[str] = set()  # images seen without a relay
         self._routes: dict[str, tuple[str, str]] = {}  # pod name -> (ip, secret): its shell went over the relay
         self._background: Background | None = None
 
@@ -137,7 +140,7 @@ class PodIpTransport:
 
     async def _shell_connection(self, pod: PodRef, command: list[str]) -> RelayConnection | None:
         """The shell's relay connection, or None (and why, counted) when it is the websocket's."""
-        if not (pod.ip and pod.secret) or self.unroutable or pod.image in self._absent:
+        if not (pod.ip and pod.secret) or self.unroutable or pod.image in IMAGES_WITHOUT_RELAY:
             self.stats["fallback_not_tried"] += 1
             return None
         waited = 0.0
@@ -160,7 +163,7 @@ class PodIpTransport:
                     waited += 0.05
                     continue
                 if code == errno.ECONNREFUSED:
-                    self._absent.add(pod.image)
+                    IMAGES_WITHOUT_RELAY.add(pod.image)
                     self.stats["fallback_no_relay"] += 1
                     return None
                 if code not in UNROUTABLE:

@@ -11,7 +11,6 @@ import sys
 import time
 from collections.abc import Iterator
 
-import anyio
 import pytest
 
 import orchard_async as oa
@@ -91,6 +90,7 @@ async def test_the_transport_falls_back_to_the_websocket_when_nothing_listens() 
     transport = podip.PodIpTransport(Fallback(), relay_port=_free_port())  # type: ignore[arg-type]
     transport._background = object()  # type: ignore[assignment]
     podip_wait, podip.RELAY_WAIT = podip.RELAY_WAIT, 0.2
+    podip.IMAGES_WITHOUT_RELAY.discard("img-without-python")
     try:
         pod = PodRef("ns", "p1", "127.0.0.1", "s", "img-without-python")
         assert await transport.open_shell(pod, ["sh"]) == "websocket"
