@@ -111,6 +111,8 @@ async def test_pod_and_policies_on_the_cluster(make_adapter: Callable[..., Kuber
         deny = await _get(adapter, adapter.api.path("networkpolicies", kube.manifests.DENY_POLICY, group=NETPOL))
         assert deny["spec"]["policyTypes"] == ["Egress"] and not deny["spec"].get("egress")
         assert deny["spec"]["podSelector"] == {"matchExpressions": [{"key": "orchard.sandbox", "operator": "Exists"}]}
+        ingress = await _get(adapter, adapter.api.path("networkpolicies", kube.manifests.RELAY_POLICY, group=NETPOL))
+        assert ingress["spec"] == kube.manifests.relay_ingress_policy()["spec"]
         allow = await _get(adapter, adapter.api.path("networkpolicies", f"{online.id}-egress", group=NETPOL))
         assert allow["spec"]["podSelector"] == {"matchLabels": {"orchard.sandbox": online.id}}
         assert allow["spec"]["egress"] == [{}] and allow["spec"]["policyTypes"] == ["Egress"]
