@@ -6,7 +6,9 @@ The package, bottom up (each module imports only those above it):
 * ``config``: ``KubernetesConfig``, the adapter's options as a checked struct;
 * ``manifests``: pure functions: the pod, its labels, the namespace, the NetworkPolicies;
 * ``watch``: the pod informer (given the api) and ``pod_verdict``;
+* ``relay``: the relay program each pod runs, its entry and its secret (pure);
 * ``transport``: how a pod is reached (``Transport``; ``ExecTransport``: exec websockets);
+* ``podip``: ``PodIpTransport``, the relay over the pod IP with exec websockets as fallback;
 * ``adapter``: ``KubernetesAdapter``, which ties them to the core's container shell.
 
 Layout on the cluster. Every sandbox of a run is a pod in one namespace (``orchard`` by
@@ -46,8 +48,9 @@ The hot path is the core's shell-session protocol (orchard_async.shell) over one
 websocket per sandbox (``sh -s``, kubernetes-asyncio's ``WsApiClient``): one frame per
 command, no new websocket. Files and patches are commands on the same session. A timeout
 interrupts the shell with a second, short exec (``kill -USR1 <pid>``). The transport is a
-small interface (``Transport``): an agent inside the pod reached over the pod IP can replace
-the exec websocket without touching the core. The exec's ``sh`` is wrapped so that when the
+small interface (``Transport``). With ``pod_ip`` (the default) it is ``PodIpTransport``: the
+same streams over direct TCP connections to a relay in the pod (``relay``, ``podip``), which
+keep working while the API server is down, with the exec websocket as the per-pod fallback. The exec's ``sh`` is wrapped so that when the
 websocket closes (the controller died, even by SIGKILL) every process in the pod is killed
 and the pod ends.
 
@@ -71,6 +74,7 @@ from .adapter import KubernetesAdapter
 from .api import ApiError, KubeApi
 from .config import KubernetesConfig
 from .manifests import PodSettings, allow_egress_policy, deny_egress_policy, pod_manifest, sandbox_labels
+from .podip import PodIpTransport, RelayRefused, connect_relay
 from .transport import ExecTransport, PodRef, Transport
 from .watch import PodInformer, pod_verdict
 
@@ -81,10 +85,13 @@ __all__ = [
     "KubernetesAdapter",
     "KubernetesConfig",
     "PodInformer",
+    "PodIpTransport",
     "PodRef",
     "PodSettings",
+    "RelayRefused",
     "Transport",
     "allow_egress_policy",
+    "connect_relay",
     "deny_egress_policy",
     "pod_manifest",
     "pod_verdict",

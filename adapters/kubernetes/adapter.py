@@ -44,8 +44,11 @@ from .manifests import (
     deny_egress_policy,
     namespace_manifest,
     pod_manifest,
+    relay_ingress_policy,
     sandbox_labels,
 )
+from .podip import PodIpTransport
+from .relay import new_secret
 from .transport import ExecTransport, PodRef, Transport
 from .watch import PodInformer, pod_verdict
 
@@ -104,7 +107,11 @@ class KubernetesAdapter(BackgroundOwner):
             api_qps=config.api_qps,
             api_burst=config.api_burst,
         )
+        if transport is None and config.pod_ip and not config.control_plane_only:
+            transport = PodIpTransport(ExecTransport(), relay_port=config.relay_port)
         self.transport: Transport = transport or ExecTransport()
+        # the transport reaches a relay in each pod (podip): the pods get one, with a secret
+        self.relay_port: int | None = getattr(self.transport, "relay_port", None)
         self.identity = names.controller_identity()
         self.controller = names.controller_label(self.identity)
         # Event-loop objects are made on first use: the constructor may run outside a loop.
@@ -159,10 +166,15 @@ class KubernetesAdapter(BackgroundOwner):
             self._namespace_ready = True
 
     async def _create_deny_policy(self) -> None:
+        await self._create_namespace_policy(deny_egress_policy(), "deny-egress")
+        if self.relay_port:
+            await self._create_namespace_policy(relay_ingress_policy(), "relay-ingress")
+
+    async def _create_namespace_policy(self, policy: dict[str, Any], kind: str) -> None:
         path = self.api.path("networkpolicies", group=NETWORKING)
         for _ in range(2):
             try:
-                await self.api.request("POST", path, body=deny_egress_policy(), what="deny-egress NetworkPolicy")
+                await self.api.request("POST", path, body=policy, what=f"{kind} NetworkPolicy")
                 return
             except ApiError as exc:
                 if exc.status == 409:
@@ -175,7 +187,7 @@ class KubernetesAdapter(BackgroundOwner):
                         f"not allowed to create NetworkPolicies in namespace {self.namespace} ({exc.message}); "
                         "apply deploy/kubernetes/ (RBAC and the deny-egress policy) or pass manage_network_policies=false"
                     ) from None
-                raise CreateFailed(f"could not create the deny-egress NetworkPolicy: {exc}") from None
+                raise CreateFailed(f"could not create the {kind} NetworkPolicy: {exc}") from None
         raise CreateFailed(f"namespace {self.namespace} vanished while it was being set up")
 
     async def _create_namespace(self) -> None:
@@ -243,6 +255,9 @@ class KubernetesAdapter(BackgroundOwner):
             self._live.pop(name, None)
             client.lost = client.lost or "the sandbox was closed"
             await self._remove(name, allow)
+            forget = getattr(self.transport, "forget", None)
+            if forget is not None:
+                forget(PodRef(self.namespace, name))
             # The websockets' close handshakes (up to seconds while the kubelet is busy
             # killing the pod) are not the caller's to wait for: they run in the background,
             # and close() waits for them (they end by themselves: CLOSE_TIMEOUT bounds each).
@@ -258,7 +273,8 @@ class KubernetesAdapter(BackgroundOwner):
     async def _create(
         self, name: str, spec: SandboxSpec, image: str, labels: dict[str, str], allow: bool
     ) -> tuple[CgroupShellClient, list[container_shell.OutputStream]] | None:
-        manifest = self._pod_manifest(name, spec, image, labels)
+        secret = new_secret() if self.relay_port else None
+        manifest = self._pod_manifest(name, spec, image, labels, secret)
         try:
             pod = await self.api.request("POST", self.api.path("pods"), body=manifest, what="pod create")
         except ApiError as exc:
@@ -284,7 +300,7 @@ class KubernetesAdapter(BackgroundOwner):
         if self.config.control_plane_only:
             return None
         seen = self.informer.pods.get(name, {}) if self.informer else {}
-        pod = PodRef(self.namespace, name, (seen.get("status") or {}).get("podIP"))
+        pod = PodRef(self.namespace, name, (seen.get("status") or {}).get("podIP"), secret, image)
         return await self._open_shell(pod, spec.workdir or container_shell.DEFAULT_WORKDIR)
 
     def _control_plane_sandbox(
@@ -308,8 +324,13 @@ class KubernetesAdapter(BackgroundOwner):
             reattach_grace=self.pod_settings.reattach_grace,
         )
 
-    def _pod_manifest(self, name: str, spec: SandboxSpec, image: str, labels: dict[str, str]) -> dict[str, Any]:
-        manifest = pod_manifest(name, spec, image, labels, self.pod_settings, identity=self.identity, owner=self.owner)
+    def _pod_manifest(
+        self, name: str, spec: SandboxSpec, image: str, labels: dict[str, str], secret: str | None = None
+    ) -> dict[str, Any]:
+        relay = (self.relay_port, secret) if self.relay_port and secret else None
+        manifest = pod_manifest(
+            name, spec, image, labels, self.pod_settings, identity=self.identity, owner=self.owner, relay=relay
+        )
         return hollow_manifest(manifest) if self.config.control_plane_only else manifest
 
     async def _wait_running(self, name: str, image: str, pull: str = "missing") -> None:

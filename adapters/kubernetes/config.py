@@ -10,6 +10,7 @@ import msgspec
 from orchard_async.types import DEFAULT_OUTPUT_CAP
 
 from .api import API_RETRY_FOR, API_TIMEOUT
+from .relay import RELAY_PORT
 
 ATTACH_GRACE = 120.0  # the timer's wait for a shell before the pod ends itself
 
@@ -47,4 +48,8 @@ class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     # hollow (kubemark) nodes: create -> Running -> delete with no shell (nothing can be exec'd);
     # pods go to nodes labelled and tainted orchard.hollow=true (scripts/k8s-hollow-nodes.sh)
     control_plane_only: bool = False
+    # commands over a direct TCP connection to a relay in each pod (its pod IP; podip.py), the exec
+    # websocket where the pod IP does not answer or the image has no python3 for the relay
+    pod_ip: bool = True
+    relay_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = RELAY_PORT  # the relay's port in each pod
     output_cap: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_OUTPUT_CAP  # bytes kept per output stream

@@ -26,9 +26,11 @@ from orchard_async.images import build_command
 from orchard_async.types import SandboxSpec
 
 from .api import NETWORKING
+from .relay import relay_entry
 
 CONTAINER = "sandbox"  # the sandbox container's name in its pod
 DENY_POLICY = "orchard-deny-egress"
+RELAY_POLICY = "orchard-relay-ingress"
 PULL_POLICIES = {"missing": "IfNotPresent", "never": "Never", "always": "Always"}
 
 # The pod's main process: the self-destruct timer. `$1` the attach grace, `$2` the rest of
@@ -96,15 +98,18 @@ def pod_manifest(
     *,
     identity: dict[str, str],
     owner: str,
+    relay: tuple[int, str] | None = None,
 ) -> dict[str, Any]:
     """The sandbox pod. ``identity`` (orchard_async.labels.controller_identity) goes into an
-    annotation for reap, with the owner unshortened."""
+    annotation for reap, with the owner unshortened. ``relay`` (port, secret): the pod also
+    runs the relay (relay.py) that accepts the secret (the spec carries only its digest)."""
     ttl = max(1, math.ceil(spec.ttl))
+    command = timer_command(ttl, settings, spec.workdir or DEFAULT_WORKDIR)
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
         "imagePullPolicy": pull_policy(spec, image),
-        "command": timer_command(ttl, settings, spec.workdir or DEFAULT_WORKDIR),
+        "command": relay_entry(command, *relay) if relay else command,
         "env": [{"name": key, "value": value} for key, value in spec.env.items()],
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -171,6 +176,32 @@ def deny_egress_policy() -> dict[str, Any]:
             "podSelector": {"matchExpressions": [{"key": names.SANDBOX, "operator": "Exists"}]},
             "policyTypes": ["Egress"],
             "egress": [],
+        },
+    }
+
+
+def relay_ingress_policy() -> dict[str, Any]:
+    """Namespace-wide: a sandbox pod accepts connections only from pods that are not sandboxes
+    (a controller in the cluster, in any namespace), and, as every NetworkPolicy allows, from
+    its own node (a controller there). Another sandbox, even one with ``network="on"``, cannot
+    reach a sandbox's relay. Enforced only by a CNI with NetworkPolicy support."""
+    return {
+        "apiVersion": NETWORKING,
+        "kind": "NetworkPolicy",
+        "metadata": {"name": RELAY_POLICY, "labels": {names.POLICY: "relay-ingress"}},
+        "spec": {
+            "podSelector": {"matchExpressions": [{"key": names.SANDBOX, "operator": "Exists"}]},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [
+                        {
+                            "namespaceSelector": {},
+                            "podSelector": {"matchExpressions": [{"key": names.SANDBOX, "operator": "DoesNotExist"}]},
+                        }
+                    ]
+                }
+            ],
         },
     }
 

@@ -2,8 +2,8 @@
 API server's exec websocket (kubernetes-asyncio ``WsApiClient``, channel protocol v4: a
 leading byte names the stream, 0 stdin, 1 stdout, 2 stderr, 3 status); its websockets
 become the container shell's streams (orchard_async.container_shell): the shell, the
-output relays, and ``open_stream``. An agent in the pod reached over the pod IP is the
-intended alternative; it replaces the transport without touching the adapter."""
+output relays, and ``open_stream``. The relay in the pod reached over the pod IP
+(``podip.PodIpTransport``) is the alternative, with this one as its fallback."""
 
 from __future__ import annotations
 
@@ -32,7 +32,12 @@ SEND_CHUNK = 256 * 1024  # stdin bytes per websocket message
 class PodRef(msgspec.Struct, frozen=True):
     namespace: str
     name: str
-    ip: str | None = None  # for transports that reach an agent in the pod directly
+    ip: str | None = None  # for transports that reach an agent in the pod directly (podip)
+    secret: str | None = None  # what that agent accepts (relay); never in a repr
+    image: str = ""  # the pod's image: podip remembers images without the agent
+
+    def __repr__(self) -> str:
+        return f"PodRef({self.namespace!r}, {self.name!r}, ip={self.ip!r}, image={self.image!r})"
 
 
 class Transport(Protocol):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 import orchard_async as oa
@@ -37,6 +39,8 @@ from orchard_async.images import ImageMissing, ImageSpec  # noqa: E402
 from tests.conftest import backend_missing, cluster_configured  # noqa: E402
 
 IMAGE = os.environ.get("ORCHARD_K8S_TEST_IMAGE", "local/busybox:1")
+# the pod-IP relay needs python3 in the image: scripts/ci-kubernetes.sh's default image has it
+RELAY_IMAGE = os.environ.get("ORCHARD_K8S_RELAY_IMAGE") or os.environ.get("ORCHARD_K8S_IMAGE", "orchard/python:test")
 NAMESPACE = os.environ.get("ORCHARD_K8S_TEST_NAMESPACE", "orchard-test")
 CONTEXT = os.environ.get("ORCHARD_K8S_TEST_CONTEXT")
 WORK = os.environ.get("ORCHARD_K8S_WORK")
@@ -107,6 +111,8 @@ async def test_pod_and_policies_on_the_cluster(make_adapter: Callable[..., Kuber
         deny = await _get(adapter, adapter.api.path("networkpolicies", kube.manifests.DENY_POLICY, group=NETPOL))
         assert deny["spec"]["policyTypes"] == ["Egress"] and not deny["spec"].get("egress")
         assert deny["spec"]["podSelector"] == {"matchExpressions": [{"key": "orchard.sandbox", "operator": "Exists"}]}
+        ingress = await _get(adapter, adapter.api.path("networkpolicies", kube.manifests.RELAY_POLICY, group=NETPOL))
+        assert ingress["spec"] == kube.manifests.relay_ingress_policy()["spec"]
         allow = await _get(adapter, adapter.api.path("networkpolicies", f"{online.id}-egress", group=NETPOL))
         assert allow["spec"]["podSelector"] == {"matchLabels": {"orchard.sandbox": online.id}}
         assert allow["spec"]["egress"] == [{}] and allow["spec"]["policyTypes"] == ["Egress"]
@@ -255,7 +261,8 @@ async def test_persistent_session_beats_a_fresh_exec_websocket(make_adapter: Cal
         assert (code, out, err) == (3, b"out\n", b"err\n")
         assert statistics.median(persistent) < statistics.median(fresh)
         # a shell websocket lives for its sandbox's TTL: no 5-minute total timeout on its session
-        assert adapter.transport._client.rest_client.pool_manager.timeout.total is None  # type: ignore[attr-defined]
+        websocket = getattr(adapter.transport, "fallback", adapter.transport)  # busybox: no relay
+        assert websocket._client.rest_client.pool_manager.timeout.total is None  # type: ignore[attr-defined]
     finally:
         await box.close()
 
@@ -311,6 +318,95 @@ async def test_sigkilled_controller_leaves_nothing_for_long(make_adapter: Callab
     assert await _names(observer, "pods", f"orchard.run={run_id}") == []
 
 
+# -- commands over the pod IP (adapters/kubernetes/podip.py) -----------------------------------------
+
+
+async def _relay_adapter(make_adapter: Callable[..., KubernetesAdapter], **options: Any) -> KubernetesAdapter:
+    adapter = make_adapter(image=RELAY_IMAGE, **options)
+    try:
+        box = await adapter.create(oa.SandboxSpec(ttl=120))
+    except ImageMissing as exc:
+        backend_missing(f"kubernetes: the relay tests need an image with python3 on the node: {exc}")
+    probe = await box.exec("command -v python3")
+    await box.close()
+    if not probe.ok:
+        backend_missing(f"kubernetes: image {RELAY_IMAGE} has no python3 (set ORCHARD_K8S_RELAY_IMAGE)")
+    return adapter
+
+
+# What a sandboxed process tries against its own pod's relay: the digest it can read from the
+# relay's command line (all the pod holds), and an empty secret.
+RELAY_FROM_INSIDE = r"""
+import glob, socket, sys
+digest = ""
+for path in glob.glob("/proc/[0-9]*/cmdline"):
+    try:
+        args = open(path, "rb").read().split(b"\0")
+    except OSError:
+        continue
+    if len(args) > 4 and args[1] == b"-c" and b"PORT, DIGEST" in args[2] and len(args[4]) == 64:
+        digest = args[4].decode()
+for secret in (digest, ""):
+    conn = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+    conn.sendall(secret.encode() + b"\n" + b'{"argv": ["sh", "-c", "echo ESCAPED"]}\n')
+    answer = b""
+    while chunk := conn.recv(4096):
+        answer += chunk
+    print(len(digest), answer[5:].decode(errors="replace"))
+"""
+
+
+async def test_commands_go_over_the_pod_ip_and_a_wrong_secret_is_refused(
+    make_adapter: Callable[..., KubernetesAdapter],
+) -> None:
+    adapter = await _relay_adapter(make_adapter)
+    transport = adapter.transport
+    assert isinstance(transport, kube.PodIpTransport) and transport.relay_port
+    before = dict(transport.stats)
+    box = await adapter.create(oa.SandboxSpec(ttl=300))
+    try:
+        result = await box.exec("echo out; echo err >&2; exit 3")
+        assert (result.exit_code, result.stdout, result.stderr) == (3, b"out\n", b"err\n")
+        assert (await box.exec("sleep 30", timeout=1)).reason == oa.ExitReason.TIMEOUT  # the interrupt, by relay
+        assert (await box.exec("echo still")).stdout == b"still\n"
+        # the shell, its two output relays and the interrupt went over the pod IP; no exec websocket
+        assert transport.stats["relay"] - before.get("relay", 0) >= 4
+        assert transport.stats["exec"] == before.get("exec", 0)
+        ip, secret = transport._routes[box.id]
+        code, out, _ = await transport.run(kube.PodRef(adapter.namespace, box.id), ["echo", "direct"], 30)
+        assert (code, out) == (0, b"direct\n")
+        for wrong in ("", "0" * 64, secret[:-1] + ("1" if secret[-1] != "1" else "2")):
+            with pytest.raises(kube.RelayRefused, match="wrong secret"):
+                await kube.connect_relay(ip, transport.relay_port, wrong, ["echo", "in"], stdin=False)
+        # from inside the sandbox: the digest the pod holds is no key, and nothing runs
+        inside = await box.exec(f"python3 -c {shlex.quote(RELAY_FROM_INSIDE)} {transport.relay_port}", timeout=60)
+        lines = inside.stdout.decode().splitlines()
+        assert inside.ok and len(lines) == 2, inside
+        assert lines[0] == "64 refused: wrong secret" and lines[1] == "64 refused: wrong secret"
+        assert b"ESCAPED" not in inside.stdout
+    finally:
+        await box.close()
+
+
+async def test_commands_fall_back_to_the_exec_websocket_when_the_pod_ip_is_not_routable(
+    make_adapter: Callable[..., KubernetesAdapter],
+) -> None:
+    class Unroutable(kube.PodIpTransport):
+        async def open_shell(self, pod: kube.PodRef, command: list[str]) -> Any:
+            # TEST-NET-1 (RFC 5737): an address no cluster routes
+            return await super().open_shell(msgspec.structs.replace(pod, ip="192.0.2.1"), command)
+
+    transport = Unroutable()
+    adapter = make_adapter(image=RELAY_IMAGE, transport=transport)
+    box = await adapter.create(oa.SandboxSpec(ttl=300))
+    try:
+        assert (await box.exec("echo over-the-websocket")).stdout == b"over-the-websocket\n"
+        assert transport.stats["relay"] == 0 and transport.stats["exec"] >= 3
+        assert transport.stats["fallback_unroutable"] == 1
+    finally:
+        await box.close()
+
+
 # -- needs the cluster of scripts/ci-kubernetes.sh ------------------------------------------------
 
 
@@ -364,6 +460,72 @@ async def test_watch_recovers_from_an_api_server_restart(make_adapter: Callable[
             await adapter._retrying.wait()
     assert await adapter.list_owned() == []
     assert await _names(adapter, "pods", f"orchard.run={adapter.run_id}") == []
+
+
+class _Unhurried:
+    """The oracle, thinking for a while before each step: episodes stay in flight (their
+    sandboxes open) through the API server's outage."""
+
+    name = "oracle-unhurried"
+
+    def __init__(self, policy: Any, pause: float):
+        self.policy, self.pause = policy, pause
+
+    async def act(self, observation: Any) -> Any:
+        await anyio.sleep(self.pause)
+        return await self.policy.act(observation)
+
+
+@pytest.mark.soak  # long: the default run leaves it to `pytest -m soak` (CI runs both)
+async def test_commands_over_the_pod_ip_survive_an_api_server_outage(
+    make_adapter: Callable[..., KubernetesAdapter],
+) -> None:
+    """32 episodes; the API server is stopped for 20 s while some run: every episode finishes
+    and none is retried for a lost sandbox (over the exec websocket, every one in flight is)."""
+    work, scripts = _needs_ci_cluster()
+    from orchard_async.recipes.toy import builtin_tasks, make_policy
+    from orchard_async.rollout import rollout
+
+    adapter = await _relay_adapter(make_adapter)
+    transport = adapter.transport
+    assert isinstance(transport, kube.PodIpTransport)
+    episodes, trajectories = 32, []
+    some_done, down, restarted = anyio.Event(), anyio.Event(), anyio.Event()
+    during: list[oa.ExecResult] = []
+    witness = await adapter.create(oa.SandboxSpec(ttl=600))
+
+    async def cut_the_control_plane() -> None:
+        await some_done.wait()
+        await _script("bash", f"{scripts}/k8s-cluster-up.sh", "apiserver-stop")
+        down.set()
+        for _ in range(10):  # commands while the API server is down
+            during.append(await witness.exec("echo alive"))
+            await anyio.sleep(2)
+        await _script("bash", f"{scripts}/k8s-cluster-up.sh", "apiserver-start")
+        restarted.set()
+
+    exec_before = transport.stats["exec"]
+    with anyio.fail_after(900):
+        async with anyio.create_task_group() as group:
+            group.start_soon(cut_the_control_plane)
+            policy = _Unhurried(make_policy("oracle"), pause=1.5)
+            tasks = builtin_tasks(variants=7)[:episodes]
+            async for trajectory in rollout(tasks, policy, adapter, n=episodes, concurrency=8, max_retries=3):
+                trajectories.append(trajectory)
+                if len(trajectories) >= 4:
+                    some_done.set()
+    await witness.close()
+    assert restarted.is_set() and down.is_set()
+    assert [r.stdout for r in during] == [b"alive\n"] * 10
+    assert len(trajectories) == episodes and len({t.episode_id for t in trajectories}) == episodes
+    assert [t.status for t in trajectories] == ["finished"] * episodes, [t.error for t in trajectories]
+    lost = [r for t in trajectories for r in t.retries if r.reason == oa.EndReason.SANDBOX_LOST]
+    assert lost == []
+    assert transport.stats["exec"] == exec_before  # no shell went over the websocket
+    if adapter._retrying is not None:  # deletions the outage refused, retried in the background
+        with anyio.fail_after(90):
+            await adapter._retrying.wait()
+    assert await adapter.list_owned() == []
 
 
 def _yaml_documents(path: Path, namespace: str, user: str) -> list[dict]:
