@@ -1,0 +1,186 @@
+"""Warm pools (orchard_async.warm): pre-created sandboxes handed out by acquire, replenished,
+checked, aged by their TTL, and all gone after close or cancellation."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+import orchard_async as oa
+from orchard_async import labels as names
+from orchard_async.adapters.local import LocalAdapter
+from orchard_async.adapters.sim import Latency, SimAdapter, SimConfig
+from tests.core.test_rollout import StepsPolicy, tasks
+
+SPEC = oa.SandboxSpec(labels={"orchard.recipe": "warmtest"})
+
+
+def episode_spec(episode: str, attempt: int = 0) -> oa.SandboxSpec:
+    return oa.SandboxSpec(labels={**SPEC.labels, names.EPISODE: episode, names.ATTEMPT: str(attempt)})
+
+
+async def until(condition, what: str, limit: float = 30.0) -> None:
+    with anyio.fail_after(limit):
+        while not condition():
+            await anyio.sleep(0.01)
+
+
+def sim(create_latency: float = 0.0) -> SimAdapter:
+    return SimAdapter(SimConfig(create_latency=Latency("const", create_latency)))
+
+
+async def test_acquire_hands_out_a_precreated_sandbox_and_replenishes() -> None:
+    adapter = sim()
+    async with oa.Pool(adapter) as pool:
+        pool.warm(SPEC, 2)
+        await until(lambda: pool.warm_stats["ready"] == 2, "two warm sandboxes")
+        precreated = set(adapter.live)
+        assert adapter.created == 2
+        sandbox = await pool.acquire(episode_spec("t/g0/s0"))
+        assert sandbox.id in precreated  # handed over, not created for this acquire
+        # The episode's labels are on the sandbox object handed out; its shelf's are kept.
+        assert sandbox.labels[names.EPISODE] == "t/g0/s0" and sandbox.labels["orchard.recipe"] == "warmtest"
+        await until(lambda: pool.warm_stats["ready"] == 2, "the replacement")
+        assert adapter.created == 3
+        assert pool.warm_stats["hits"] == 1
+        await pool.close_sandbox(sandbox)
+    assert adapter.live == {}
+
+
+async def test_a_spec_without_a_shelf_is_created_as_before() -> None:
+    adapter = sim()
+    async with oa.Pool(adapter) as pool:
+        pool.warm(SPEC, 1)
+        await until(lambda: pool.warm_stats["ready"] == 1, "a warm sandbox")
+        other = await pool.acquire(oa.SandboxSpec(labels={"orchard.recipe": "other"}))
+        assert other.labels == {"orchard.recipe": "other"} and adapter.created == 2
+        assert pool.warm_stats["misses"] == 0 and pool.warm_stats["ready"] == 1
+        await pool.close_sandbox(other)
+
+
+async def test_an_acquire_takes_over_a_create_under_way() -> None:
+    adapter = sim(create_latency=0.2)
+    async with oa.Pool(adapter) as pool:
+        pool.warm(SPEC, 1)
+        await until(lambda: adapter.creates == 1, "the warm create to start")
+        sandbox = await pool.acquire(episode_spec("t/g0/s0"))
+        # Its create was the warm one; the only other create is the replacement.
+        assert pool.warm_stats["claimed"] == 1 and pool.warm_stats["misses"] == 0
+        assert adapter.creates == 2
+        await pool.close_sandbox(sandbox)
+
+
+async def test_a_sandbox_that_died_while_warm_is_never_handed_out() -> None:
+    adapter = sim()
+    async with oa.Pool(adapter) as pool:
+        pool.warm(SPEC, 3)
+        await until(lambda: pool.warm_stats["ready"] == 3, "three warm sandboxes")
+        pool.warm(SPEC, 0)  # no replacements: the acquire must create its own
+        dead = set(adapter.live)
+        for sandbox in adapter.live.values():
+            sandbox.dead = True
+        sandbox = await pool.acquire(episode_spec("t/g0/s0"))
+        assert sandbox.id not in dead
+        assert (await sandbox.exec("true")).ok
+        assert pool.warm_stats["dead"] == 3
+        await until(lambda: not dead & set(adapter.live), "the dead ones closed")
+        await pool.close_sandbox(sandbox)
+
+
+async def test_a_killed_local_sandbox_is_never_handed_out(tmp_path: Path) -> None:
+    async with LocalAdapter(root=tmp_path / "sbx") as adapter, oa.Pool(adapter) as pool:
+        pool.warm(SPEC, 2)
+        await until(lambda: pool.warm_stats["ready"] == 2, "two warm sandboxes")
+        victim = next(iter(adapter._live))
+        os.killpg(adapter._live[victim][1].pid, signal.SIGKILL)  # the sandbox's launcher and all in it
+        handed = [await pool.acquire(episode_spec(f"t/g0/s{i}")) for i in range(2)]
+        assert victim not in {sandbox.id for sandbox in handed}
+        for sandbox in handed:
+            assert (await sandbox.exec("echo alive")).text == "alive\n"
+            await pool.close_sandbox(sandbox)
+        assert pool.warm_stats["dead"] == 1
+
+
+async def test_a_warm_sandbox_past_its_idle_time_is_not_handed_out() -> None:
+    adapter = sim()
+    async with oa.Pool(adapter, warm_max_idle=0.3) as pool:
+        pool.warm(SPEC, 1)
+        await until(lambda: pool.warm_stats["ready"] == 1, "a warm sandbox")
+        (old,) = adapter.live
+        # Its TTL was counted from its create: it got the spec's TTL plus the idle time.
+        assert adapter.live[old].expires_at - time.monotonic() > SPEC.ttl
+        pool.warm(SPEC, 0)
+        await anyio.sleep(0.4)
+        sandbox = await pool.acquire(episode_spec("t/g0/s0"))
+        assert sandbox.id != old
+        assert pool.warm_stats["expired"] == 1 and old not in adapter.live
+        await pool.close_sandbox(sandbox)
+
+
+async def test_closing_the_pool_closes_the_warm_sandboxes(tmp_path: Path) -> None:
+    root = tmp_path / "sbx"
+    async with LocalAdapter(root=root) as adapter:
+        pool = oa.Pool(adapter)
+        pool.warm(SPEC, 3)
+        await until(lambda: pool.warm_stats["ready"] == 3, "three warm sandboxes")
+        assert len(await adapter.list_owned()) == 3
+        await pool.close()
+        assert await adapter.list_owned() == []
+        assert not root.exists() or list(root.iterdir()) == []
+
+
+async def test_cancelling_while_replenishing_leaves_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "sbx"
+    async with LocalAdapter(root=root) as adapter:
+        pool = oa.Pool(adapter)
+        pool.warm(SPEC, 4)
+        await until(lambda: root.exists() and any(root.iterdir()), "the creates to be under way")
+        await pool.close()  # cancels the creates midway
+        assert await adapter.list_owned() == []
+        assert list(root.iterdir()) == []
+        assert pool.warm_stats["ready"] == 0
+
+
+async def test_rollout_keeps_the_next_episodes_warm_without_waste() -> None:
+    adapter = sim(create_latency=0.02)
+    pool = oa.Pool(adapter)
+    async with contextlib.aclosing(
+        oa.rollout(tasks(2, steps=2), StepsPolicy(), pool, n=16, concurrency=4, warm=4)
+    ) as stream:
+        results = [t async for t in stream]
+    assert len(results) == 16 and all(t.status == "finished" for t in results)
+    stats = pool.warm_stats
+    # Every episode's sandbox was warm (or a warm create it took over): the keys the engine
+    # warms are the specs the episode loop asks for.
+    assert stats["hits"] + stats["claimed"] == 16 and stats["misses"] == 0, stats
+    assert adapter.created == 16  # the window ends with the plan: nothing created for nobody
+    assert adapter.live == {}
+
+
+async def test_cancelling_a_warm_rollout_leaves_nothing() -> None:
+    adapter = sim(create_latency=0.05)
+    pool = oa.Pool(adapter)
+    async with contextlib.aclosing(
+        oa.rollout(tasks(4, steps=2), StepsPolicy(), pool, n=40, concurrency=4, warm=8)
+    ) as stream:
+        async for _ in stream:
+            break  # the consumer stops with creates under way
+    assert adapter.live == {}
+    assert pool.warm_stats["ready"] == 0
+
+
+async def test_warm_is_off_by_default_where_it_does_not_pay() -> None:
+    adapter = sim()
+    pool = oa.Pool(adapter)
+    async with contextlib.aclosing(oa.rollout(tasks(2, steps=1), StepsPolicy(), pool, n=4)) as stream:
+        assert len([t async for t in stream]) == 4
+    assert set(pool.warm_stats.values()) == {0}
+    with pytest.raises(oa.ConfigError, match="warm"):
+        async with contextlib.aclosing(oa.rollout(tasks(1), StepsPolicy(), pool, n=1, warm=-1)) as stream:
+            [t async for t in stream]
