@@ -27,7 +27,7 @@ def episode_spec(episode: str, attempt: int = 0) -> oa.SandboxSpec:
 
 async def until(condition, what: str, limit: float = 30.0) -> None:
     with anyio.fail_after(limit):
-        while not condition():
+        while not condition():  # noqa: ASYNC110 - polls state the test watches from outside
             await anyio.sleep(0.01)
 
 
