@@ -180,21 +180,25 @@ class WarmStock:
             return None
         while shelf.ready:
             slot = shelf.ready.popleft()
-            self._refill(shelf)  # its replacement starts now, beside the check
-            if not self._fresh(slot):
-                self.stats["expired"] += 1
-                self._discard(slot.sandbox)
-                continue
             sandbox = slot.sandbox
             try:
-                healthy = await _healthy(sandbox)  # type: ignore[arg-type]
-            except BaseException:
-                self._discard(sandbox)  # cancelled during the check: not handed out, not leaked
-                raise
-            if not healthy:
-                self.stats["dead"] += 1
-                self._discard(sandbox)
-                continue
+                if not self._fresh(slot):
+                    self.stats["expired"] += 1
+                    self._discard(sandbox)
+                    continue
+                try:
+                    healthy = await _healthy(sandbox)  # type: ignore[arg-type]
+                except BaseException:
+                    self._discard(sandbox)  # cancelled during the check: not handed out, not leaked
+                    raise
+                if not healthy:
+                    self.stats["dead"] += 1
+                    self._discard(sandbox)
+                    continue
+            finally:
+                # Its replacement starts after the check, not beside it: a create's own work on
+                # the event loop (the local adapter's files and processes) would delay the check.
+                self._refill(shelf)
             self.stats["hits"] += 1
             return _labelled(sandbox, spec)  # type: ignore[arg-type]
         slot = next((slot for slot in shelf.making if not slot.claimed), None)
