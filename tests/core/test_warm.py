@@ -14,7 +14,7 @@ import pytest
 
 import orchard_async as oa
 from orchard_async import labels as names
-from orchard_async.adapters.local import LocalAdapter
+from orchard_async.adapters.local import LocalAdapter, _sandbox_processes
 from orchard_async.adapters.sim import Latency, SimAdapter, SimConfig
 from tests.core.test_rollout import StepsPolicy, tasks
 
@@ -98,7 +98,12 @@ async def test_a_killed_local_sandbox_is_never_handed_out(tmp_path: Path) -> Non
         pool.warm(SPEC, 2)
         await until(lambda: pool.warm_stats["ready"] == 2, "two warm sandboxes")
         victim = next(iter(adapter._live))
-        os.killpg(adapter._live[victim][1].pid, signal.SIGKILL)  # the sandbox's launcher and all in it
+        where = str(tmp_path / "sbx" / victim)
+        os.killpg(adapter._live[victim][1].pid, signal.SIGKILL)  # its launcher, then all that runs in it
+        for pid in _sandbox_processes().get(where, []):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        await until(lambda: where not in _sandbox_processes(), "the killed sandbox's processes to be gone")
         handed = [await pool.acquire(episode_spec(f"t/g0/s{i}")) for i in range(2)]
         assert victim not in {sandbox.id for sandbox in handed}
         for sandbox in handed:
