@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import time
+import uuid
 from pathlib import Path
 
 import anyio
@@ -16,6 +17,7 @@ import orchard_async as oa
 from orchard_async import labels as names
 from orchard_async.adapters.local import LocalAdapter, _sandbox_processes
 from orchard_async.adapters.sim import Latency, SimAdapter, SimConfig
+from tests.conftest import backend_missing
 from tests.core.test_rollout import StepsPolicy, tasks
 
 SPEC = oa.SandboxSpec(labels={"orchard.recipe": "warmtest"})
@@ -189,3 +191,30 @@ async def test_warm_is_off_by_default_where_it_does_not_pay() -> None:
     with pytest.raises(oa.ConfigError, match="warm"):
         async with contextlib.aclosing(oa.rollout(tasks(1), StepsPolicy(), pool, n=1, warm=-1)) as stream:
             [t async for t in stream]
+
+
+async def test_a_docker_rollout_is_warm_by_default_and_leaves_nothing() -> None:
+    try:
+        from orchard_async.adapters.docker import DockerAdapter
+
+        run_id = f"t{uuid.uuid4().hex[:10]}"
+        adapter = DockerAdapter(
+            image=os.environ.get("ORCHARD_DOCKER_TEST_IMAGE", "orchard/busybox:test"), run_id=run_id
+        )
+        await adapter.doctor()
+    except Exception as exc:  # noqa: BLE001 - any reason docker cannot be used here
+        backend_missing(f"docker: {exc}")
+    pool = oa.Pool(adapter)
+    try:
+        async with contextlib.aclosing(
+            oa.rollout(tasks(2, steps=1), StepsPolicy(), pool, n=4, concurrency=2)
+        ) as stream:
+            results = [t async for t in stream]
+        assert [t.status for t in results] == ["finished"] * 4
+        stats = pool.warm_stats
+        assert stats["hits"] + stats["claimed"] == 4 and stats["misses"] == 0, stats
+        assert await adapter.list_owned() == []
+    finally:
+        await adapter.close()
+    listed = await anyio.run_process(["docker", "ps", "-aq", "--filter", f"label=orchard.run={run_id}"])
+    assert listed.stdout.strip() == b""
