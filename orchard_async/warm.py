@@ -55,9 +55,11 @@ PER_EPISODE_LABELS = (names.EPISODE, names.ATTEMPT)  # what the episode loop add
 HEALTH_TIMEOUT = 5.0  # seconds for the `true` a warm sandbox must answer before it is handed out
 DEFAULT_MAX_IDLE = 900.0  # seconds a warm sandbox may wait for an episode (and the TTL it gets on top)
 WARM_STATS = ("hits", "claimed", "misses", "created", "failed", "expired", "dead")
-# Adapters on which the rollout engine warms by default (``warm=None``): where a create costs
-# far more than a hand-over. Not local (a create there is a few ms; docs/performance.md) and
-# not sim (its sandboxes draw their faults from their episode labels, which warm ones lack).
+# Adapters on which the rollout engine warms by default (``warm=None``): where a create waits
+# on a daemon or a cluster. Not local: its create is work on this machine's own cores, which a
+# warm pool moves off the episode's path but does not remove (no gain in episodes/s measured,
+# docs/performance.md); not sim: its sandboxes draw their faults from their episode labels,
+# which warm ones do not have on the backend object.
 WARM_BY_DEFAULT = frozenset({"docker", "kubernetes", "remote"})
 
 
