@@ -306,7 +306,8 @@ def episode_spec(task: object) -> SandboxSpec:
 
 class WarmAhead:
     """The rollout engine's plan as a warm pool: while episodes are handed to workers, the
-    pool keeps warm the specs of the next ``size`` episodes not yet started."""
+    pool keeps warm the specs of the next ``size`` episodes not yet started (but for the
+    samples of a group that start from its snapshot: ``Task.fork_after_setup``)."""
 
     def __init__(self, pool: Pool, episodes: Sequence[Episode], size: int):
         self._pool = pool
@@ -324,6 +325,9 @@ class WarmAhead:
         return spec
 
     def _shift(self, index: int, change: int) -> None:
+        episode = self._episodes[index]
+        if episode.sample and getattr(episode.task, "fork_after_setup", False):
+            return  # started from its group's snapshot, not from a fresh sandbox of the task's spec
         spec = self._spec(index)
         key = warm_key(spec)
         self._by_key[key] = spec

@@ -17,6 +17,7 @@ import orchard_async as oa
 from orchard_async import labels as names
 from orchard_async.adapters.local import LocalAdapter, _sandbox_processes
 from orchard_async.adapters.sim import Latency, SimAdapter, SimConfig
+from orchard_async.warm import WarmAhead
 from tests.conftest import backend_missing
 from tests.core.test_rollout import StepsPolicy, tasks
 
@@ -218,3 +219,17 @@ async def test_a_docker_rollout_is_warm_by_default_and_leaves_nothing() -> None:
         await adapter.close()
     listed = await anyio.run_process(["docker", "ps", "-aq", "--filter", f"label=orchard.run={run_id}"])
     assert listed.stdout.strip() == b""
+
+
+async def test_samples_forked_from_their_group_are_not_warmed() -> None:
+    adapter = sim()
+    pool = oa.Pool(adapter)
+    forking = tasks(2, steps=1)
+    for task in forking:
+        task.fork_after_setup = True  # type: ignore[attr-defined]
+    ahead = WarmAhead(pool, oa.plan(forking, n=8, group_size=4), size=8)
+    iterator = iter(ahead)
+    next(iterator)
+    # Of the 8 planned episodes only each group's first sample starts from the task's spec.
+    assert sum(shelf.target for shelf in pool._warm.shelves.values()) == 1  # the other group's first
+    await pool.close()
