@@ -22,8 +22,6 @@ from .common import TrackingAdapter, close_and_count, open_adapter
 from .report import latency_row
 from .scenario import Outcome
 
-FILL_TIMEOUT = 600.0  # seconds for the warm pool to fill before the warm phase starts anyway
-
 
 async def run_warm_burst(
     adapter_name: str,
@@ -81,7 +79,7 @@ async def run_warm_burst(
 
     async def fill(pool: Pool) -> float:
         started = time.perf_counter()
-        with anyio.move_on_after(FILL_TIMEOUT):
+        with anyio.move_on_after(op_timeout):  # then the warm phase starts with what is ready
             while pool.warm_stats["ready"] < warm:  # noqa: ASYNC110 - the pool has no "full" event
                 await anyio.sleep(0.01)
         return time.perf_counter() - started
