@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 
 import anyio
 
-from orchard_async import Pool, SandboxSpec
+from orchard_async import Pool, SandboxSpec, percentile
 
 from .common import TrackingAdapter, close_and_count, open_adapter
 from .report import latency_row
@@ -43,6 +43,7 @@ async def run_warm_burst(
     spec = SandboxSpec(ttl=max(600.0, op_timeout * 3), image=image, labels={"orchard.bench": "burst-warm"})
     failures: dict[str, Counter[str]] = defaultdict(Counter)
     acquire_failed: Counter[str] = Counter()
+    execs: dict[str, list[float]] = defaultdict(list)  # the commands' round trips: what the check costs
     pool_options = {"max_creating": max_creating} if max_creating else {}
 
     async def phase(pool: Pool, name: str, count: int, at_once: bool) -> tuple[list[float], float]:
@@ -60,7 +61,9 @@ async def run_warm_burst(
             acquires.append(time.perf_counter() - start)
             try:
                 for _ in range(commands):
+                    mark = time.perf_counter()
                     result = await sandbox.exec(command, timeout=min(60.0, op_timeout))
+                    execs[name].append(time.perf_counter() - mark)
                     if not result.ok:
                         failures[name][f"exec {result.reason.value}"] += 1
                         break
@@ -112,8 +115,9 @@ async def run_warm_burst(
     for subject, name, concurrency, times, wall in phases:
         row = latency_row(subject, concurrency, times, wall, operation="acquire", errors=acquire_failed[name])
         row.ops_per_s = None  # latency rows: the phase's wall time says the rest
+        row.extra = {"exec_p50_ms": round(percentile(execs[name], 50) * 1000, 3)} if execs[name] else {}
         if failures[name]:
-            row.extra = {"failures": dict(failures[name])}
+            row.extra["failures"] = dict(failures[name])
         outcome.rows.append(row)
     outcome.rows[-2].extra = {**outcome.rows[-2].extra, "fill_s": round(fill_s, 3), "ready_at_start": ready_at_start}
     outcome.rows[-2].extra.update({key: sequential_stats[key] for key in ("hits", "claimed", "misses", "dead")})
