@@ -84,6 +84,9 @@ class Pool(BackgroundOwner):
             sandbox = None
             if self._warm.shelves:  # a dict test: a pool that warms nothing pays nothing
                 sandbox = await self._warm.take(spec)
+                if sandbox is None:
+                    with self._warm.demanding():  # creates for warm stock wait for this one
+                        sandbox = await self._create(spec)
             if sandbox is None:
                 sandbox = await self._create(spec)
         except BaseException:

@@ -32,7 +32,7 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -114,6 +114,10 @@ class WarmStock:
         self.stats: Counter[str] = Counter()  # WARM_STATS (Pool.warm_stats says what each counts)
         self._keeper: anyio.CancelScope | None = None
         self._changed = anyio.Event()
+        # Acquires waiting for a create (their own, or a warm one taken over). While there are
+        # any, no create is started for stock: a backend that serialises creates (a Docker
+        # daemon) would otherwise make the sandboxes someone waits for wait behind speculation.
+        self.demand = 0
 
     # -- sizing ------------------------------------------------------------------------------
 
@@ -136,6 +140,8 @@ class WarmStock:
             self._keeper = self._background.start_soon(self._keep)
 
     def _refill(self, shelf: _Shelf) -> None:
+        if self.demand:
+            return  # resumed by ``demanding`` when the last waiting acquire has its sandbox
         for _ in range(shelf.target - shelf.stock):
             slot = _Warm(born=time.monotonic())
             shelf.making.append(slot)
@@ -206,9 +212,10 @@ class WarmStock:
         slot = next((slot for slot in shelf.making if not slot.claimed), None)
         if slot is not None:
             slot.claimed = True
-            self._refill(shelf)
             try:
-                await slot.arrived.wait()
+                with self.demanding():
+                    self._refill(shelf)  # the stock it took over is made again once nobody waits
+                    await slot.arrived.wait()
             except BaseException:
                 slot.claimed = False
                 if slot.sandbox is not None:  # it arrived as this acquire was cancelled
@@ -219,6 +226,18 @@ class WarmStock:
                 return _labelled(slot.sandbox, spec)
         self.stats["misses"] += 1
         return None
+
+    @contextmanager
+    def demanding(self) -> Iterator[None]:
+        """Around an acquire's wait for a create: creates for stock wait until no acquire waits."""
+        self.demand += 1
+        try:
+            yield
+        finally:
+            self.demand -= 1
+            if not self.demand and self._keeper is not None:
+                for shelf in self.shelves.values():
+                    self._refill(shelf)
 
     def _fresh(self, slot: _Warm) -> bool:
         """Young enough that its remaining TTL covers what an episode asked for."""

@@ -75,8 +75,46 @@ async def test_an_acquire_takes_over_a_create_under_way() -> None:
         sandbox = await pool.acquire(episode_spec("t/g0/s0"))
         # Its create was the warm one; the only other create is the replacement.
         assert pool.warm_stats["claimed"] == 1 and pool.warm_stats["misses"] == 0
+        await until(lambda: pool.warm_stats["ready"] == 1, "the replacement")
         assert adapter.creates == 2
         await pool.close_sandbox(sandbox)
+
+
+class GatedSim(SimAdapter):
+    """Its creates wait until the test opens the gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = anyio.Event()
+
+    async def create(self, spec: oa.SandboxSpec):  # type: ignore[override]
+        self.creates += 1
+        await self.gate.wait()
+        self.creates -= 1  # counted again by the sim's own create
+        return await super().create(spec)
+
+
+async def test_no_create_for_stock_starts_while_an_acquire_waits_for_one() -> None:
+    adapter = GatedSim()
+    async with oa.Pool(adapter) as pool:
+        pool.warm(SPEC, 2)
+        await until(lambda: adapter.creates == 2, "two warm creates to start")
+        got: list[oa.Sandbox] = []
+        async with anyio.create_task_group() as group:
+            for index in range(3):  # two take over the warm creates, the third makes its own
+                group.start_soon(lambda i=index: _acquire_into(pool, got, i))
+            await until(lambda: pool._warm.demand == 3, "three acquires waiting")
+            assert adapter.creates == 3  # the replacements of the two taken over wait for them
+            adapter.gate.set()
+        assert pool.warm_stats["claimed"] == 2 and pool.warm_stats["misses"] == 1
+        await until(lambda: pool.warm_stats["ready"] == 2, "the stock made once nobody waits")
+        assert adapter.creates == 5
+        for sandbox in got:
+            await pool.close_sandbox(sandbox)
+
+
+async def _acquire_into(pool: oa.Pool, got: list[oa.Sandbox], index: int) -> None:
+    got.append(await pool.acquire(episode_spec(f"t/g0/s{index}")))
 
 
 async def test_a_sandbox_that_died_while_warm_is_never_handed_out() -> None:
