@@ -316,11 +316,16 @@ async def _healthy(sandbox: Sandbox) -> bool:
 # -- the rollout engine's sizing ------------------------------------------------------------
 
 
-def episode_spec(task: object) -> SandboxSpec:
-    """The spec the episode loop asks for (``episode.run_attempt``), less its per-episode labels."""
+def episode_specs(task: object) -> list[SandboxSpec]:
+    """The specs the episode loop asks for (``episode.run_attempt``), less their per-episode
+    labels: the agent's sandbox, and for a ``GradedApart`` task its scorer's."""
     from .episode import TTL_MARGIN
+    from .protocols import GradedApart
 
-    return msgspec.structs.replace(task.spec, ttl=task.deadline + TTL_MARGIN)  # type: ignore[attr-defined]
+    spec = msgspec.structs.replace(task.spec, ttl=task.deadline + TTL_MARGIN)  # type: ignore[attr-defined]
+    if not isinstance(task, GradedApart):
+        return [spec]
+    return [spec, msgspec.structs.replace(spec, labels={**spec.labels, names.ROLE: "scorer"})]
 
 
 class WarmAhead:
@@ -332,26 +337,26 @@ class WarmAhead:
         self._pool = pool
         self._episodes = episodes
         self._size = size
-        self._specs: dict[int, SandboxSpec] = {}  # by id(task): a task's spec is built once
+        self._specs: dict[int, list[SandboxSpec]] = {}  # by id(task): a task's specs are built once
         self._window: Counter[bytes] = Counter()
         self._by_key: dict[bytes, SandboxSpec] = {}
 
-    def _spec(self, index: int) -> SandboxSpec:
+    def _task_specs(self, index: int) -> list[SandboxSpec]:
         task = self._episodes[index].task
-        spec = self._specs.get(id(task))
-        if spec is None:
-            spec = self._specs[id(task)] = episode_spec(task)
-        return spec
+        specs = self._specs.get(id(task))
+        if specs is None:
+            specs = self._specs[id(task)] = episode_specs(task)
+        return specs
 
     def _shift(self, index: int, change: int) -> None:
         episode = self._episodes[index]
         if episode.sample and getattr(episode.task, "fork_after_setup", False):
             return  # started from its group's snapshot, not from a fresh sandbox of the task's spec
-        spec = self._spec(index)
-        key = warm_key(spec)
-        self._by_key[key] = spec
-        self._window[key] += change
-        self._pool.warm(spec, self._window[key])
+        for spec in self._task_specs(index):
+            key = warm_key(spec)
+            self._by_key[key] = spec
+            self._window[key] += change
+            self._pool.warm(spec, self._window[key])
 
     def __iter__(self) -> Iterator[Episode]:
         """The episodes in plan order; each one handed out moves the window on by one."""
