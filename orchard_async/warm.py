@@ -20,7 +20,8 @@ What a shelf guarantees:
   remaining TTL is at least what the episode asked for); older ones are closed and replaced;
 * an acquire that finds the shelf empty but a create of its spec under way takes that create
   over rather than starting another (the first wave of a rollout waits for no more than a
-  cold create);
+  cold create); while any acquire waits for a create, no create for stock starts (a daemon
+  that serialises creates would make the awaited one wait behind speculation);
 * warm sandboxes are ordinary sandboxes with lease labels: closing the pool closes them,
   and after a crash ``reap`` removes them like any other.
 """
