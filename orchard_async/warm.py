@@ -317,42 +317,56 @@ async def _healthy(sandbox: Sandbox) -> bool:
 # -- the rollout engine's sizing ------------------------------------------------------------
 
 
-def episode_specs(task: object) -> list[SandboxSpec]:
-    """The specs the episode loop asks for (``episode.run_attempt``), less their per-episode
-    labels: the agent's sandbox, and for a ``GradedApart`` task its scorer's."""
+def episode_specs(task: object, *, forked: bool = False, leader: bool = False) -> list[SandboxSpec]:
+    """The specs the episode loop asks for fresh sandboxes of (``episode.run_attempt``), less
+    their per-episode labels: the agent's sandbox, and for a ``GradedApart`` task its
+    scorer's. A sample of a forked group (``groups.py``) starts from its group's snapshot,
+    which no warm pool can make ahead; its group's base (made by the ``leader``, the first
+    sample the workers take) is a fresh sandbox of its own role."""
     from .episode import TTL_MARGIN
     from .protocols import GradedApart
 
     spec = msgspec.structs.replace(task.spec, ttl=task.deadline + TTL_MARGIN)  # type: ignore[attr-defined]
-    if not isinstance(task, GradedApart):
-        return [spec]
-    return [spec, msgspec.structs.replace(spec, labels={**spec.labels, names.ROLE: "scorer"})]
+    specs = [] if forked and not leader else [spec]
+    if forked and leader:
+        specs = [msgspec.structs.replace(spec, labels={**spec.labels, names.ROLE: "group-setup"})]
+    if isinstance(task, GradedApart):
+        specs.append(msgspec.structs.replace(spec, labels={**spec.labels, names.ROLE: "scorer"}))
+    return specs
 
 
 class WarmAhead:
     """The rollout engine's plan as a warm pool: while episodes are handed to workers, the
-    pool keeps warm the specs of the next ``size`` episodes not yet started (but for the
-    samples of a group that start from its snapshot: ``Task.fork_after_setup``)."""
+    pool keeps warm the fresh sandboxes of the next ``size`` episodes not yet started (see
+    ``episode_specs``: a forked group's samples start from its snapshot instead)."""
 
     def __init__(self, pool: Pool, episodes: Sequence[Episode], size: int):
+        from .groups import forked_groups
+
         self._pool = pool
         self._episodes = episodes
         self._size = size
-        self._specs: dict[int, list[SandboxSpec]] = {}  # by id(task): a task's specs are built once
+        forked = forked_groups(pool.adapter, episodes)
+        leaders: set[int] = set()  # the first sample of each forked group in the workers' order
+        seen: set[str] = set()
+        for index, episode in enumerate(episodes):
+            if episode.group_id in forked and episode.group_id not in seen:
+                seen.add(episode.group_id)
+                leaders.add(index)
+        self._kind = [(episode.group_id in forked, index in leaders) for index, episode in enumerate(episodes)]
+        self._specs: dict[tuple[int, bool, bool], list[SandboxSpec]] = {}  # built once per task and kind
         self._window: Counter[bytes] = Counter()
         self._by_key: dict[bytes, SandboxSpec] = {}
 
     def _task_specs(self, index: int) -> list[SandboxSpec]:
         task = self._episodes[index].task
-        specs = self._specs.get(id(task))
+        forked, leader = self._kind[index]
+        specs = self._specs.get((id(task), forked, leader))
         if specs is None:
-            specs = self._specs[id(task)] = episode_specs(task)
+            specs = self._specs[id(task), forked, leader] = episode_specs(task, forked=forked, leader=leader)
         return specs
 
     def _shift(self, index: int, change: int) -> None:
-        episode = self._episodes[index]
-        if episode.sample and getattr(episode.task, "fork_after_setup", False):
-            return  # started from its group's snapshot, not from a fresh sandbox of the task's spec
         for spec in self._task_specs(index):
             key = warm_key(spec)
             self._by_key[key] = spec

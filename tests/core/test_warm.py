@@ -261,18 +261,26 @@ async def test_a_docker_rollout_is_warm_by_default_and_leaves_nothing() -> None:
     assert listed.stdout.strip() == b""
 
 
-async def test_samples_forked_from_their_group_are_not_warmed() -> None:
-    adapter = sim()
-    pool = oa.Pool(adapter)
+async def test_a_forked_group_warms_its_base_not_its_samples(tmp_path: Path) -> None:
     forking = tasks(2, steps=1)
     for task in forking:
         task.fork_after_setup = True  # type: ignore[attr-defined]
-    ahead = WarmAhead(pool, oa.plan(forking, n=8, group_size=4), size=8)
-    iterator = iter(ahead)
-    next(iterator)
-    # Of the 8 planned episodes only each group's first sample starts from the task's spec.
-    assert sum(shelf.target for shelf in pool._warm.shelves.values()) == 1  # the other group's first
-    await pool.close()
+    async with LocalAdapter(root=tmp_path / "sbx") as adapter:
+        pool = oa.Pool(adapter)
+        episodes = oa.plan(forking, n=8, group_size=4)
+        ahead = WarmAhead(pool, episodes, size=8)
+        next(iter(ahead))
+        # Every sample starts from its group's snapshot; only each group's base is a fresh
+        # sandbox (the taken first sample's base, then the other group's: 1 left in the window).
+        roles = {shelf.spec.labels.get(names.ROLE): shelf.target for shelf in pool._warm.shelves.values()}
+        assert roles == {"group-setup": 1}
+        await pool.close()
+        async with contextlib.aclosing(oa.rollout(forking, StepsPolicy(), pool, n=8, group_size=4, warm=8)) as stream:
+            results = [t async for t in stream]
+        assert [t.status for t in results] == ["finished"] * 8 and all(t.forked_from for t in results)
+        stats = pool.warm_stats
+        assert stats["hits"] + stats["claimed"] + stats["misses"] == 2 and stats["hits"] + stats["claimed"] >= 1
+        assert await adapter.list_owned() == []
 
 
 @dataclass
