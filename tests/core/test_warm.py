@@ -19,7 +19,7 @@ from orchard_async import labels as names
 from orchard_async.adapters.local import LocalAdapter, _sandbox_processes
 from orchard_async.adapters.sim import Latency, SimAdapter, SimConfig
 from orchard_async.warm import WarmAhead
-from tests.conftest import backend_missing
+from tests.conftest import backend_missing, cluster_configured
 from tests.core.test_rollout import CountTask, StepsPolicy, tasks
 
 SPEC = oa.SandboxSpec(labels={"orchard.recipe": "warmtest"})
@@ -307,3 +307,31 @@ async def test_a_graded_apart_task_gets_its_scorer_warm_too() -> None:
     scorer_shelves = [shelf for shelf in pool._warm.shelves.values() if shelf.spec.labels.get(names.ROLE) == "scorer"]
     assert len(scorer_shelves) == 1 and stats["hits"] + stats["claimed"] >= 4, stats
     assert adapter.live == {}
+
+
+async def test_a_kubernetes_rollout_is_warm_by_default_and_leaves_nothing() -> None:
+    if not cluster_configured():
+        pytest.skip("no Kubernetes cluster configured (KUBECONFIG, ~/.kube/config or ORCHARD_K8S_TEST_CONTEXT)")
+    try:
+        from orchard_async.adapters.kubernetes import KubernetesAdapter
+
+        adapter = KubernetesAdapter(
+            image=os.environ.get("ORCHARD_K8S_TEST_IMAGE", "local/busybox:1"),
+            namespace=os.environ.get("ORCHARD_K8S_TEST_NAMESPACE", "orchard-test"),
+            context=os.environ.get("ORCHARD_K8S_TEST_CONTEXT"),
+        )
+        await adapter.doctor()
+    except Exception as exc:  # noqa: BLE001 - any reason the cluster cannot be used here
+        backend_missing(f"kubernetes: {exc}")
+    pool = oa.Pool(adapter)
+    try:
+        async with contextlib.aclosing(
+            oa.rollout(tasks(2, steps=1), StepsPolicy(), pool, n=4, concurrency=2)
+        ) as stream:
+            results = [t async for t in stream]
+        assert [t.status for t in results] == ["finished"] * 4
+        stats = pool.warm_stats
+        assert stats["hits"] + stats["claimed"] + stats["misses"] == 4 and stats["hits"] + stats["claimed"] >= 2, stats
+        assert await adapter.list_owned() == []
+    finally:
+        await adapter.close()
