@@ -90,6 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--op-timeout", type=float, default=300.0, help="bound on any one operation (s)")
     p.add_argument("--max-creating", type=_positive, help="cap concurrent creates (default: all at once)")
     p.add_argument(
+        "--warm",
+        type=_positive,
+        metavar="W",
+        help="also through a pool with W warm sandboxes: acquire p50/p99 cold vs warm, in one run",
+    )
+    p.add_argument(
         "--kill-apiserver",
         action="store_true",
         help="control-plane-only kubernetes: stop and restart the API server after half the creates",
@@ -180,6 +186,20 @@ async def _dispatch(args: argparse.Namespace, adapter: str, options: dict):  # n
             peers=args.peers,
             session=args.session,
             floors=args.floors,
+        )
+    if scenario == "burst" and args.warm:
+        from .warm import run_warm_burst
+
+        return await run_warm_burst(
+            adapter,
+            sandboxes=args.sandboxes,
+            warm=args.warm,
+            commands=args.commands,
+            command=args.bench_command,
+            adapter_options=options,
+            image=args.image,
+            op_timeout=args.op_timeout,
+            max_creating=args.max_creating,
         )
     if scenario in ("burst", "create"):
         from .burst import run_burst

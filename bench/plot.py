@@ -101,7 +101,7 @@ def _exec(plt: Any, result: Result) -> Any:
 
 def _burst(plt: Any, result: Result) -> Any:
     figure, (lat, info) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [2.2, 1]})
-    ops = [row for row in result.rows if row.operation in ("create", "exec", "destroy")]
+    ops = [row for row in result.rows if row.operation in ("create", "exec", "destroy", "acquire")]
     width = 0.8 / len(PERCENTILES)
     for index, (field, label) in enumerate(PERCENTILES):
         xs = [i + (index - 1.5) * width for i in range(len(ops))]
@@ -109,7 +109,14 @@ def _burst(plt: Any, result: Result) -> Any:
         bars = lat.bar(xs, values, width, label=label)
         lat.bar_label(bars, labels=[f"{v:.0f}" if v >= 10 else f"{v:.1f}" for v in values], fontsize=7, padding=2)
     lat.set_xticks(range(len(ops)))
-    lat.set_xticklabels([f"{row.operation}\n(n={row.ops}, ok {row.success_rate or 0:.1%})" for row in ops])
+    lat.set_xticklabels(
+        [
+            f"{row.subject} acquire\n(n={row.ops}, {row.concurrency} at once)"  # burst --warm: cold vs warm
+            if row.operation == "acquire"
+            else f"{row.operation}\n(n={row.ops}, ok {row.success_rate or 0:.1%})"
+            for row in ops
+        ]
+    )
     lat.set(yscale="log", ylabel="latency (ms, log scale)")
     _plain_log(plt, lat)
     lat.set_title(f"per-operation latency, {result.details.get('sandboxes')} sandboxes at once")

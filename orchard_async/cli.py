@@ -172,6 +172,7 @@ async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, re
                         group_size=args.group_size,
                         concurrency=args.concurrency,
                         max_retries=args.max_retries,
+                        warm=getattr(args, "warm", None),
                     )
                 except Exception:
                     progress.live.transient = True  # the error is the one line to see, not a bar above it
@@ -409,6 +410,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     run_p.add_argument("--group-size", type=_at_least(1), default=1, help="samples per task (GRPO groups)")
     run_p.add_argument(
         "--max-retries", type=_at_least(0), default=2, help="retries of infrastructure failures per episode"
+    )
+    run_p.add_argument(
+        "--warm",
+        type=_at_least(0),
+        help="sandboxes created ahead for the next episodes (default: --concurrency on docker, kubernetes "
+        "and remote, 0 elsewhere; 0: none)",
     )
     run_p.add_argument("--out", required=True, help="trajectory file (.jsonl or .msgpack)")
     run_p.add_argument(

@@ -43,6 +43,7 @@ from .trajectory import (
     read_trajectories,
     run_header_differences,
 )
+from .warm import warm_ahead
 
 RETRY_BACKOFF = 0.2  # seconds before the first retry; doubles each time
 
@@ -130,8 +131,11 @@ async def rollout(
     retry_backoff: float = RETRY_BACKOFF,
     skip: Iterable[str] = (),
     run_id: str | None = None,
+    warm: int | None = None,
 ) -> AsyncIterator[Trajectory]:
-    """Yield each episode's trajectory as soon as it ends (finished or failed, never lost)."""
+    """Yield each episode's trajectory as soon as it ends (finished or failed, never lost).
+    ``warm``: sandboxes kept created ahead for the next episodes of the plan (None: the
+    concurrency on adapters where that pays, see ``orchard_async.warm``; 0: none)."""
     if concurrency < 1:
         raise ConfigError(f"concurrency must be at least 1, got {concurrency}")
     if max_retries < 0:
@@ -143,7 +147,7 @@ async def rollout(
     if not episodes:
         return
     send, receive = anyio.create_memory_object_stream[Trajectory](max_buffer_size=concurrency)
-    pending = iter(leaders_ahead(pool.adapter, episodes, concurrency))  # forked groups' bases set up early
+    ordered = leaders_ahead(pool.adapter, episodes, concurrency)  # forked groups' bases set up early
 
     async def worker(groups: GroupSetups | None) -> None:
         for episode in pending:  # shared iterator: each episode goes to exactly one worker
@@ -168,7 +172,7 @@ async def rollout(
                 for _ in range(min(concurrency, len(episodes))):
                     group.start_soon(worker, groups)
 
-    async with anyio.create_task_group() as group:
+    async with warm_ahead(pool, ordered, warm, concurrency) as pending, anyio.create_task_group() as group:
         group.start_soon(workers)
         async with receive:
             try:
