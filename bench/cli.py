@@ -132,6 +132,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also run each level with groups set up once and forked from a snapshot (tasks that opt in), side by side",
     )
+    p.add_argument(
+        "--warm",
+        action="store_true",
+        help="also run each level with a warm pool (the next `concurrency` episodes' sandboxes created ahead); "
+        "the runs without it are cold",
+    )
 
     p = sub.add_parser("scale", parents=[common], help="the core alone on sim: 1k..20k concurrent episodes")
     p.add_argument(
@@ -230,6 +236,7 @@ async def _dispatch(args: argparse.Namespace, adapter: str, options: dict):  # n
             max_retries=args.max_retries,
             group_size=args.group_size,
             fork=args.fork,
+            warm=args.warm,
         )
     if scenario == "scale":
         from .scale import run_scale

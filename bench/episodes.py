@@ -12,7 +12,11 @@ whole groups). ``fork`` runs every level a second time, as ``<adapter>+fork``, w
 of tasks that opt in (``fork_after_setup``, e.g. SWE) set up once and started from a snapshot
 (``orchard_async.groups``); the first run never forks. The forked run's ``setup`` share is
 the groups' shared setup, counted once per group; ``group_wait`` is the time samples waited
-for their group's base; the ratios table compares the two runs level by level.
+for their group's base. ``warm`` adds a run of each with a warm pool (``<adapter>+warm``,
+``<adapter>+fork+warm``: the engine keeps the next ``concurrency`` episodes' sandboxes
+created ahead, ``orchard_async.warm``); the runs without it pass ``warm=0``, so the baseline
+is cold even where the engine warms by default (docker, kubernetes). The ratios table
+compares every run with the plain cold one, level by level.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from collections import Counter
 
 import anyio
 
-from orchard_async import Trajectory, load_recipe, rollout, summarize
+from orchard_async import Pool, Trajectory, load_recipe, rollout, summarize
 
 from .common import ForkingTrackingAdapter, TrackingAdapter, close_and_count, open_adapter
 from .report import Comparison, Row, ms_percentiles
@@ -43,6 +47,7 @@ async def run_episodes(
     max_retries: int = 2,
     group_size: int = 1,
     fork: bool = False,
+    warm: bool = False,
 ) -> Outcome:
     module = load_recipe(recipe)
     module.load_tasks(tasks)  # a task source that does not load fails here, before any sandbox
@@ -52,26 +57,36 @@ async def run_episodes(
     # With fork, each level runs twice on the same adapter: as above, then with groups of tasks
     # that opt in set up once and forked (orchard_async.groups).
     forking = ForkingTrackingAdapter(inner) if fork else None
-    variants: list[tuple[str, TrackingAdapter]] = [(adapter_name, adapter)]
+    variants: list[tuple[str, TrackingAdapter, bool]] = [(adapter_name, adapter, False)]
     if forking is not None:
-        variants.append((f"{adapter_name}+fork", forking))
+        variants.append((f"{adapter_name}+fork", forking, False))
+    if warm:
+        variants += [(f"{subject}+warm", runner, True) for subject, runner, _ in variants]
     outcome = Outcome()
     if doctor:
         outcome.details["adapter_doctor"] = doctor
     lost_total = 0
     per_level = {}
     try:
-        for level, (subject, runner) in itertools.product(concurrency, variants):
+        for level, (subject, runner, warmed) in itertools.product(concurrency, variants):
             n = -(-max(episodes, level) // group_size) * group_size  # whole groups
             finished: list[Trajectory] = []
             # Tasks loaded anew for every run: what a recipe caches per process (SWE's harness
             # proofs) is paid by each run alike, not by the first one only.
             task_list = module.load_tasks(tasks)
             started = time.perf_counter()
+            pool = Pool(runner)  # the run's own, to read what its warm pool served
             stream = rollout(
-                task_list, agent, runner, n=n, group_size=group_size, concurrency=level, max_retries=max_retries
+                task_list,
+                agent,
+                pool,
+                n=n,
+                group_size=group_size,
+                concurrency=level,
+                max_retries=max_retries,
+                warm=level if warmed else 0,
             )
-            async with contextlib.aclosing(stream):
+            async with pool, contextlib.aclosing(stream):
                 async for trajectory in stream:
                     finished.append(trajectory)
             wall = time.perf_counter() - started
@@ -107,11 +122,12 @@ async def run_episodes(
                         "setup_p99_ms": setups["p99_ms"],
                         "group_size": group_size,
                         "forked": sum(bool(t.forked_from) for t in finished),
+                        "warm": pool.warm_stats,
                     },
                     **ms_percentiles(durations),
                 )
             )
-            per_level[str(level) if forking is None else f"{subject}@{level}"] = {
+            per_level[str(level) if len(variants) == 1 else f"{subject}@{level}"] = {
                 "planned": n,
                 "lost": lost,
                 "duplicates": sum(c - 1 for c in ids.values()),
@@ -132,7 +148,8 @@ async def run_episodes(
         leftovers["snapshots_taken"] = forking.snapshots_taken
         leftovers["snapshots_not_dropped"] = len(forking.snapshots)
         leftovers["leaked"] += len(forking.snapshots)
-        outcome.comparisons = _fork_ratios(outcome.rows, adapter_name)
+    if len(variants) > 1:
+        outcome.comparisons = _ratios_to_plain(outcome.rows, adapter_name)
     outcome.lost = lost_total
     outcome.leaked = leftovers["leaked"]
     outcome.details["leftovers"] = leftovers
@@ -141,8 +158,8 @@ async def run_episodes(
     return outcome
 
 
-def _fork_ratios(rows: list[Row], baseline: str) -> list[Comparison]:
-    """Forked against plain at each level: episode p50/p99 and episodes/s."""
+def _ratios_to_plain(rows: list[Row], baseline: str) -> list[Comparison]:
+    """Each run (forked, warm) against the plain cold one at each level: episode p50/p99 and episodes/s."""
     plain = {row.concurrency: row for row in rows if row.subject == baseline}
     return [
         Comparison(

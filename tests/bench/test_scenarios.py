@@ -119,6 +119,17 @@ def test_episodes_with_fork_runs_plain_and_forked_side_by_side(bench) -> None:
     assert "fork" in data["details"]["adapter_doctor"]
 
 
+def test_episodes_with_warm_adds_warm_runs_and_the_others_stay_cold(bench) -> None:
+    args = ["--adapter", "local", "--recipe", "toy", "--concurrency", "2", "--episodes", "6", "--warm"]
+    data = bench("episodes", *args)
+    assert data["lost"] == 0 and data["leaked"] == 0
+    cold, warm = data["rows"]
+    assert (cold["subject"], warm["subject"]) == ("local", "local+warm")
+    assert cold["extra"]["warm"]["hits"] == 0 and cold["extra"]["warm"]["created"] == 0
+    assert warm["extra"]["warm"]["hits"] + warm["extra"]["warm"]["claimed"] > 0  # served from the pool
+    assert [(c["subject"], c["baseline"]) for c in data["comparisons"]] == [("local+warm", "local")]
+
+
 # -- scale -------------------------------------------------------------------------------
 
 
