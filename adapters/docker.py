@@ -84,6 +84,7 @@ from orchard_async.shell import CgroupShellClient
 from orchard_async.types import SandboxSpec
 
 from .docker_config import DockerConfig
+from .docker_fork import SNAPSHOT_REPO, check_snapshot_id, drop_snapshot, reap_snapshots, snapshot, snapshot_tmpfs
 
 T = TypeVar("T")
 
@@ -187,6 +188,7 @@ class DockerAdapter(BackgroundOwner):
         self._background = Background()
         self._heartbeat = Heartbeat(self.keepalive, self._background)
         self._unremoved: set[str] = set()  # destroyed, but the daemon did not confirm removal
+        self._undropped: set[str] = set()  # snapshots whose removal failed (a fork held them): close retries
 
     # -- daemon access ------------------------------------------------------------------------
 
@@ -255,9 +257,12 @@ class DockerAdapter(BackgroundOwner):
     async def create(self, spec: SandboxSpec) -> Sandbox:
         docker = await self._client()
         assert self._create_gate is not None
-        image = spec.image or self.image
+        image = spec.snapshot or spec.image or self.image
         async with self._create_gate:  # admission control: the daemon serialises creates
-            await self._ensure_image(docker, image, spec.pull)
+            if spec.snapshot:
+                check_snapshot_id(spec.snapshot)  # a local image: no pull policy applies
+            else:
+                await self._ensure_image(docker, image, spec.pull)
             name = f"orchard-{uuid.uuid4().hex[:16]}"
             expires_at = time.time() + spec.ttl
             labels = self._labels(spec, expires_at)
@@ -336,6 +341,8 @@ class DockerAdapter(BackgroundOwner):
         """Docker mounts tmpfs noexec by default; sandboxes run what they write, so add exec.
         A read-only root gets tmpfs for the two places the sandbox must write."""
         mounts = dict(self.config.tmpfs)
+        if spec.snapshot:
+            mounts.update(snapshot_tmpfs())
         if self.config.read_only:
             mounts.setdefault(self._workdir(spec), "")
             mounts.setdefault(CTL_DIR, "mode=0700")
@@ -406,6 +413,8 @@ class DockerAdapter(BackgroundOwner):
     def _create_error(image: str, exc: aiodocker.DockerError) -> Exception:
         """The daemon refuses a bad request (an image vanished, a limit it cannot apply) with
         4xx: retrying cannot help, so it is the caller's to fix. 5xx may pass: retry."""
+        if exc.status == 404 and image.startswith(f"{SNAPSHOT_REPO}:"):
+            return ConfigError(f"snapshot {image} is not on {WHERE}: it was dropped, or another daemon made it")
         if exc.status == 404:
             return ImageMissing(
                 f"image {image} is not on {WHERE} ({exc.message.strip()}); {missing_image_hint(image, WHERE)}"
@@ -515,6 +524,15 @@ class DockerAdapter(BackgroundOwner):
 
         return await find_sandboxes(self, labels)
 
+    async def snapshot(self, sandbox: Sandbox) -> str:
+        """Freeze the sandbox's file system as a local image (see adapters/docker_fork.py); its id
+        is what ``SandboxSpec.snapshot`` takes."""
+        return await snapshot(self, sandbox)
+
+    async def drop_snapshot(self, snapshot_id: str) -> None:
+        """Remove a snapshot image and its layer; idempotent."""
+        await drop_snapshot(self, snapshot_id)
+
     async def list_owned(self) -> list[str]:
         """Live sandboxes, and destroyed ones whose removal the daemon has not confirmed."""
         return sorted(set(self._live) | self._unremoved)
@@ -544,13 +562,16 @@ class DockerAdapter(BackgroundOwner):
                 removed.append(name)
 
         await concurrently(*(functools.partial(remove, name) for name in doomed))
-        return sorted(removed)
+        # after the containers: a fork keeps its snapshot image in use
+        return sorted(removed) + await reap_snapshots(self, older_than)
 
     async def close(self) -> None:
         """Destroy every live sandbox, retry unconfirmed removals, close the connection."""
         with anyio.CancelScope(shield=True):
             closes = [sandbox.close for sandbox in self._live.values()]
             await concurrently(*closes, *(functools.partial(self._remove, name) for name in list(self._unremoved)))
+            for snapshot_id in list(self._undropped):  # their forks are gone now
+                await drop_snapshot(self, snapshot_id, quiet=True)
             await self._background.aclose()
             if self._docker is not None:
                 await self._disconnect(self._docker)

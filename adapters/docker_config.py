@@ -12,6 +12,7 @@ DEFAULT_IMAGE = "orchard/busybox:test"
 API_TIMEOUT = 30.0  # any single daemon call
 KEEPALIVE = 6.0  # seconds without a byte from the controller before a container ends itself
 ATTACH_GRACE = 60.0  # well beyond the seconds an attach takes on a loaded daemon
+SNAPSHOT_TTL = 6 * 3600.0  # a group's forks start within minutes of its snapshot
 
 
 class DockerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -34,6 +35,9 @@ class DockerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     # seconds a container outlives its controller, for another to ``attach`` (0: it ends at once; needs
     # exit_with_shell). What ``orchard-async serve`` uses to re-adopt its sandboxes after a restart.
     reattach_grace: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 0.0
+    # seconds a snapshot (adapter.snapshot) lives when its run does not drop it: `reap` removes it after
+    # that even while its controller lives (a dead controller's go at once)
+    snapshot_ttl: Annotated[float, msgspec.Meta(gt=0)] = SNAPSHOT_TTL
     output_cap: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_OUTPUT_CAP  # bytes kept per output stream
 
     def __post_init__(self) -> None:
