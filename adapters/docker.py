@@ -188,7 +188,7 @@ class DockerAdapter(BackgroundOwner):
         self._background = Background()
         self._heartbeat = Heartbeat(self.keepalive, self._background)
         self._unremoved: set[str] = set()  # destroyed, but the daemon did not confirm removal
-        self._undropped: set[str] = set()  # snapshots whose removal failed (a fork held them): close retries
+        self._snapshots: set[str] = set()  # made and not dropped: close drops them (they belong to the run)
 
     # -- daemon access ------------------------------------------------------------------------
 
@@ -570,7 +570,7 @@ class DockerAdapter(BackgroundOwner):
         with anyio.CancelScope(shield=True):
             closes = [sandbox.close for sandbox in self._live.values()]
             await concurrently(*closes, *(functools.partial(self._remove, name) for name in list(self._unremoved)))
-            for snapshot_id in list(self._undropped):  # their forks are gone now
+            for snapshot_id in list(self._snapshots):  # their forks are gone now
                 await drop_snapshot(self, snapshot_id, quiet=True)
             await self._background.aclose()
             if self._docker is not None:

@@ -84,6 +84,7 @@ async def snapshot(adapter: DockerAdapter, sandbox: Sandbox) -> str:
         if exc.status == 404:
             raise SandboxLost(f"sandbox {name} is gone: nothing to snapshot") from None
         raise BackendUnavailable(f"the Docker daemon could not commit {name}: {exc.message}") from None
+    adapter._snapshots.add(f"{SNAPSHOT_REPO}:{tag}")
     return f"{SNAPSHOT_REPO}:{tag}"
 
 
@@ -103,21 +104,18 @@ async def _delete_image(adapter: DockerAdapter, snapshot_id: str) -> bool:
 
 async def drop_snapshot(adapter: DockerAdapter, snapshot_id: str, *, quiet: bool = False) -> None:
     """Remove the snapshot image and its layer (idempotent). One whose forks are still there
-    cannot go yet: ConfigError (``quiet``: none), and ``close`` tries again; ``reap`` gets it
-    after a crash."""
+    cannot go yet: ConfigError (``quiet``: none); the adapter's ``close`` drops every snapshot
+    it made that is still there, and ``reap`` gets them after a crash."""
     check_snapshot_id(snapshot_id)
     try:
         gone = await _delete_image(adapter, snapshot_id)
     except BackendUnavailable:
-        adapter._undropped.add(snapshot_id)
         if quiet:
             return
         raise
     if gone:
-        adapter._undropped.discard(snapshot_id)
-        return
-    adapter._undropped.add(snapshot_id)
-    if not quiet:
+        adapter._snapshots.discard(snapshot_id)
+    elif not quiet:
         raise ConfigError(f"snapshot {snapshot_id} is still used by a sandbox: close its forks first")
 
 
@@ -135,7 +133,7 @@ async def reap_snapshots(adapter: DockerAdapter, older_than: float) -> list[str]
         if not is_abandoned(labels, ended=False, controller_alive=alive, now=now, older_than=older_than):
             continue
         for snapshot_id in image.get("RepoTags") or []:
-            if not snapshot_id.startswith(f"{SNAPSHOT_REPO}:"):
+            if not snapshot_id.startswith(f"{SNAPSHOT_REPO}:") or snapshot_id in adapter._snapshots:
                 continue
             try:
                 if await _delete_image(adapter, snapshot_id):

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
@@ -65,8 +66,8 @@ async def image_exists(image: str) -> bool:
     return done.returncode == 0
 
 
-def forked(snapshot_id: str, **fields: object) -> oa.SandboxSpec:
-    return msgspec.structs.replace(oa.SandboxSpec(ttl=120, **fields), snapshot=snapshot_id)  # type: ignore[arg-type]
+def forked(snapshot_id: str, ttl: float = 120) -> oa.SandboxSpec:
+    return msgspec.structs.replace(oa.SandboxSpec(ttl=ttl), snapshot=snapshot_id)
 
 
 async def test_forks_start_identical_and_stay_independent(make_adapter) -> None:  # noqa: F811 - the fixture
@@ -136,6 +137,26 @@ async def test_close_and_drop_leave_no_image_or_layer(make_adapter) -> None:  # 
     await adapter.drop_snapshot(snapshot_id)  # idempotent, even after close
     with pytest.raises(oa.ConfigError, match="was dropped"):
         await adapter.create(forked(snapshot_id))
+
+
+async def test_a_fork_whose_shell_never_attaches_ends_at_the_attach_grace(make_adapter) -> None:  # noqa: F811
+    """The snapshot holds the source shell's pid file, the timer's sign that a shell attached:
+    a fork must not inherit it, or a fork whose controller died before attaching would live
+    to its TTL."""
+    adapter = make_adapter(attach_grace=2)
+    source = await adapter.create(oa.SandboxSpec(ttl=120))
+    snapshot_id = await adapter.snapshot(source)
+    await source.close()
+    spec = forked(snapshot_id, ttl=300)
+    name = f"orchard-{uuid.uuid4().hex[:16]}"
+    config = adapter._container_config(spec, snapshot_id, adapter._labels(spec, time.time() + 300))
+    await adapter._start_container(await adapter._client(), name, config)  # and no shell attaches
+
+    async def gone() -> bool:
+        return name not in await containers(adapter.run_id)
+
+    await eventually(gone, 60, "the unattached fork ended at its attach grace, long before its TTL")
+    await adapter.drop_snapshot(snapshot_id)
 
 
 async def test_a_snapshot_of_a_read_only_root_is_refused(make_adapter) -> None:  # noqa: F811 - the fixture
