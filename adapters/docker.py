@@ -54,8 +54,10 @@ import aiodocker
 import aiohttp
 import anyio
 import msgspec
+import yarl
 from aiodocker.containers import DockerContainer
 from aiodocker.stream import Stream
+from aiodocker.types import SENTINEL
 
 from orchard_async import container_reattach
 from orchard_async import labels as names
@@ -63,11 +65,13 @@ from orchard_async.background import Background, BackgroundOwner
 from orchard_async.container_shell import (
     CTL_DIR,
     DEFAULT_WORKDIR,
+    RELAYS_IN_MAIN,
     SHELL_ONLY,
     DuplexStream,
     ExecStream,
     Heartbeat,
     OutputStream,
+    SplitRelay,
     close_streams,
     concurrently,
     container_sandbox,
@@ -266,9 +270,9 @@ class DockerAdapter(BackgroundOwner):
             name = f"orchard-{uuid.uuid4().hex[:16]}"
             expires_at = time.time() + spec.ttl
             labels = self._labels(spec, expires_at)
-            container = await self._start_container(docker, name, self._container_config(spec, image, labels))
+            container, split = await self._start_container(docker, name, self._container_config(spec, image, labels))
             try:
-                client, relays = await self._open_shell(container, self._workdir(spec), name)
+                client, relays = await self._open_shell(container, self._workdir(spec), name, split)
             except BaseException:
                 self._heartbeat.discard(name)
                 await self._remove(name)
@@ -325,7 +329,8 @@ class DockerAdapter(BackgroundOwner):
         if spec.memory_bytes:
             # Swap as large as memory means no swap: over the limit, the OOM killer acts.
             host["Memory"] = host["MemorySwap"] = spec.memory_bytes
-        timer = ["sh", "-c", TIMER, "orchard-timer"]
+        # relays in the main process (no exec for them) unless a later controller must open its own
+        timer = ["sh", "-c", (RELAYS_IN_MAIN if self._relays_in_main else "") + TIMER, "orchard-timer"]
         return {
             "Image": image,
             "Entrypoint": container_reattach.adoptable_entry(timer, self._workdir(spec))
@@ -397,17 +402,45 @@ class DockerAdapter(BackgroundOwner):
                 f"{missing_image_hint(image, WHERE)}"
             ) from None
 
-    async def _start_container(self, docker: aiodocker.Docker, name: str, config: dict[str, Any]) -> DockerContainer:
+    @property
+    def _relays_in_main(self) -> bool:
+        """The output relays run in the container's main process, read over an attach made
+        before its start (two fewer execs per create: see RELAYS_IN_MAIN). Not for a sandbox
+        that outlives its controller: an attach cannot be handed over, an exec can."""
+        return self.config.exit_with_shell and not self.reattach_grace
+
+    async def _start_container(
+        self, docker: aiodocker.Docker, name: str, config: dict[str, Any]
+    ) -> tuple[DockerContainer, SplitRelay | None]:
+        """Create and start the container; with relays in its main process, attach to its
+        output in between (nothing it prints is missed)."""
+        split = None
         try:
             container = await self._call("container create", docker.containers.create(config, name=name))
+            if self._relays_in_main:
+                split = SplitRelay(await self._attach_main(docker, container))
             await self._call("container start", container.start())
         except BaseException as exc:
             # Even a create that failed may have made the container (its answer was lost).
             await self._remove(name)
+            if split is not None:
+                await split.aclose()
             if isinstance(exc, aiodocker.DockerError):
                 raise self._create_error(config["Image"], exc) from None
             raise
-        return container
+        return container, split
+
+    async def _attach_main(self, docker: aiodocker.Docker, container: DockerContainer) -> AttachConnection:
+        """Attach to the main process's stdout and stderr (aiodocker's ``attach`` would first
+        inspect the container for its tty setting: it has none)."""
+
+        async def setup() -> tuple[yarl.URL, None, bool]:
+            query = {"stream": 1, "stdin": 0, "stdout": 1, "stderr": 1, "logs": 0, "detachKeys": ""}
+            return yarl.URL(f"containers/{container.id}/attach").with_query(query), None, False
+
+        stream = Stream(docker, setup, docker._resolve_long_running_timeout(SENTINEL))
+        await self._call("container attach", stream.__aenter__())  # upgrades the HTTP connection
+        return AttachConnection(stream)
 
     @staticmethod
     def _create_error(image: str, exc: aiodocker.DockerError) -> Exception:
@@ -438,7 +471,7 @@ class DockerAdapter(BackgroundOwner):
         return AttachConnection(attach)
 
     async def _open_shell(
-        self, container: DockerContainer, workdir: str, name: str
+        self, container: DockerContainer, workdir: str, name: str, split: SplitRelay | None = None
     ) -> tuple[CgroupShellClient, list[OutputStream]]:
         """Start the long-lived shell exec, its output relays, and the shell-session server."""
         if not self.config.exit_with_shell:
@@ -457,7 +490,7 @@ class DockerAdapter(BackgroundOwner):
         return await start_shell(
             stream,
             workdir=workdir,
-            open_output=open_output,
+            open_output=split or open_output,
             interrupt=lambda _client: self._interrupt(container),
             output_cap=self.config.output_cap,
             mount="a tmpfs",

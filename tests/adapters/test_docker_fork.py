@@ -150,12 +150,14 @@ async def test_a_fork_whose_shell_never_attaches_ends_at_the_attach_grace(make_a
     spec = forked(snapshot_id, ttl=300)
     name = f"orchard-{uuid.uuid4().hex[:16]}"
     config = adapter._container_config(spec, snapshot_id, adapter._labels(spec, time.time() + 300))
-    await adapter._start_container(await adapter._client(), name, config)  # and no shell attaches
+    _, relays = await adapter._start_container(await adapter._client(), name, config)  # and no shell attaches
 
     async def gone() -> bool:
         return name not in await containers(adapter.run_id)
 
     await eventually(gone, 60, "the unattached fork ended at its attach grace, long before its TTL")
+    if relays is not None:
+        await relays.aclose()
     await adapter.drop_snapshot(snapshot_id)
 
 
