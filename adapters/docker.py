@@ -403,6 +403,11 @@ class DockerAdapter(BackgroundOwner):
             ) from None
 
     @property
+    def max_creating(self) -> int:
+        """Containers created at once (the create gate): what `bench create` gives `docker run -d` too."""
+        return self.config.max_creating
+
+    @property
     def _relays_in_main(self) -> bool:
         """The output relays run in the container's main process, read over an attach made
         before its start (two fewer execs per create: see RELAYS_IN_MAIN). Not for a sandbox
