@@ -5,7 +5,15 @@ Docker's init, created with AutoRemove). Commands never pay a ``docker exec`` ea
 creation one exec runs ``sh -s`` and its attach stream carries the shell-session
 protocol (orchard_async.shell), the same code the local adapter speaks over pipes. File
 operations are commands too, so they work on tmpfs mounts and read-only roots, where
-the archive API does not.
+the archive API does not. Command output comes back through two relays (container_shell's
+RELAY): in the container's main process, read over an attach made between create and start
+(``RELAYS_IN_MAIN``), except for a sandbox that outlives its controller (reattach mode), whose
+relays are execs a later controller can open again. Every exec is a runc process start for
+the daemon: a create costs one (the shell), not three.
+
+Forks (adapters/docker_fork.py): ``snapshot`` commits a container to a local image with the
+run's lease labels, a create with ``spec.snapshot`` starts from it, ``drop_snapshot`` and
+``reap`` remove it.
 
 Lifetimes, from the most to the least graceful end:
 
