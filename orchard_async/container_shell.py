@@ -114,13 +114,18 @@ RELAY = (
 # The same two relays in the container's main process, ahead of its timer, where a backend can
 # attach to that process's stdout and stderr without an exec (docker: each exec is a runc
 # process start, about as costly to the daemon as the container's own start). stdout relays
-# FIFO "o", stderr FIFO "e"; the ready lines go first, one on each. The main process's own
-# output then goes nowhere: only the relays may write to the streams.
+# FIFO "o", stderr FIFO "e"; the ready lines go first, one on each. When the FIFOs cannot be
+# made (the image's user cannot write /tmp), why goes to stdout, then RELAYS_FAILED: the two
+# streams are copied apart, so one stream carries both. The main process's own output then
+# goes nowhere: only the relays may write to the streams.
+RELAYS_FAILED = "@@ORCHARD-RELAYS-FAILED"
 RELAYS_IN_MAIN = f"""
 _o_d={quote(OUT_DIR)}
-if mkdir -p "$_o_d" && {{ [ -p "$_o_d/o" ] || mkfifo -m 600 "$_o_d/o"; }} && {{ [ -p "$_o_d/e" ] || mkfifo -m 600 "$_o_d/e"; }}; then
+if {{ mkdir -p "$_o_d" && {{ [ -p "$_o_d/o" ] || mkfifo -m 600 "$_o_d/o"; }} && {{ [ -p "$_o_d/e" ] || mkfifo -m 600 "$_o_d/e"; }}; }} 2>&1; then
   printf '@@RELAY o\\n'; printf '@@RELAY e\\n' >&2
   cat <>"$_o_d/o" & cat <>"$_o_d/e" >&2 &
+else
+  echo {RELAYS_FAILED}
 fi
 exec >/dev/null 2>&1
 """
@@ -320,6 +325,10 @@ class DuplexStream(OutputStream, anyio.abc.ByteStream):
         self._connection.write_eof()
 
 
+class RelaysFailed(anyio.BrokenResourceError):
+    """The relays in the main process could not make their FIFOs (RELAYS_IN_MAIN said why)."""
+
+
 class SplitRelay:
     """Both output relays over one connection (``RELAYS_IN_MAIN``): stdout carries FIFO "o",
     stderr FIFO "e". Each side is read on demand; what arrives for the other side meanwhile
@@ -355,13 +364,19 @@ class SplitRelay:
         return chunk
 
     async def ready(self) -> None:
-        """Wait for both ready lines; BrokenResourceError with what the relays said instead."""
-        for side, name in zip(self.sides, ("o", "e"), strict=True):
-            try:
-                await side.ready(name)
-            except (anyio.EndOfStream, anyio.BrokenResourceError) as exc:
-                said = bytes(self._pending[2]).decode(errors="replace").strip()
-                raise anyio.BrokenResourceError(said or str(exc) or type(exc).__name__) from None
+        """Wait for both ready lines. RelaysFailed with why the FIFOs could not be made;
+        BrokenResourceError or EndOfStream when the stream itself failed."""
+        out, err = self.sides
+        line, failed = b"@@RELAY o\n", RELAYS_FAILED.encode()
+        received = b""
+        while not received.startswith(line):
+            if failed in received:
+                raise RelaysFailed(received.split(failed)[0].decode(errors="replace").strip() or "no reason given")
+            if len(received) > STDERR_KEPT:
+                raise anyio.BrokenResourceError(f"the output relay said {received[:80]!r}")
+            received += await out.receive()
+        out._pending = received[len(line) :]
+        await err.ready("e")
 
     async def aclose(self) -> None:
         await _close(self._connection)
@@ -394,15 +409,15 @@ async def attached_relays(split: SplitRelay, *, mount: str, where: str = "") -> 
     except TimeoutError:
         await split.aclose()
         raise CreateFailed(f"the output relays{where} did not start (TimeoutError)") from None
-    except anyio.BrokenResourceError as exc:
+    except RelaysFailed as exc:  # the image's doing: retrying cannot help
         await split.aclose()
-        why = str(exc)
-        if "@@RELAY" not in why and why:
-            raise ConfigError(
-                f"the sandbox could not create its output FIFO in {OUT_DIR}: {why}; "
-                f"the image's user must be able to write /tmp (read_only=True mounts {mount} there)"
-            ) from None
-        raise CreateFailed(f"the output relays{where} did not start ({why})") from None
+        raise ConfigError(
+            f"the sandbox could not create its output FIFO in {OUT_DIR}: {exc}; "
+            f"the image's user must be able to write /tmp (read_only=True mounts {mount} there)"
+        ) from None
+    except (anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+        await split.aclose()
+        raise CreateFailed(f"the output relays{where} did not start ({exc or type(exc).__name__})") from None
     return split.sides
 
 
