@@ -5,7 +5,15 @@ Docker's init, created with AutoRemove). Commands never pay a ``docker exec`` ea
 creation one exec runs ``sh -s`` and its attach stream carries the shell-session
 protocol (orchard_async.shell), the same code the local adapter speaks over pipes. File
 operations are commands too, so they work on tmpfs mounts and read-only roots, where
-the archive API does not.
+the archive API does not. Command output comes back through two relays (container_shell's
+RELAY): in the container's main process, read over an attach made between create and start
+(``RELAYS_IN_MAIN``), except for a sandbox that outlives its controller (reattach mode), whose
+relays are execs a later controller can open again. Every exec is a runc process start for
+the daemon: a create costs one (the shell), not three.
+
+Forks (adapters/docker_fork.py): ``snapshot`` commits a container to a local image with the
+run's lease labels, a create with ``spec.snapshot`` starts from it, ``drop_snapshot`` and
+``reap`` remove it.
 
 Lifetimes, from the most to the least graceful end:
 
@@ -54,8 +62,10 @@ import aiodocker
 import aiohttp
 import anyio
 import msgspec
+import yarl
 from aiodocker.containers import DockerContainer
 from aiodocker.stream import Stream
+from aiodocker.types import SENTINEL
 
 from orchard_async import container_reattach
 from orchard_async import labels as names
@@ -63,11 +73,13 @@ from orchard_async.background import Background, BackgroundOwner
 from orchard_async.container_shell import (
     CTL_DIR,
     DEFAULT_WORKDIR,
+    RELAYS_IN_MAIN,
     SHELL_ONLY,
     DuplexStream,
     ExecStream,
     Heartbeat,
     OutputStream,
+    SplitRelay,
     close_streams,
     concurrently,
     container_sandbox,
@@ -84,6 +96,7 @@ from orchard_async.shell import CgroupShellClient
 from orchard_async.types import SandboxSpec
 
 from .docker_config import DockerConfig
+from .docker_fork import SNAPSHOT_REPO, check_snapshot_id, drop_snapshot, reap_snapshots, snapshot, snapshot_tmpfs
 
 T = TypeVar("T")
 
@@ -187,6 +200,7 @@ class DockerAdapter(BackgroundOwner):
         self._background = Background()
         self._heartbeat = Heartbeat(self.keepalive, self._background)
         self._unremoved: set[str] = set()  # destroyed, but the daemon did not confirm removal
+        self._snapshots: set[str] = set()  # made and not dropped: close drops them (they belong to the run)
 
     # -- daemon access ------------------------------------------------------------------------
 
@@ -255,15 +269,18 @@ class DockerAdapter(BackgroundOwner):
     async def create(self, spec: SandboxSpec) -> Sandbox:
         docker = await self._client()
         assert self._create_gate is not None
-        image = spec.image or self.image
+        image = spec.snapshot or spec.image or self.image
         async with self._create_gate:  # admission control: the daemon serialises creates
-            await self._ensure_image(docker, image, spec.pull)
+            if spec.snapshot:
+                check_snapshot_id(spec.snapshot)  # a local image: no pull policy applies
+            else:
+                await self._ensure_image(docker, image, spec.pull)
             name = f"orchard-{uuid.uuid4().hex[:16]}"
             expires_at = time.time() + spec.ttl
             labels = self._labels(spec, expires_at)
-            container = await self._start_container(docker, name, self._container_config(spec, image, labels))
+            container, split = await self._start_container(docker, name, self._container_config(spec, image, labels))
             try:
-                client, relays = await self._open_shell(container, self._workdir(spec), name)
+                client, relays = await self._open_shell(container, self._workdir(spec), name, split)
             except BaseException:
                 self._heartbeat.discard(name)
                 await self._remove(name)
@@ -320,7 +337,8 @@ class DockerAdapter(BackgroundOwner):
         if spec.memory_bytes:
             # Swap as large as memory means no swap: over the limit, the OOM killer acts.
             host["Memory"] = host["MemorySwap"] = spec.memory_bytes
-        timer = ["sh", "-c", TIMER, "orchard-timer"]
+        # relays in the main process (no exec for them) unless a later controller must open its own
+        timer = ["sh", "-c", (RELAYS_IN_MAIN if self._relays_in_main else "") + TIMER, "orchard-timer"]
         return {
             "Image": image,
             "Entrypoint": container_reattach.adoptable_entry(timer, self._workdir(spec))
@@ -336,6 +354,8 @@ class DockerAdapter(BackgroundOwner):
         """Docker mounts tmpfs noexec by default; sandboxes run what they write, so add exec.
         A read-only root gets tmpfs for the two places the sandbox must write."""
         mounts = dict(self.config.tmpfs)
+        if spec.snapshot:
+            mounts.update(snapshot_tmpfs())
         if self.config.read_only:
             mounts.setdefault(self._workdir(spec), "")
             mounts.setdefault(CTL_DIR, "mode=0700")
@@ -390,22 +410,57 @@ class DockerAdapter(BackgroundOwner):
                 f"{missing_image_hint(image, WHERE)}"
             ) from None
 
-    async def _start_container(self, docker: aiodocker.Docker, name: str, config: dict[str, Any]) -> DockerContainer:
+    @property
+    def max_creating(self) -> int:
+        """Containers created at once (the create gate): what `bench create` gives `docker run -d` too."""
+        return self.config.max_creating
+
+    @property
+    def _relays_in_main(self) -> bool:
+        """The output relays run in the container's main process, read over an attach made
+        before its start (two fewer execs per create: see RELAYS_IN_MAIN). Not for a sandbox
+        that outlives its controller: an attach cannot be handed over, an exec can."""
+        return self.config.exit_with_shell and not self.reattach_grace
+
+    async def _start_container(
+        self, docker: aiodocker.Docker, name: str, config: dict[str, Any]
+    ) -> tuple[DockerContainer, SplitRelay | None]:
+        """Create and start the container; with relays in its main process, attach to its
+        output in between (nothing it prints is missed)."""
+        split = None
         try:
             container = await self._call("container create", docker.containers.create(config, name=name))
+            if self._relays_in_main:
+                split = SplitRelay(await self._attach_main(docker, container))
             await self._call("container start", container.start())
         except BaseException as exc:
             # Even a create that failed may have made the container (its answer was lost).
             await self._remove(name)
+            if split is not None:
+                await split.aclose()
             if isinstance(exc, aiodocker.DockerError):
                 raise self._create_error(config["Image"], exc) from None
             raise
-        return container
+        return container, split
+
+    async def _attach_main(self, docker: aiodocker.Docker, container: DockerContainer) -> AttachConnection:
+        """Attach to the main process's stdout and stderr (aiodocker's ``attach`` would first
+        inspect the container for its tty setting: it has none)."""
+
+        async def setup() -> tuple[yarl.URL, None, bool]:
+            query = {"stream": 1, "stdin": 0, "stdout": 1, "stderr": 1, "logs": 0, "detachKeys": ""}
+            return yarl.URL(f"containers/{container.id}/attach").with_query(query), None, False
+
+        stream = Stream(docker, setup, docker._resolve_long_running_timeout(SENTINEL))
+        await self._call("container attach", stream.__aenter__())  # upgrades the HTTP connection
+        return AttachConnection(stream)
 
     @staticmethod
     def _create_error(image: str, exc: aiodocker.DockerError) -> Exception:
         """The daemon refuses a bad request (an image vanished, a limit it cannot apply) with
         4xx: retrying cannot help, so it is the caller's to fix. 5xx may pass: retry."""
+        if exc.status == 404 and image.startswith(f"{SNAPSHOT_REPO}:"):
+            return ConfigError(f"snapshot {image} is not on {WHERE}: it was dropped, or another daemon made it")
         if exc.status == 404:
             return ImageMissing(
                 f"image {image} is not on {WHERE} ({exc.message.strip()}); {missing_image_hint(image, WHERE)}"
@@ -429,7 +484,7 @@ class DockerAdapter(BackgroundOwner):
         return AttachConnection(attach)
 
     async def _open_shell(
-        self, container: DockerContainer, workdir: str, name: str
+        self, container: DockerContainer, workdir: str, name: str, split: SplitRelay | None = None
     ) -> tuple[CgroupShellClient, list[OutputStream]]:
         """Start the long-lived shell exec, its output relays, and the shell-session server."""
         if not self.config.exit_with_shell:
@@ -448,7 +503,7 @@ class DockerAdapter(BackgroundOwner):
         return await start_shell(
             stream,
             workdir=workdir,
-            open_output=open_output,
+            open_output=split or open_output,
             interrupt=lambda _client: self._interrupt(container),
             output_cap=self.config.output_cap,
             mount="a tmpfs",
@@ -515,6 +570,15 @@ class DockerAdapter(BackgroundOwner):
 
         return await find_sandboxes(self, labels)
 
+    async def snapshot(self, sandbox: Sandbox) -> str:
+        """Freeze the sandbox's file system as a local image (see adapters/docker_fork.py); its id
+        is what ``SandboxSpec.snapshot`` takes."""
+        return await snapshot(self, sandbox)
+
+    async def drop_snapshot(self, snapshot_id: str) -> None:
+        """Remove a snapshot image and its layer; idempotent."""
+        await drop_snapshot(self, snapshot_id)
+
     async def list_owned(self) -> list[str]:
         """Live sandboxes, and destroyed ones whose removal the daemon has not confirmed."""
         return sorted(set(self._live) | self._unremoved)
@@ -544,13 +608,16 @@ class DockerAdapter(BackgroundOwner):
                 removed.append(name)
 
         await concurrently(*(functools.partial(remove, name) for name in doomed))
-        return sorted(removed)
+        # after the containers: a fork keeps its snapshot image in use
+        return sorted(removed) + await reap_snapshots(self, older_than)
 
     async def close(self) -> None:
         """Destroy every live sandbox, retry unconfirmed removals, close the connection."""
         with anyio.CancelScope(shield=True):
             closes = [sandbox.close for sandbox in self._live.values()]
             await concurrently(*closes, *(functools.partial(self._remove, name) for name in list(self._unremoved)))
+            for snapshot_id in list(self._snapshots):  # their forks are gone now
+                await drop_snapshot(self, snapshot_id, quiet=True)
             await self._background.aclose()
             if self._docker is not None:
                 await self._disconnect(self._docker)

@@ -9,7 +9,9 @@ counts sandboxes whose lifecycle produced no outcome at all (must be 0 too).
 
 from __future__ import annotations
 
+import contextlib
 import time
+import uuid
 from collections import Counter, defaultdict
 
 import anyio
@@ -190,19 +192,33 @@ async def docker_run_floor(count: int, parallel: int, image: str, op_timeout: fl
 
     async def one() -> None:
         start = time.perf_counter()  # from the request, like the adapter's rows: queueing included
+        # named, so that a run whose CLI timed out (the daemon may still make the container) is removed too
+        name = f"orchard-floor-{uuid.uuid4().hex[:16]}"
         async with gate:
             try:
                 with anyio.fail_after(op_timeout):
-                    out = await _docker(
-                        "run", "-d", "--network", "none", "--label", "orchard.bench=floor", image, "sleep", "600"
+                    await _docker(
+                        "run",
+                        "-d",
+                        "--network",
+                        "none",
+                        "--name",
+                        name,
+                        "--label",
+                        "orchard.bench=floor",
+                        image,
+                        "sleep",
+                        "600",
                     )
             except Exception as exc:
                 failures[type(exc).__name__] += 1
+                with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                    await _docker("rm", "-f", name)
                 return
             times["create"].append(time.perf_counter() - start)
             start = time.perf_counter()
             with anyio.CancelScope(shield=True):
-                await _docker("rm", "-f", out.decode().strip())
+                await _docker("rm", "-f", name)
             times["destroy"].append(time.perf_counter() - start)
 
     started = time.perf_counter()
@@ -218,7 +234,7 @@ async def docker_run_floor(count: int, parallel: int, image: str, op_timeout: fl
             times[name],
             wall,
             operation=name,
-            errors=failures[name] if name == "create" else 0,
+            errors=sum(failures.values()) if name == "create" else 0,
         )
         row.ops_per_s, row.wall_s = None, None
         rows.append(row)

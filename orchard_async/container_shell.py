@@ -111,6 +111,26 @@ RELAY = (
 )
 
 
+# The same two relays in the container's main process, ahead of its timer, where a backend can
+# attach to that process's stdout and stderr without an exec (docker: each exec is a runc
+# process start, about as costly to the daemon as the container's own start). stdout relays
+# FIFO "o", stderr FIFO "e"; the ready lines go first, one on each. When the FIFOs cannot be
+# made (the image's user cannot write /tmp), why goes to stdout, then RELAYS_FAILED: the two
+# streams are copied apart, so one stream carries both. The main process's own output then
+# goes nowhere: only the relays may write to the streams.
+RELAYS_FAILED = "@@ORCHARD-RELAYS-FAILED"
+RELAYS_IN_MAIN = f"""
+_o_d={quote(OUT_DIR)}
+if {{ mkdir -p "$_o_d" && {{ [ -p "$_o_d/o" ] || mkfifo -m 600 "$_o_d/o"; }} && {{ [ -p "$_o_d/e" ] || mkfifo -m 600 "$_o_d/e"; }}; }} 2>&1; then
+  printf '@@RELAY o\\n'; printf '@@RELAY e\\n' >&2
+  cat <>"$_o_d/o" & cat <>"$_o_d/e" >&2 &
+else
+  echo {RELAYS_FAILED}
+fi
+exec >/dev/null 2>&1
+"""
+
+
 def shell_command(keepalive: float = 0.0) -> list[str]:
     """The exec's argv: the shell that ends its container, with the watchdog after
     ``keepalive`` seconds (whole milliseconds; 0: none, EOF and the TTL end it). A sandbox
@@ -305,6 +325,102 @@ class DuplexStream(OutputStream, anyio.abc.ByteStream):
         self._connection.write_eof()
 
 
+class RelaysFailed(anyio.BrokenResourceError):
+    """The relays in the main process could not make their FIFOs (RELAYS_IN_MAIN said why)."""
+
+
+class SplitRelay:
+    """Both output relays over one connection (``RELAYS_IN_MAIN``): stdout carries FIFO "o",
+    stderr FIFO "e". Each side is read on demand; what arrives for the other side meanwhile
+    waits here, in memory: at most the end of one command's output, since both sides are read
+    while a command runs and neither between commands (backpressure holds then)."""
+
+    def __init__(self, connection: ExecConnection):
+        self._connection = connection
+        self._lock = anyio.Lock()  # one reader of the connection at a time
+        self._pending: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
+        self._ended = False
+        self.sides = (_RelaySide(self, 1), _RelaySide(self, 2))
+
+    async def receive(self, channel: int, max_bytes: int) -> bytes:
+        pending = self._pending[channel]
+        while not pending:
+            if self._ended:
+                raise anyio.EndOfStream
+            async with self._lock:
+                if pending or self._ended:
+                    continue
+                try:
+                    message = await self._connection.read()
+                except Exception as exc:  # noqa: BLE001 - a broken connection ends both sides
+                    self._ended = True
+                    raise anyio.BrokenResourceError(f"the relay stream is gone ({type(exc).__name__})") from exc
+                if message is None:
+                    self._ended = True
+                elif message[0] in self._pending:
+                    self._pending[message[0]] += message[1]
+        chunk = bytes(pending[:max_bytes])
+        del pending[:max_bytes]
+        return chunk
+
+    async def ready(self) -> None:
+        """Wait for both ready lines. RelaysFailed with why the FIFOs could not be made;
+        BrokenResourceError or EndOfStream when the stream itself failed."""
+        out, err = self.sides
+        line, failed = b"@@RELAY o\n", RELAYS_FAILED.encode()
+        received = b""
+        while not received.startswith(line):
+            if failed in received:
+                raise RelaysFailed(received.split(failed)[0].decode(errors="replace").strip() or "no reason given")
+            if len(received) > STDERR_KEPT:
+                raise anyio.BrokenResourceError(f"the output relay said {received[:80]!r}")
+            received += await out.receive()
+        out._pending = received[len(line) :]
+        await err.ready("e")
+
+    async def aclose(self) -> None:
+        await _close(self._connection)
+
+
+class _RelaySide(OutputStream):
+    """One side of a SplitRelay, as an OutputStream."""
+
+    def __init__(self, split: SplitRelay, channel: int):
+        self._split = split
+        self._channel = channel
+        self._pending = b""
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if not self._pending:
+            return await self._split.receive(self._channel, max_bytes)
+        chunk, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
+        return chunk
+
+    async def aclose(self) -> None:
+        await self._split.aclose()
+
+
+async def attached_relays(split: SplitRelay, *, mount: str, where: str = "") -> tuple[OutputStream, OutputStream]:
+    """``open_relays`` for relays in the main process (RELAYS_IN_MAIN): wait for them to be
+    ready; ConfigError when they could not make their FIFOs (the image's doing)."""
+    try:
+        with anyio.fail_after(READY_TIMEOUT):
+            await split.ready()
+    except TimeoutError:
+        await split.aclose()
+        raise CreateFailed(f"the output relays{where} did not start (TimeoutError)") from None
+    except RelaysFailed as exc:  # the image's doing: retrying cannot help
+        await split.aclose()
+        raise ConfigError(
+            f"the sandbox could not create its output FIFO in {OUT_DIR}: {exc}; "
+            f"the image's user must be able to write /tmp (read_only=True mounts {mount} there)"
+        ) from None
+    except (anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+        await split.aclose()
+        raise CreateFailed(f"the output relays{where} did not start ({exc or type(exc).__name__})") from None
+    return split.sides
+
+
 async def close_streams(streams: Sequence[anyio.abc.AsyncResource]) -> None:
     with anyio.CancelScope(shield=True):
         for stream in streams:
@@ -426,15 +542,15 @@ async def start_shell(
     stream: anyio.abc.ByteStream,
     *,
     workdir: str,
-    open_output: OpenOutput | None,
+    open_output: OpenOutput | SplitRelay | None,
     interrupt: Callable[[ShellClient], Awaitable[None]],
     output_cap: int,
     mount: str,
     where: str = "",
 ) -> tuple[CgroupShellClient, list[OutputStream]]:
     """Bootstrap the shell-session server on a fresh shell exec (``shell_command``): the
-    preamble, the output relays (none without ``open_output``: the protocol's spool mode),
-    the server. Returns the client and the relays (the caller closes them with the
+    preamble, the output relays (none without ``open_output``: the protocol's spool mode;
+    a SplitRelay: relays the container's main process runs), the server. Returns the client and the relays (the caller closes them with the
     sandbox); on failure closes everything and raises ConfigError when the image is at
     fault (a workdir its user cannot create), else CreateFailed."""
     stderr = lambda: getattr(stream, "stderr_tail", b"").decode(errors="replace")  # noqa: E731
@@ -443,7 +559,10 @@ async def start_shell(
         await stream.send(preamble(workdir).encode())
         if open_output is not None:
             try:
-                relays = await open_relays(open_output, mount=mount, where=where)
+                if isinstance(open_output, SplitRelay):
+                    relays = await attached_relays(open_output, mount=mount, where=where)
+                else:
+                    relays = await open_relays(open_output, mount=mount, where=where)
             except (ConfigError, CreateFailed):
                 # A shell whose preamble failed ends the container, relays and all: its
                 # reason is the one to give.

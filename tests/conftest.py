@@ -45,6 +45,7 @@ DOCKER_FILES = {
     "tests/recipes/test_swe_docker.py",
     "tests/recipes/test_swe_real_instances.py",
     "tests/adapters/test_docker_attach.py",
+    "tests/adapters/test_docker_fork.py",
     "tests/service/test_restart.py",
     "tests/service/test_remote_restart.py",
 }

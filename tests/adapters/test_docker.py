@@ -256,6 +256,15 @@ async def test_a_workdir_the_image_cannot_have_is_a_config_error(make_adapter) -
         await make_adapter().create(oa.SandboxSpec(workdir="/proc/orchard", ttl=60))
 
 
+async def test_output_fifos_the_image_cannot_make_are_a_config_error(make_adapter) -> None:
+    """The relays in the container's main process say why they could not make their FIFOs."""
+    adapter = make_adapter(tmpfs={"/tmp/.orchard/out": "ro"})
+    with pytest.raises(oa.ConfigError, match=r"could not create its output FIFO .*Read-only file system") as caught:
+        await adapter.create(oa.SandboxSpec(ttl=60))
+    assert "\n" not in str(caught.value)
+    assert await containers(adapter.run_id) == []
+
+
 async def test_workdir_from_the_spec_is_created(make_adapter) -> None:
     adapter = make_adapter()
     box = await adapter.create(oa.SandboxSpec(workdir="/srv/deep/work", ttl=60))
