@@ -443,9 +443,9 @@ class KubernetesAdapter(BackgroundOwner):
         if live is None or not isinstance(live, ShellSandbox):
             raise ConfigError(f"sandbox {sandbox.id} is not a live sandbox of this adapter with a shell")
         image = self._pod_images.get(sandbox.id, self.image)
-        with anyio.CancelScope(shield=True):  # cut short, it would be a dir nobody holds
-            taken = await snaps.take(live, self.snapshot_dir, dict(live.labels), self.identity, image)
-            self._snapshots.add(taken)
+        # cancellable (a stalled stream must not hang the caller): cut short, take removes its dir
+        taken = await snaps.take(live, self.snapshot_dir, dict(live.labels), self.identity, image)
+        self._snapshots.add(taken)
         return taken
 
     async def drop_snapshot(self, snapshot_id: str) -> None:
