@@ -19,7 +19,7 @@ import anyio
 import orchard_async as oa
 
 SMALL = "mkdir -p repo/src && for i in $(seq 1 50); do echo line-$i > repo/src/f$i.txt; done"
-STDLIB = SMALL + " && cp -r \"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()[\"stdlib\"])')\" stdlib"
+STDLIB = SMALL + ' && cp -r "$(python3 -c \'import sysconfig; print(sysconfig.get_paths()["stdlib"])\')" stdlib'
 
 
 async def timed(work) -> tuple[float, object]:
@@ -61,7 +61,6 @@ async def measure(adapter: oa.Adapter, setup: str, rounds: int) -> str:
 async def main(rounds: int) -> None:
     async with oa.get_adapter("kubernetes", namespace="orchard-fork-timing") as adapter:
         print(await adapter.doctor())
-        has_python = False
         probe = await adapter.create(oa.SandboxSpec(ttl=120))
         has_python = (await probe.exec("command -v python3")).ok
         await probe.close()

@@ -579,9 +579,12 @@ class KubernetesAdapter(BackgroundOwner):
         return sorted(removed)
 
     async def close(self) -> None:
-        """Destroy every live sandbox, retry unconfirmed deletions, stop the watch."""
+        """Destroy every live sandbox, drop this run's snapshots, retry unconfirmed
+        deletions, stop the watch."""
         with anyio.CancelScope(shield=True):
             await container_shell.concurrently(*(sandbox.close for sandbox in list(self._live.values())))
+            for snapshot_id in list(self._snapshots):
+                await self.drop_snapshot(snapshot_id)
             # the watch and the retrier are cancelled, the close handshakes waited for
             await self._background.aclose()
             if self._unremoved and self.api.started:

@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 
+import orchard_async as oa
 from orchard_async import labels as names
+from orchard_async.adapters.kubernetes import KubernetesAdapter
 from orchard_async.adapters.kubernetes import snapshot as snaps
 from orchard_async.errors import ConfigError
+from tests.conftest import backend_missing, cluster_configured
 
 
 def dead_identity() -> dict[str, str]:
@@ -76,3 +79,38 @@ def test_a_dropped_or_foreign_snapshot_id_is_a_config_error(tmp_path: Path) -> N
     for foreign in ("snap-0123", "../etc", "ksnap-a/../../x"):
         with pytest.raises(ConfigError, match="not a kubernetes snapshot id"):
             snaps.source(tmp_path, foreign)
+
+
+# -- against a cluster --------------------------------------------------------------------------
+
+
+async def test_a_fork_runs_its_bases_image_and_close_drops_the_runs_snapshots(tmp_path: Path) -> None:
+    """A fork whose spec names no image runs the base's (not the adapter's default), and an
+    adapter's close drops the snapshots its run did not (in ``snapshot_dir``, the option)."""
+    if not cluster_configured():
+        pytest.skip("no Kubernetes cluster configured (KUBECONFIG, ~/.kube/config or ORCHARD_K8S_TEST_CONTEXT)")
+    base_image = os.environ.get("ORCHARD_K8S_IMAGE", "orchard/python:test")
+    adapter = KubernetesAdapter(
+        image="local/busybox:1",
+        namespace=os.environ.get("ORCHARD_K8S_TEST_NAMESPACE", "orchard-test"),
+        context=os.environ.get("ORCHARD_K8S_TEST_CONTEXT"),
+        snapshot_dir=str(tmp_path / "snaps"),
+    )
+    try:
+        try:
+            await adapter.doctor()
+        except oa.OrchardError as exc:
+            backend_missing(f"kubernetes: {exc}")
+        base = await adapter.create(oa.SandboxSpec(ttl=300, image=base_image))
+        assert (await base.exec("echo kept > file")).ok
+        if not (await base.exec("command -v python3")).ok:
+            backend_missing(f"{base_image} has no python3: it cannot tell the base's image from busybox")
+        snapshot = await adapter.snapshot(base)
+        assert (tmp_path / "snaps" / snapshot / "tree.tar").is_file()
+        fork = await adapter.create(oa.SandboxSpec(ttl=300, snapshot=snapshot))
+        assert (await fork.exec("cat file")).stdout == b"kept\n"
+        assert (await fork.exec("command -v python3")).ok, "the fork did not run its base's image"
+    finally:
+        await adapter.close()
+    assert not (tmp_path / "snaps" / snapshot).exists()
+    assert await adapter.list_owned() == []
