@@ -15,8 +15,15 @@ file into ``head -c SIZE | tar -xf -`` in it before it returns. The image needs 
 ``head`` (busybox and Debian images have both); without them ``snapshot`` is a ConfigError
 (the rollout engine then sets each sample up on its own).
 
-Not the issue's first choice (an image imported into the node's containerd, or pushed to a
-registry, which would capture the whole file system): see docs/kubernetes.md, "Forks".
+Not the issue's first choice: an image of the pod's whole file system imported into the
+node's containerd (one-node cluster) or pushed to a registry. What that would take, as
+checked on scripts/ci-kubernetes.sh's cluster (containerd 1.6, overlayfs snapshotter, the
+controller on the node as root): ``ctr -n k8s.io snapshots mounts`` of the container id (pod
+status) names the running container's upper dir, which holds the writes (the work dir, and
+also ``/tmp/.orchard`` and ``/etc/hosts``, to leave out); that dir as a layer tar (overlay
+whiteouts turned into ``.wh.`` files), a manifest and config of the base image's layers plus
+it, ``ctr images import``, image labels for ``reap``, and forks run with pull ``Never``.
+Not built yet.
 
 Where: ``<snapshot_dir>/ksnap-<id>/`` (``KubernetesConfig.snapshot_dir``, else
 ``ORCHARD_K8S_SNAPSHOT_DIR``, else ``$XDG_CACHE_HOME/orchard-async/kubernetes-snapshots``),
