@@ -115,7 +115,13 @@ async def take(sandbox: Sandbox, store: Path, labels: dict[str, str], identity: 
         # The lease first: a controller killed from here on leaves a dir reap knows as its own.
         (base / "lease.json").write_text(json.dumps(lease))
 
-    await anyio.to_thread.run_sync(make_dir)
+    try:
+        await anyio.to_thread.run_sync(make_dir)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot keep kubernetes snapshots in {store} ({exc.strerror or exc}); "
+            "set the adapter's snapshot_dir (or ORCHARD_K8S_SNAPSHOT_DIR) to a writable dir"
+        ) from None
     try:
         await _archive(sandbox, base / "tree.tar")
     except BaseException:
