@@ -9,6 +9,7 @@ The package, bottom up (each module imports only those above it):
 * ``relay``: the relay program each pod runs, its entry and its secret (pure);
 * ``transport``: how a pod is reached (``Transport``; ``ExecTransport``: exec websockets);
 * ``podip``: ``PodIpTransport``, the relay over the pod IP with exec websockets as fallback;
+* ``snapshot``: snapshots and forks (a tar of the work dir, kept by the controller);
 * ``adapter``: ``KubernetesAdapter``, which ties them to the core's container shell.
 
 Layout on the cluster. Every sandbox of a run is a pod in one namespace (``orchard`` by
@@ -62,6 +63,9 @@ Cleanup: ``sandbox.close()`` deletes the pod with grace 0 and background propaga
 the kubelet tears the containers down after). ``reap`` lists orchard pods by label and
 removes those whose TTL passed, that ended, or whose controller process is dead (when it ran
 on this host); a failed list raises before anything is deleted.
+
+Forks (``snapshot``): the work dir as a tar kept by the controller, streamed into each fork
+before its create returns (``snapshot``; not a containerd image import yet).
 
 Config: ``kubeconfig=`` or ``KUBECONFIG`` or ``~/.kube/config`` (``context=`` or
 ``ORCHARD_K8S_CONTEXT`` selects a context), else the in-cluster service account.

@@ -11,6 +11,7 @@ import re
 import socket
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -27,6 +28,7 @@ from orchard_async.sandbox import ShellSandbox
 from orchard_async.shell import CgroupShellClient, ShellClient
 from orchard_async.types import SandboxSpec
 
+from . import snapshot as snaps
 from .api import NETWORKING, ApiError, KubeApi
 from .config import KubernetesConfig
 from .hollow import (
@@ -126,6 +128,9 @@ class KubernetesAdapter(BackgroundOwner):
         self._unremoved: dict[str, bool] = {}  # name -> had an allow policy; deletion not confirmed
         self._background = Background()
         self._retrying: anyio.Event | None = None  # set when the deletion retrier has stopped
+        self.snapshot_dir = Path(config.snapshot_dir) if config.snapshot_dir else snaps.default_dir()
+        self._snapshots: set[str] = set()  # made here and not dropped: reap leaves them alone
+        self._pod_images: dict[str, str] = {}  # live sandbox -> its image (its forks' default)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -212,7 +217,8 @@ class KubernetesAdapter(BackgroundOwner):
         # (unschedulable, an image still pulling, the watch reconnecting), not only that
         # time ran out.
         deadline, budget = explained_deadline()
-        image = spec.image or self.image
+        archive, lease = snaps.source(self.snapshot_dir, spec.snapshot) if spec.snapshot else (None, {})
+        image = spec.image or lease.get("image") or self.image
         if (image, spec.pull) in self._images_missing:
             raise self._images_missing[image, spec.pull]
         await self._ensure_namespace()
@@ -240,7 +246,19 @@ class KubernetesAdapter(BackgroundOwner):
         if shell is None:  # control-plane-only: the pod is Running; there is no shell
             return self._control_plane_sandbox(name, labels, expires_at, allow)
         client, relays = shell
-        return self._sandbox(name, client, relays, labels, expires_at, allow)
+        sandbox = self._sandbox(name, client, relays, labels, expires_at, allow)
+        self._pod_images[name] = image
+        if archive is not None:
+            try:
+                with anyio.CancelScope(deadline=deadline) as scope:
+                    await snaps.restore(sandbox, archive)
+                if scope.cancelled_caught:
+                    raise CreateFailed(f"the fork {name} was not filled from {spec.snapshot} within {budget:.3g}s")
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await sandbox.close()
+                raise
+        return sandbox
 
     def _sandbox(
         self,
@@ -253,6 +271,7 @@ class KubernetesAdapter(BackgroundOwner):
     ) -> ShellSandbox:
         async def teardown() -> None:
             self._live.pop(name, None)
+            self._pod_images.pop(name, None)
             client.lost = client.lost or "the sandbox was closed"
             await self._remove(name, allow)
             forget = getattr(self.transport, "forget", None)
@@ -415,6 +434,26 @@ class KubernetesAdapter(BackgroundOwner):
         with contextlib.suppress(Exception):
             await self.transport.run(pod, ["sh", "-c", f"kill -USR1 {int(client.server_pid)}"], INTERRUPT_TIMEOUT)
 
+    # -- forks (snapshot.py) -------------------------------------------------------------------
+
+    async def snapshot(self, sandbox: Sandbox) -> str:
+        """Archive ``sandbox``'s work dir (not the rest of its file system, not its processes)
+        into a snapshot the controller keeps; ``create`` with ``spec.snapshot`` starts from it."""
+        live = self._live.get(sandbox.id)
+        if live is None or not isinstance(live, ShellSandbox):
+            raise ConfigError(f"sandbox {sandbox.id} is not a live sandbox of this adapter with a shell")
+        image = self._pod_images.get(sandbox.id, self.image)
+        # cancellable (a stalled stream must not hang the caller): cut short, take removes its dir
+        taken = await snaps.take(live, self.snapshot_dir, dict(live.labels), self.identity, image)
+        self._snapshots.add(taken)
+        return taken
+
+    async def drop_snapshot(self, snapshot_id: str) -> None:
+        """Remove a snapshot (idempotent); forks already made keep what they got."""
+        self._snapshots.discard(snapshot_id)
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(snaps.drop, self.snapshot_dir, snapshot_id)
+
     # -- destroy, reap, close ----------------------------------------------------------------
 
     async def _delete_sandbox(self, name: str, allow: bool) -> None:
@@ -535,12 +574,17 @@ class KubernetesAdapter(BackgroundOwner):
             *(functools.partial(remove_pod, name) for name in doomed),
             *(functools.partial(remove_policy, name) for name in orphans),
         )
+        keep = set(self._snapshots)
+        removed += await anyio.to_thread.run_sync(snaps.reap, self.snapshot_dir, older_than, keep)
         return sorted(removed)
 
     async def close(self) -> None:
-        """Destroy every live sandbox, retry unconfirmed deletions, stop the watch."""
+        """Destroy every live sandbox, drop this run's snapshots, retry unconfirmed
+        deletions, stop the watch."""
         with anyio.CancelScope(shield=True):
             await container_shell.concurrently(*(sandbox.close for sandbox in list(self._live.values())))
+            for snapshot_id in list(self._snapshots):
+                await self.drop_snapshot(snapshot_id)
             # the watch and the retrier are cancelled, the close handshakes waited for
             await self._background.aclose()
             if self._unremoved and self.api.started:
@@ -572,7 +616,8 @@ class KubernetesAdapter(BackgroundOwner):
             f"namespace {self.namespace}; default image {self.image}; transport {self.transport.name}; "
             "each sandbox: all capabilities dropped, no privilege escalation, RuntimeDefault seccomp, "
             f"egress {egress}; "
-            "spec.pids NOT enforced per sandbox (only the kubelet's node-wide --pod-max-pids caps a pod)"
+            "spec.pids NOT enforced per sandbox (only the kubelet's node-wide --pod-max-pids caps a pod); "
+            f"{snaps.describe(self.snapshot_dir)}"
         )
 
 

@@ -13,6 +13,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import msgspec
@@ -36,9 +37,30 @@ def local_root(adapter: oa.Adapter) -> Path | None:
     return getattr(adapter, "root", None) if adapter.name == "local" else None
 
 
-def leftovers(adapter: oa.Adapter, ids: set[str]) -> list[str]:
+async def leftovers(adapter: oa.Adapter, ids: set[str]) -> list[str]:
     """What is left of these sandboxes and snapshots on the backend (local: dirs and mounts;
-    docker: containers and images)."""
+    docker: containers and images; kubernetes: pods, allow policies and the controller's
+    snapshot dirs)."""
+    if adapter.name == "kubernetes":
+        return await kubernetes_leftovers(adapter, ids)
+    return local_or_docker_leftovers(adapter, ids)
+
+
+async def kubernetes_leftovers(adapter: Any, ids: set[str]) -> list[str]:
+    from orchard_async import labels as names
+
+    api = adapter.api
+    pods = await api.list_all(api.path("pods"), names.SANDBOX, "pods left by the fork test")
+    left = [f"pod {pod['metadata']['name']}" for pod in pods if pod["metadata"]["name"] in ids]
+    policies = await api.list_all(
+        api.path("networkpolicies", group="networking.k8s.io/v1"), names.SANDBOX, "policies left by the fork test"
+    )
+    left += [f"policy {p['metadata']['name']}" for p in policies if p["metadata"]["labels"][names.SANDBOX] in ids]
+    left += [f"snapshot dir {name}" for name in ids if (adapter.snapshot_dir / name).exists()]
+    return left
+
+
+def local_or_docker_leftovers(adapter: oa.Adapter, ids: set[str]) -> list[str]:
     if adapter.name == "docker":  # containers and snapshot images: `docker inspect` finds either
         return [
             name for name in ids if subprocess.run(["docker", "inspect", name], capture_output=True).returncode == 0
@@ -115,7 +137,7 @@ async def test_a_snapshot_and_its_forks_leave_nothing_after_close(make_adapter, 
         await box.close()
     await adapter.drop_snapshot(snapshot)
     await adapter.drop_snapshot(snapshot)  # idempotent
-    assert leftovers(adapter, ids) == []
+    assert await leftovers(adapter, ids) == []
     assert await adapter.list_owned() == []
 
 
@@ -172,10 +194,11 @@ async def test_reap_removes_snapshots_and_forks_of_a_sigkilled_controller(make_a
         removed = set(await reaper.reap())
         # A snapshot never ends by itself: it is reap's to remove on every adapter. Sandboxes
         # are too where nothing else can end them (local, frozen above); a docker sandbox may
-        # end on its own once its controller's shell is gone, before reap gets to it.
-        must_reap = ids if adapter.name == "local" else {snapshot}
+        # end on its own once its controller's shell is gone, before reap gets to it. A
+        # kubernetes pod ends itself too, but its API object stays until reap deletes it.
+        must_reap = ids if adapter.name in ("local", "kubernetes") else {snapshot}
         assert must_reap <= removed, f"reap left {sorted(must_reap - removed)}"
-        assert leftovers(reaper, ids) == []
+        assert await leftovers(reaper, ids) == []
     finally:
         for pid in frozen:
             try:
