@@ -1,7 +1,7 @@
 """What the service costs: exec round trip and create/delete rate, through ``serve`` and in-process, in one run.
 
     python -m orchard_async.serve.bench [--adapter local] [--ops 400] [--levels 1/1,64/64,64/8]
-                                        [--clients] [--json FILE] [--markdown FILE]
+                                        [--compare-plain] [--clients] [--json FILE] [--markdown FILE]
 
 One service (``orchard-async serve``, its own process, on loopback) and one in-process adapter of
 the same kind, side by side. For each level ``C/S`` (C callers over S sandboxes; a sandbox's
@@ -11,6 +11,11 @@ shell runs one command at a time, so C > S queues) it measures ``true`` round tr
 * ``service, Orchard HTTP``: the Orchard client's request (``POST /exec`` with ``wait: true``)
   on a raw HTTP client;
 * ``remote adapter``: ``sandbox.exec`` of ``get_adapter("remote")`` (native mode).
+
+``--compare-plain`` starts a second service with bash lanes off (``ORCHARD_SERVE_BASH_LANE=0``:
+each Orchard command a new bash process, serve/lane.py) and adds its Orchard request as
+``service, Orchard HTTP, no bash lane``; every way then runs in 8 slices taken in turns, so the
+machine's load falls on all alike.
 
 Then sandboxes created and deleted per second, in-process and through the remote adapter.
 ``--clients`` first times ``GET /health`` with httpx and with aiohttp (the client's own cost).
