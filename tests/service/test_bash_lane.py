@@ -112,6 +112,7 @@ PROBES = [
     "echo $LINENO; echo $LINENO",
     "kill -s USR2 $BASHPID",
     "trap -p; ulimit -n; umask; jobs",
+    "seq 1 100000; seq 1 50000 >&2",
 ]
 
 
@@ -147,6 +148,8 @@ async def test_a_timeout_kills_every_process_of_the_command(lane_client: httpx.A
 async def test_a_command_that_kills_the_lane_gets_a_new_one_next(lane_client: httpx.AsyncClient) -> None:
     sandbox_id = await bash_sandbox(lane_client)
     before = lane_of(lane_client, sandbox_id)
+    term = await run(lane_client, sandbox_id, "kill $$; echo lane-ignores-term")  # `bash -c` would die: 143
+    assert term["stdout"] == "lane-ignores-term\n" and lane_of(lane_client, sandbox_id) is before, term
     killed = await run(lane_client, sandbox_id, "kill -9 $$")  # $$ is the lane (see lane.py)
     assert killed["status"] == "failed", killed
     after = await run(lane_client, sandbox_id, "echo $BASH_SUBSHELL")
