@@ -147,7 +147,7 @@ async def lane_for(box: Any) -> LaneClient | None:
     await close_lane(box)
     try:
         lane = await open_lane(box.sandbox)
-    except (oa.InfraError, OSError) as exc:
+    except (oa.InfraError, oa.ConfigError, OSError) as exc:  # e.g. an adapter that cannot open streams
         log.warning("no bash lane for sandbox %s: %s", box.id, exc)
         lane = None
     box.lane = False if lane is None else lane
