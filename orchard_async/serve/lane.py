@@ -13,9 +13,14 @@ it). What the server itself defines (its ``_o_*`` variables and functions, its t
 function frame it would run in) is removed or avoided before the command runs, so a command
 sees what ``bash -c`` would show it. Differences that remain, and cannot go without an exec:
 ``$$`` and ``$PPID`` name the lane (a subshell keeps its parent's), ``$!`` is the previous
-command's pid, ``$-`` has ``s`` where ``bash -c`` has ``c``. A ``kill $$`` therefore signals
-the lane, which ignores TERM, HUP and INT for that reason; a ``kill -9 $$`` ends it: that
-command fails as ``sandbox_lost`` and the next one gets a new lane.
+command's pid, ``$-`` has ``s`` where ``bash -c`` has ``c``, a syntax error is reported by
+``eval:`` where ``bash -c`` says ``-c:``, and ``declare -p`` shows ``SECONDS`` (reset to 0) and
+``PIPESTATUS`` with values. A ``kill $$`` therefore signals the lane, which ignores TERM and HUP
+for that reason (INT it inherits ignored, as every background command does); a ``kill -9 $$``
+ends it: that command fails as ``sandbox_lost`` and the next one gets a new lane.
+
+A timeout is signalled to the lane by a ``kill`` run in the sandbox's main shell, so it waits
+for a native command running there at that moment (Orchard's own commands are one at a time).
 
 Used only where it can be the same as ``bash -c``: not for ``login_shell`` (``bash --login -i``
 reads profiles and is interactive), not with an ``env`` naming a variable bash reads only at
