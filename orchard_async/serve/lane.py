@@ -15,9 +15,10 @@ sees what ``bash -c`` would show it. Differences that remain, and cannot go with
 ``$$`` and ``$PPID`` name the lane (a subshell keeps its parent's), ``$!`` is the previous
 command's pid, ``$-`` has ``s`` where ``bash -c`` has ``c``, a syntax error is reported by
 ``eval:`` where ``bash -c`` says ``-c:``, and ``declare -p`` shows ``SECONDS`` (reset to 0) and
-``PIPESTATUS`` with values. A ``kill $$`` therefore signals the lane, which ignores TERM and HUP
-for that reason (INT it inherits ignored, as every background command does); a ``kill -9 $$``
-ends it: that command fails as ``sandbox_lost`` and the next one gets a new lane.
+``PIPESTATUS`` with values. A signal a command sends to ``$$`` therefore reaches the lane: TERM and
+HUP it ignores for that reason (INT it inherits ignored, as every background command does),
+USR1 reads as the command's timeout, any other that kills (``kill -9 $$``) ends the lane: that
+command fails as ``sandbox_lost`` and the next one gets a new lane.
 
 A timeout is signalled to the lane by a ``kill`` run in the sandbox's main shell, so it waits
 for a native command running there at that moment (Orchard's own commands are one at a time).
