@@ -93,6 +93,12 @@ _o_x() {
     (_o_cwd=$5 _o_env=$6 _o_cmd=$7; set --; trap - USR1
      cd -- "$_o_cwd" || exit 126; eval "$_o_env"; eval "$_o_cmd") <"$_o_in" >"$_o_O/o" 2>"$_o_O/e" &
   fi
+  _o_w "$1" "$2" "$3"
+}
+# Wait for the command just started in the background ($!) and answer its frame.
+# A function of its own so that a bash lane (orchard_async.serve.lane) can start the
+# command at the top level, outside any function, and still answer the same way.
+_o_w() {
   _o_p=$!; _o_busy=1
   wait "$_o_p"; _o_rc=$?
   while [ "$_o_rc" -gt 128 ] && kill -0 "$_o_p" 2>/dev/null; do wait "$_o_p"; _o_rc=$?; done
@@ -377,7 +383,7 @@ class ShellClient:
         elif self.output_pipes:
             self._captures = [PipeCapture(os.path.join(self.output_pipes, name)) for name in ("o", "e")]
             args = f"set -- {quote(ctl_dir)} {quote(self.output_pipes)}\n"
-        await self._stream.send((args + SERVER_SCRIPT).encode())
+        await self._stream.send(self.startup(args).encode())
         try:
             with anyio.fail_after(READY_TIMEOUT):
                 line = await self._reader.receive_until(b"\n", 4096)
@@ -401,9 +407,8 @@ class ShellClient:
         check_timeout(timeout)
         head, tail = (1 << 62, 0) if uncapped else (self.head, self.tail)
         nonce = secrets.token_hex(8)
-        frame = " ".join(
+        frame = self.frame(
             [
-                "_o_x",
                 nonce,
                 str(head),
                 str(tail),
@@ -468,6 +473,16 @@ class ShellClient:
                 stdout_cut=out_cut,
                 stderr_cut=err_cut,
             )
+
+    def startup(self, args: str) -> str:
+        """What start() sends: the server's arguments (a ``set --`` line), then its script.
+        A subclass may wrap it (orchard_async.serve.lane)."""
+        return args + SERVER_SCRIPT
+
+    def frame(self, args: list[str]) -> str:
+        """The line that runs one command: a call of the server's ``_o_x`` with the quoted
+        arguments (a subclass may send another shape; see orchard_async.serve.lane)."""
+        return "_o_x " + " ".join(args)
 
     async def _finish_captures(self) -> None:
         for capture in self._captures:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -396,7 +397,10 @@ def create_app(
         idle_timeout=idle_timeout,
         service_name=service_name,
     )
-    app[REGISTRY], app[JOBS], app[KEYS], app[METRICS] = registry, Jobs(metrics_), keys or KeyStore(), metrics_
+    # ORCHARD_SERVE_BASH_LANE=0: Orchard commands always as a new `bash -c` process (lane.py), for
+    # comparison (the bench's plain way) or if a lane ever misbehaves.
+    jobs = Jobs(metrics_, bash_lanes=os.environ.get("ORCHARD_SERVE_BASH_LANE", "1") != "0")
+    app[REGISTRY], app[JOBS], app[KEYS], app[METRICS] = registry, jobs, keys or KeyStore(), metrics_
 
     async def lifetime(app: web.Application) -> Any:
         # Sandboxes a killed earlier run of the service left (their controller is dead): the

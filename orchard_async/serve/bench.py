@@ -1,7 +1,7 @@
 """What the service costs: exec round trip and create/delete rate, through ``serve`` and in-process, in one run.
 
     python -m orchard_async.serve.bench [--adapter local] [--ops 400] [--levels 1/1,64/64,64/8]
-                                        [--clients] [--json FILE] [--markdown FILE]
+                                        [--compare-plain] [--clients] [--json FILE] [--markdown FILE]
 
 One service (``orchard-async serve``, its own process, on loopback) and one in-process adapter of
 the same kind, side by side. For each level ``C/S`` (C callers over S sandboxes; a sandbox's
@@ -11,6 +11,11 @@ shell runs one command at a time, so C > S queues) it measures ``true`` round tr
 * ``service, Orchard HTTP``: the Orchard client's request (``POST /exec`` with ``wait: true``)
   on a raw HTTP client;
 * ``remote adapter``: ``sandbox.exec`` of ``get_adapter("remote")`` (native mode).
+
+``--compare-plain`` starts a second service with bash lanes off (``ORCHARD_SERVE_BASH_LANE=0``:
+each Orchard command a new bash process, serve/lane.py) and adds its Orchard request as
+``service, Orchard HTTP, no bash lane``; every way then runs in 8 slices taken in turns, so the
+machine's load falls on all alike.
 
 Then sandboxes created and deleted per second, in-process and through the remote adapter.
 ``--clients`` first times ``GET /health`` with httpx and with aiohttp (the client's own cost).
@@ -61,6 +66,7 @@ class ServiceProcess:
         *,
         name: str | None = None,
         idle_timeout: float = 0.0,
+        env: dict[str, str] | None = None,
     ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -70,11 +76,12 @@ class ServiceProcess:
         if options:
             command += ["--adapter-options", json.dumps(options)]
         self.command, self.log = command, log
+        self.env = {**os.environ, **env} if env else None
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
         with self.log.open("a") as log:
-            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env)
 
     async def ready(self, within: float = 120.0) -> float:
         """Seconds until ``/health`` answers."""
@@ -212,6 +219,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     service = ServiceProcess(args.adapter, options, scratch / "serve.log")
     service.start()
     await service.ready()
+    # The same service with Orchard commands as a new bash process each (no bash lane: lane.py).
+    plain = None
+    if args.compare_plain:
+        plain_options = {**options, "root": str(scratch / "plain-sandboxes")} if args.adapter == "local" else options
+        plain = ServiceProcess(args.adapter, plain_options, scratch / "plain.log", env={"ORCHARD_SERVE_BASH_LANE": "0"})
+        plain.start()
+        await plain.ready()
     in_process_options = {**options, "root": str(scratch / "own-sandboxes")} if args.adapter == "local" else options
     local = oa.get_adapter(args.adapter, **in_process_options)
     remote = oa.get_adapter("remote", url=service.url, max_connections=args.max_connections)
@@ -225,6 +239,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         spec = oa.SandboxSpec(image=IMAGE, ttl=3600)
         own = [await local.create(spec) for _ in range(most)]
         far = [await remote.create(spec) for _ in range(most)]
+        plain_remote = oa.get_adapter("remote", url=plain.url) if plain else None
+        plain_far = [await plain_remote.create(spec) for _ in range(most)] if plain_remote else []
         for callers, sandboxes in args.levels:
             ways = {
                 "in-process": [checked_exec(s) for s in own[:sandboxes]],
@@ -232,16 +248,27 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "service, Orchard HTTP": [orchard_exec(http, service.url, s.id) for s in far[:sandboxes]],
                 "remote adapter (native)": [checked_exec(s) for s in far[:sandboxes]],
             }
-            for way, calls in ways.items():
+            if plain:
+                plain_calls = [orchard_exec(http, plain.url, s.id) for s in plain_far[:sandboxes]]
+                ways["service, Orchard HTTP, no bash lane"] = plain_calls
+            for calls in ways.values():
                 await round_trips(calls, callers, min(args.ops, callers * 5))  # warm up connections
+            if plain:
+                # The lane and the plain way in alternating slices of the same minutes, so the
+                # machine's load falls on both alike.
+                await alternate(ways, rows, callers, sandboxes, args.ops)
+                continue
+            for way, calls in ways.items():
                 latencies, elapsed = await round_trips(calls, callers, args.ops)
                 row = {"way": way, "callers": callers, "sandboxes": sandboxes, "ops": len(latencies)}
                 rows.append({**row, **percentiles(latencies), "ops_per_s": round(len(latencies) / elapsed)})
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         for sandbox in own:
             await sandbox.close()
-        for sandbox in far:
+        for sandbox in far + plain_far:
             await sandbox.close()
+        if plain_remote:
+            await plain_remote.close()
         rates = {
             "in-process": await create_delete_rate(local, args.creates, args.create_concurrency),
             "remote adapter": await create_delete_rate(remote, args.creates, args.create_concurrency),
@@ -251,6 +278,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         await remote.close()
         await local.close()
         service.stop()
+        if plain:
+            plain.stop()
     return {
         "adapter": args.adapter,
         "load_average": list(os.getloadavg()),
@@ -259,6 +288,30 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "clients": clients,
         "create_delete": {"count": args.creates, "concurrency": args.create_concurrency, **rates},
     }
+
+
+SLICES = 8  # how many alternating slices each way's ops are cut into (--compare-plain)
+
+
+async def alternate(
+    ways: dict[str, list[Callable[[], Awaitable[None]]]],
+    rows: list[dict[str, Any]],
+    callers: int,
+    sandboxes: int,
+    ops: int,
+) -> None:
+    """Every way's ops in SLICES slices, the ways taking turns slice by slice."""
+    latencies: dict[str, list[float]] = {way: [] for way in ways}
+    elapsed = dict.fromkeys(ways, 0.0)
+    for _ in range(SLICES):
+        for way, calls in ways.items():
+            got, took = await round_trips(calls, callers, max(callers, ops // SLICES))
+            latencies[way] += got
+            elapsed[way] += took
+    for way in ways:
+        row = {"way": way, "callers": callers, "sandboxes": sandboxes, "ops": len(latencies[way])}
+        rows.append({**row, **percentiles(latencies[way]), "ops_per_s": round(len(latencies[way]) / elapsed[way])})
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
 
 
 def to_markdown(result: dict[str, Any]) -> str:
@@ -312,6 +365,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--creates", type=int, default=32, help="sandboxes created and deleted per way")
     parser.add_argument("--create-concurrency", type=int, default=8)
     parser.add_argument("--max-connections", type=int, default=256, help="HTTP connections of the clients")
+    parser.add_argument(
+        "--compare-plain",
+        action="store_true",
+        help="also a second service without bash lanes (ORCHARD_SERVE_BASH_LANE=0); all ways alternate in slices",
+    )
     parser.add_argument("--clients", action="store_true", help="also GET /health with httpx vs aiohttp")
     parser.add_argument("--json", dest="json_out", help="write the result as JSON here")
     parser.add_argument("--markdown", help="write the tables as markdown here")

@@ -36,6 +36,7 @@ import msgspec
 import orchard_async as oa
 from orchard_async.shell import quote
 
+from .lane import lane_for, usable_for
 from .registry import Box
 from .schema import ApiError, ExecRequest, b64decode, b64encode
 
@@ -158,8 +159,9 @@ def fingerprint(request: ExecRequest) -> bytes:
 
 
 class Jobs:
-    def __init__(self, metrics: Any):
+    def __init__(self, metrics: Any, *, bash_lanes: bool = True):
         self.metrics = metrics
+        self.bash_lanes = bash_lanes  # run Orchard commands in a bash lane where one can be had
         self.jobs: dict[str, Job] = {}
         self._finished: collections.deque[str] = collections.deque()
         self._by_idempotency: dict[tuple[str, str], Job] = {}
@@ -230,7 +232,7 @@ class Jobs:
             else:
                 async with box.lock:
                     job.status, job.started_at = "running", time.time()
-                    job.result = await box.sandbox.exec(orchard_script(job), timeout=job.timeout, env=request.env)
+                    job.result = await self._orchard(job)
             self.metrics.observe_exec(time.time() - job.started_at)
             reason = job.result.reason
             job.status = "succeeded" if reason is oa.ExitReason.OK else "failed"
@@ -248,6 +250,16 @@ class Jobs:
             job.completed_at = time.time()
             job.done.set()
             self._retire(job)
+
+    async def _orchard(self, job: Job) -> oa.ExecResult:
+        """``bash -c`` in the sandbox: in its bash lane where it has one (lane.py: a fork,
+        not an exec of bash), else as a new bash process."""
+        request, box = job.request, job.box
+        lane = await lane_for(box) if self.bash_lanes and usable_for(request) else None
+        if lane is None:
+            return await box.sandbox.exec(orchard_script(job), timeout=job.timeout, env=request.env)
+        cwd = box.path(request.cwd) if request.cwd is not None else None
+        return await lane.run(job.command, timeout=job.timeout, cwd=cwd, env=request.env)
 
     async def _native(self, job: Job) -> oa.ExecResult:
         request, box = job.request, job.box

@@ -28,6 +28,7 @@ from orchard_async.labels import label_value
 
 from . import adopt
 from .keys import CreateRate, Tenant
+from .lane import close_lane
 from .metrics import Metrics
 from .schema import SANDBOX_ID, ApiError, CreateRequest, parse_cpu
 
@@ -59,6 +60,7 @@ class Box:
         self.lock = asyncio.Lock()  # Orchard runs one sandbox's commands one at a time
         self.deleted = False
         self.sessions: dict[str, tuple[contextlib.AsyncExitStack, oa.Session]] = {}
+        self.lane: Any = None  # Orchard commands' bash lane (lane.py): None until opened, False if none
         self.origin: Any = None  # the connection of the create's caller, until its answer is delivered
         self.adopting = False  # found after a restart; its shell is being re-attached (see adopt.py)
         # Re-adopted after a restart: a job of the run before may have been cut in it (see jobs.py);
@@ -314,6 +316,7 @@ class Registry:
             with contextlib.suppress(Exception):
                 await stack.aclose()
         box.sessions.clear()
+        await close_lane(box)
         try:
             await box.sandbox.close()
         except Exception as exc:  # noqa: BLE001 - logged and counted; the adapter's TTL still ends it
