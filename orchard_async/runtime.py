@@ -13,10 +13,12 @@ up for that (see README, "Event loop").
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.metadata
 import inspect
 import os
+import signal
 import typing
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -58,8 +60,40 @@ def loop_choice(loop: str | None = None) -> str:
 
 
 def run(main: Callable[..., Awaitable[T]], *args: Any, loop: str | None = None) -> T:
-    """Run ``main(*args)`` on the chosen event loop (see module docstring)."""
-    return anyio.run(main, *args, backend="asyncio", backend_options={"use_uvloop": loop_choice(loop) == "uvloop"})
+    """Run ``main(*args)`` on the chosen event loop (see module docstring). Ctrl-C cancels
+    ``main`` (its shielded cleanup runs: sandboxes are closed) and then raises
+    ``KeyboardInterrupt``."""
+    use_uvloop = loop_choice(loop) == "uvloop"
+    return anyio.run(_interruptible, main, *args, backend="asyncio", backend_options={"use_uvloop": use_uvloop})
+
+
+async def _interruptible(main: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``main(*args)`` under a cancel scope that SIGINT cancels. asyncio's own handling
+    cancels the main task natively and turns that into KeyboardInterrupt only if the task ends
+    cancelled; a native cancellation that lands while anyio is unwinding one of its own scopes
+    can be absorbed, and the run then finished with status 0 as if never interrupted (seen once
+    in CI's Ctrl-C test). An anyio cancel scope's cancellation cannot be absorbed that way."""
+    loop = asyncio.get_running_loop()
+    scope = anyio.CancelScope()
+    interrupted = False
+
+    def on_sigint() -> None:
+        nonlocal interrupted
+        interrupted = True
+        scope.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+    except (RuntimeError, ValueError):  # not the main thread: asyncio's default handling
+        return await main(*args)
+    try:
+        with scope:
+            result = await main(*args)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    if interrupted:
+        raise KeyboardInterrupt
+    return result
 
 
 def _struct_of(annotation: Any) -> type[msgspec.Struct] | None:
