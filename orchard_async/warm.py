@@ -160,7 +160,9 @@ class WarmStock:
             # the same way, without the backoff that paces backend failures.
             self.stats["failed"] += 1
             shelf.broken, shelf.target = f"{type(exc).__name__}: {exc}", 0
-            log.warning("warm pool: stopped warming a spec: %s", shelf.broken)
+            # info, not warning: the same error reaches the user once, from the episode's own
+            # create; a warning would print it again (Python's last-resort handler) per spec.
+            log.info("warm pool: stopped warming a spec: %s", shelf.broken)
         finally:
             # No checkpoint from the create's return to here: the sandbox is placed, or closed.
             shelf.making.remove(slot)

@@ -106,8 +106,12 @@ if [ -z "$ours" ]; then
 fi
 
 deadline=$(( $(date +%s) + WAIT ))
+# Running, under whatever name: right after the start, the process may still be setsid or
+# nsenter about to exec dockerd (alive() checks the name, and a loaded machine has been seen to
+# fail it there, removing the pidfile of a dockerd that then came up).
+running() { local s; s=$(awk '{print $3}' /proc/"$1"/stat 2>/dev/null) || return 1; [ -n "$s" ] && [ "$s" != Z ]; }
 until answers; do
-  if ! alive "$ours"; then
+  if ! running "$ours"; then
     echo "---- last lines of $LOG ----" >&2; tail -30 "$LOG" >&2 || true
     rm -f "$PIDFILE"
     die "dockerd $ours exited before answering"
