@@ -48,11 +48,13 @@ DOCKER_FILES = {
     "tests/adapters/test_docker_fork.py",
     "tests/service/test_restart.py",
     "tests/service/test_remote_restart.py",
+    "tests/service/test_load.py",  # its docker soak runs must not overlap the daemon's restart
 }
 KUBERNETES_FILES = {
     "tests/adapters/test_kubernetes.py",
     "tests/adapters/test_kubernetes_hollow.py",
     "tests/service/test_restart_kubernetes.py",
+    "tests/core/test_warm.py",  # its cluster rollout (soak) must not overlap the API server's restart
 }
 
 

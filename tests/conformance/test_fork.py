@@ -162,6 +162,7 @@ CONTROLLER = textwrap.dedent(
 )
 
 
+@pytest.mark.soak  # a controller process per backend (10-16 s on docker and kubernetes); close is checked in the default run
 async def test_reap_removes_snapshots_and_forks_of_a_sigkilled_controller(make_adapter, local_options, request) -> None:
     adapter = make_adapter(**local_options)
     requires_snapshot(adapter)

@@ -309,6 +309,7 @@ async def test_a_graded_apart_task_gets_its_scorer_warm_too() -> None:
     assert adapter.live == {}
 
 
+@pytest.mark.soak  # a rollout on the cluster (~10 s); the docker one stays in the default run
 async def test_a_kubernetes_rollout_is_warm_by_default_and_leaves_nothing() -> None:
     if not cluster_configured():
         pytest.skip("no Kubernetes cluster configured (KUBECONFIG, ~/.kube/config or ORCHARD_K8S_TEST_CONTEXT)")

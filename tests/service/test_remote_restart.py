@@ -74,6 +74,7 @@ async def create_through_a_kill(
 
 
 @pytest.mark.parametrize("cut", [b"POST /sandboxes ", b"GET /sandboxes/"], ids=["create", "wait"])
+@pytest.mark.soak  # ~15 s each: a service killed and restarted twice; the default run keeps the 5-minute budget
 async def test_a_create_whose_answer_was_lost_in_a_kill_makes_one_sandbox_local(tmp_path: Path, cut: bytes) -> None:
     root = tmp_path / "sandboxes"
     root.mkdir()
