@@ -55,6 +55,7 @@ KUBERNETES_FILES = {
     "tests/adapters/test_kubernetes_hollow.py",
     "tests/service/test_restart_kubernetes.py",
     "tests/core/test_warm.py",  # its cluster rollout (soak) must not overlap the API server's restart
+    "tests/adapters/test_kubernetes_snapshot.py",
 }
 
 
@@ -91,7 +92,16 @@ def running_soak(config: pytest.Config) -> bool:
     return "soak" in (config.getoption("markexpr") or "").replace("not soak", "")
 
 
+# Files whose kubernetes rows are soak tests: the kubernetes fork is a tar through the pod
+# (10-16 s a test), and the default run keeps its 5-minute budget; local and docker stay.
+SOAK_ON_KUBERNETES = {"tests/conformance/test_fork.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.split("::", 1)[0] in SOAK_ON_KUBERNETES and "[kubernetes" in item.nodeid:
+            item.add_marker(pytest.mark.soak)
     rank = {group: place for place, group in enumerate(LONGEST_GROUPS)}
     soak = running_soak(config)
     items.sort(key=lambda item: rank.get(group_of(item.nodeid, soak=soak), len(rank)))
