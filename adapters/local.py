@@ -396,8 +396,11 @@ class LocalAdapter:
             if process.returncode is None:
                 _kill_quietly(process.pid)
                 await process.wait()
-            if not self.namespaces:  # orphans of finished commands went to the host's init
-                await anyio.to_thread.run_sync(_kill_sandbox_processes, {str(base)})
+            # Without namespaces, orphans of finished commands went to the host's init. With
+            # them, the kernel kills the rest of the PID namespace when its init ends, but a
+            # process can still be dying when the launcher returns (seen once under load): close
+            # returns when none is left either way.
+            await anyio.to_thread.run_sync(_kill_sandbox_processes, {str(base)})
             if base.exists():
                 await anyio.to_thread.run_sync(snaps.remove_sandbox_dir, base)
             iso.remove_cgroup(cgroup)
