@@ -234,17 +234,9 @@ async def test_warm_is_off_by_default_where_it_does_not_pay() -> None:
             [t async for t in stream]
 
 
-async def test_a_docker_rollout_is_warm_by_default_and_leaves_nothing() -> None:
-    try:
-        from orchard_async.adapters.docker import DockerAdapter
-
-        run_id = f"t{uuid.uuid4().hex[:10]}"
-        adapter = DockerAdapter(
-            image=os.environ.get("ORCHARD_DOCKER_TEST_IMAGE", "orchard/busybox:test"), run_id=run_id
-        )
-        await adapter.doctor()
-    except Exception as exc:  # noqa: BLE001 - any reason docker cannot be used here
-        backend_missing(f"docker: {exc}")
+async def served_warm_by_default(adapter: oa.Adapter) -> None:
+    """A rollout with no ``warm`` given: the engine warms by default on this adapter, serves
+    episodes warm, and leaves nothing owned; the adapter is closed after."""
     pool = oa.Pool(adapter)
     try:
         async with contextlib.aclosing(
@@ -257,6 +249,20 @@ async def test_a_docker_rollout_is_warm_by_default_and_leaves_nothing() -> None:
         assert await adapter.list_owned() == []
     finally:
         await adapter.close()
+
+
+async def test_a_docker_rollout_is_warm_by_default_and_leaves_nothing() -> None:
+    try:
+        from orchard_async.adapters.docker import DockerAdapter
+
+        run_id = f"t{uuid.uuid4().hex[:10]}"
+        adapter = DockerAdapter(
+            image=os.environ.get("ORCHARD_DOCKER_TEST_IMAGE", "orchard/busybox:test"), run_id=run_id
+        )
+        await adapter.doctor()
+    except Exception as exc:  # noqa: BLE001 - any reason docker cannot be used here
+        backend_missing(f"docker: {exc}")
+    await served_warm_by_default(adapter)
     listed = await anyio.run_process(["docker", "ps", "-aq", "--filter", f"label=orchard.run={run_id}"])
     assert listed.stdout.strip() == b""
 
@@ -324,15 +330,4 @@ async def test_a_kubernetes_rollout_is_warm_by_default_and_leaves_nothing() -> N
         await adapter.doctor()
     except Exception as exc:  # noqa: BLE001 - any reason the cluster cannot be used here
         backend_missing(f"kubernetes: {exc}")
-    pool = oa.Pool(adapter)
-    try:
-        async with contextlib.aclosing(
-            oa.rollout(tasks(2, steps=1), StepsPolicy(), pool, n=4, concurrency=2)
-        ) as stream:
-            results = [t async for t in stream]
-        assert [t.status for t in results] == ["finished"] * 4
-        stats = pool.warm_stats
-        assert stats["hits"] + stats["claimed"] + stats["misses"] == 4 and stats["hits"] + stats["claimed"] >= 2, stats
-        assert await adapter.list_owned() == []
-    finally:
-        await adapter.close()
+    await served_warm_by_default(adapter)
