@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
@@ -140,9 +141,9 @@ def shell_command(keepalive: float = 0.0) -> list[str]:
     return ["sh", "-c", SHELL_WRAPPER, "orchard-shell", str(round(keepalive * 1000)), str(KEEPALIVE_CHECKS), WATCHDOG]
 
 
-def relay_command(fifo: str) -> list[str]:
-    """The argv of the output relay for FIFO ``fifo`` ("o" or "e")."""
-    return ["sh", "-c", RELAY, "orchard-relay", OUT_DIR, fifo]
+def relay_command(fifo: str, directory: str = OUT_DIR) -> list[str]:
+    """The argv of the output relay for FIFO ``fifo`` ("o" or "e") in ``directory``."""
+    return ["sh", "-c", RELAY, "orchard-relay", directory, fifo]
 
 
 def timer_args(ttl: float, attach_grace: float) -> list[str]:
@@ -495,8 +496,22 @@ async def concurrently(*calls: Callable[[], Awaitable[object]]) -> None:
 OpenOutput = Callable[[list[str]], Awaitable[OutputStream]]
 
 
-async def open_relays(open_output: OpenOutput, *, mount: str, where: str = "") -> tuple[OutputStream, OutputStream]:
-    """The two output relays (stdout, stderr; see RELAY), opened at once, each ready. ``mount``
+def session_pipes(open_output: OpenOutput | SplitRelay | None) -> str:
+    """Where a session's output FIFOs live. Relays run as execs get a directory of their own
+    per session: a controller killed while it started them can leave one that the daemon
+    starts only after the session's end had killed its processes, a reader of the old FIFOs
+    that would take every other command's output from the next session's relay. The relays
+    in a container's main process serve its one session, in OUT_DIR."""
+    if open_output is None or isinstance(open_output, SplitRelay):
+        return OUT_DIR
+    return f"{OUT_DIR}/{secrets.token_hex(6)}"
+
+
+async def open_relays(
+    open_output: OpenOutput, pipes: str = OUT_DIR, *, mount: str, where: str = ""
+) -> tuple[OutputStream, OutputStream]:
+    """The two output relays (stdout, stderr; see RELAY) on the FIFOs in ``pipes``, opened at
+    once, each ready. ``mount``
     names what a read-only root gets on /tmp (for the message when the image cannot write
     there), ``where`` the sandbox in messages. On failure none stays open."""
     relays: dict[str, OutputStream] = {}
@@ -504,7 +519,7 @@ async def open_relays(open_output: OpenOutput, *, mount: str, where: str = "") -
 
     async def open_relay(fifo: str) -> None:
         try:
-            relay = await open_output(relay_command(fifo))
+            relay = await open_output(relay_command(fifo, pipes))
         except (CreateFailed, BackendUnavailable) as exc:
             errors.append(exc)
             return
@@ -555,6 +570,7 @@ async def start_shell(
     fault (a workdir its user cannot create), else CreateFailed."""
     stderr = lambda: getattr(stream, "stderr_tail", b"").decode(errors="replace")  # noqa: E731
     relays: tuple[OutputStream, OutputStream] | None = None
+    pipes = session_pipes(open_output)
     try:
         await stream.send(preamble(workdir).encode())
         if open_output is not None:
@@ -562,7 +578,7 @@ async def start_shell(
                 if isinstance(open_output, SplitRelay):
                     relays = await attached_relays(open_output, mount=mount, where=where)
                 else:
-                    relays = await open_relays(open_output, mount=mount, where=where)
+                    relays = await open_relays(open_output, pipes, mount=mount, where=where)
             except (ConfigError, CreateFailed):
                 # A shell whose preamble failed ends the container, relays and all: its
                 # reason is the one to give.
@@ -578,7 +594,7 @@ async def start_shell(
             workdir=workdir,
             interrupt=interrupt,
             output_cap=output_cap,
-            output_pipes=OUT_DIR if relays else None,
+            output_pipes=pipes if relays else None,
             output_relays=relays,
         )
         await client.start(CTL_DIR)

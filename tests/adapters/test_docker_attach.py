@@ -8,8 +8,9 @@ import time
 import pytest
 
 import orchard_async as oa
-from orchard_async.container_shell import is_abandoned
-from tests.adapters.test_docker import containers, docker_daemon, make_adapter  # noqa: F401 - fixtures
+from orchard_async.container_reattach import attach_check_command, parse_attach_check
+from orchard_async.container_shell import is_abandoned, relay_command
+from tests.adapters.test_docker import containers, docker_cli, docker_daemon, eventually, make_adapter  # noqa: F401 - fixtures
 
 SPEC = oa.SandboxSpec(ttl=300)
 
@@ -36,6 +37,38 @@ async def test_attach_takes_over_a_sandbox_whose_controller_went(make_adapter) -
     assert (await taken.exec("echo again")).stdout == b"again\n"
     await taken.close()
     assert await containers(first.run_id) == []
+
+
+async def test_a_late_relay_of_the_old_session_never_takes_the_new_sessions_output(make_adapter) -> None:  # noqa: F811
+    """A controller killed while it started its output relays can leave one starting after
+    its session was ended (the daemon runs an exec whose client is gone): a ``cat`` on the old
+    session's FIFO that no orphan pass killed. The next session's output must not go to it
+    (seen as commands with an empty stderr after a service's ``kill -9``)."""
+    first, second = make_adapter(reattach_grace=60), make_adapter(reattach_grace=60)
+    box = await first.create(SPEC)
+    old_pipes = box._client.output_pipes
+    abandon(first, box)
+    await box._client.aclose()
+
+    async def ended() -> bool:
+        out = await docker_cli("exec", box.id, *attach_check_command())
+        return parse_attach_check(out.encode())[0] == "free"
+
+    await eventually(ended, 20, "the old session's end")
+    *_, script, name, directory, fifo = relay_command("e", old_pipes)
+    await docker_cli("exec", "-d", box.id, "sh", "-c", script, name, directory, fifo)
+    await eventually(lambda: _has_cat(box.id), 10, "the late relay's start")
+    taken = await second.attach(box.id)
+    try:
+        for n in range(6):
+            result = await taken.exec(f"echo out{n}; echo err{n} >&2")
+            assert (result.stdout, result.stderr) == (f"out{n}\n".encode(), f"err{n}\n".encode())
+    finally:
+        await taken.close()
+
+
+async def _has_cat(name: str) -> bool:
+    return "cat" in await docker_cli("exec", name, "ps", "-o", "args")
 
 
 async def test_attach_leaves_alone_a_sandbox_still_in_use(make_adapter) -> None:  # noqa: F811
