@@ -52,6 +52,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import socket
 import time
 import uuid
@@ -249,7 +250,8 @@ class DockerAdapter(BackgroundOwner):
                 return await call
         except TimeoutError:
             raise BackendUnavailable(
-                f"the Docker daemon at {self._endpoint} did not answer {what} within {limit:.0f}s"
+                f"the Docker daemon at {self._endpoint} did not answer {what} within {limit:.0f}s "
+                "(if it stays so, `orchard-async doctor` says whether its version can deadlock)"
             ) from None
         except aiodocker.DockerError as exc:
             if exc.status == 900:  # aiodocker's code for "could not connect"
@@ -638,11 +640,25 @@ class DockerAdapter(BackgroundOwner):
             await self._disconnect(docker)
         image = "present" if present else f"MISSING ({missing_image_hint(self.image, WHERE)})"
         keepalive = f"ends {self.keepalive:g} s after its controller goes silent" if self.keepalive else "no keepalive"
+        number = version.get("Version", "?")
         return (
-            f"Docker {version.get('Version', '?')} (API {version.get('ApiVersion', '?')}) at {self._endpoint}; "
+            f"Docker {number} (API {version.get('ApiVersion', '?')}) at {self._endpoint}; "
             f"default image {self.image} {image}; each sandbox: all capabilities dropped, no-new-privileges, "
-            f"pids limit from spec.pids, no network unless spec.network='on', {keepalive}"
+            f"pids limit from spec.pids, no network unless spec.network='on', {keepalive}" + known_deadlock(number)
         )
+
+
+def known_deadlock(version: str) -> str:
+    """A warning for a daemon with libnetwork's lock-order deadlock (moby/moby#42545: two
+    containers exiting at once can stop every later start; fixed in 20.10.27 and 23.0).
+    Debian 12 ships 20.10.24."""
+    major, minor, patch = ([int(part) for part in re.findall(r"\d+", version)] + [0, 0, 0])[:3]
+    if (major, minor) < (20, 10) or ((major, minor) == (20, 10) and patch < 27):
+        return (
+            f"; WARNING: dockerd {version} can deadlock when many containers start and exit at once "
+            "(moby/moby#42545): if creates then time out, restart it (scripts/docker-down.sh, scripts/docker-up.sh)"
+        )
+    return ""
 
 
 def _with_exec(options: str) -> str:
