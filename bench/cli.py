@@ -17,6 +17,7 @@ from pathlib import Path
 from rich.console import Console
 
 from orchard_async import ConfigError, check_output_file, run
+from orchard_async.serve import bench as serve_bench
 
 from .report import Result, load_average, machine_info, print_result, to_markdown, write_json
 
@@ -160,6 +161,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--settle", type=float, default=10.0, help="seconds to let a killed run's sandboxes self-destruct before reap"
     )
 
+    p = sub.add_parser(
+        "service", help="exec through `orchard-async serve` vs in-process, and the remote adapter; create rates"
+    )
+    serve_bench.add_arguments(p)
+    p.add_argument("--max-load", type=float, metavar="L", help="first wait (up to 10 min) for a load under L")
+
     p = sub.add_parser("compare", help="ratios between two result files (B/A)")
     p.add_argument("a", metavar="A.json")
     p.add_argument("b", metavar="B.json")
@@ -284,6 +291,10 @@ def main(args: argparse.Namespace) -> int:
         return compare(args.a, args.b, console)
     if args.scenario == "show":
         return _show(args, console)
+    if args.scenario == "service":
+        if args.max_load:
+            _wait_for_load(args.max_load, console)
+        return serve_bench.run(args)
     try:
         options = json.loads(args.adapter_options) if args.adapter_options else {}
     except json.JSONDecodeError as exc:

@@ -1,7 +1,7 @@
 """What the service costs: exec round trip and create/delete rate, through ``serve`` and in-process, in one run.
 
-    python -m orchard_async.serve.bench [--adapter local] [--ops 400] [--levels 1/1,64/64,64/8]
-                                        [--compare-plain] [--clients] [--json FILE] [--markdown FILE]
+    orchard-async bench service [--adapter local] [--ops 400] [--levels 1/1,64/64,64/8]
+                                [--compare-plain] [--clients] [--json FILE] [--markdown FILE]
 
 One service (``orchard-async serve``, its own process, on loopback) and one in-process adapter of
 the same kind, side by side. For each level ``C/S`` (C callers over S sandboxes; a sandbox's
@@ -42,6 +42,8 @@ import anyio
 import httpx
 
 import orchard_async as oa
+from orchard_async.errors import ConfigError
+from orchard_async.paths import check_output_file
 
 IMAGE = "orchard/busybox:test"
 ORCHARD_EXEC = {"command": "true", "timeout_seconds": None, "cwd": None, "env": None, "login_shell": False}
@@ -378,7 +380,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser)
-    args = parser.parse_args(argv)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """One measurement, written where asked and printed (``orchard-async bench service``)."""
+    for flag, path in (("--json", args.json_out), ("--markdown", args.markdown)):
+        if path:
+            check_output_file(path, what=flag)
+    try:
+        options = json.loads(args.adapter_options) if args.adapter_options else {}
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--adapter-options is not valid JSON: {exc}") from None
+    if not isinstance(options, dict):
+        raise ConfigError("--adapter-options must be a JSON object")
     result = oa.run(measure, args)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2))
