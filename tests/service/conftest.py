@@ -5,7 +5,6 @@ hung-up connections)."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -69,17 +68,14 @@ async def start_service(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable
         await runner.cleanup()
 
 
-# The backend behind the contract tests: local by default; ORCHARD_SERVE_TEST_ADAPTER=docker
-# runs the same tests against docker (a daemon must answer; skipped without one, failed in CI).
-TEST_ADAPTER = os.environ.get("ORCHARD_SERVE_TEST_ADAPTER", "local")
-
-
-@pytest.fixture
-async def service(start_service: Callable[..., Awaitable[Service]]) -> Service:
+# The backends behind the contract tests: local in the default run, docker in the soak run too
+# (a daemon must answer; skipped without one, failed in CI). Both hold the same tests.
+@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.soak)])
+async def service(request: pytest.FixtureRequest, start_service: Callable[..., Awaitable[Service]]) -> Service:
     try:
-        return await start_service(TEST_ADAPTER)
+        return await start_service(request.param)
     except oa.AdapterUnavailable as exc:
-        backend_missing(f"{TEST_ADAPTER}: {exc}")
+        backend_missing(f"{request.param}: {exc}")
 
 
 @pytest.fixture
