@@ -76,12 +76,6 @@ from orchard_async.container_shell import (
     DEFAULT_WORKDIR,
     RELAYS_IN_MAIN,
     SHELL_ONLY,
-    DuplexStream,
-    ExecStream,
-    Heartbeat,
-    OutputStream,
-    SplitRelay,
-    close_streams,
     concurrently,
     container_sandbox,
     is_abandoned,
@@ -90,6 +84,7 @@ from orchard_async.container_shell import (
     timer_args,
 )
 from orchard_async.errors import AdapterUnavailable, BackendUnavailable, ConfigError, CreateFailed, SandboxLost
+from orchard_async.exec_streams import DuplexStream, ExecStream, Heartbeat, OutputStream, SplitRelay, close_streams
 from orchard_async.images import ImageMissing, build_command, missing_image_hint
 from orchard_async.protocols import Sandbox
 from orchard_async.sandbox import ShellSandbox

@@ -12,8 +12,8 @@ from aiodocker.containers import DockerContainer
 
 from orchard_async import labels as names
 from orchard_async.container_reattach import attach_check_command, wait_attachable
-from orchard_async.container_shell import OutputStream
 from orchard_async.errors import BackendUnavailable, CreateFailed, SandboxLost
+from orchard_async.exec_streams import OutputStream
 from orchard_async.sandbox import ShellSandbox
 
 from .docker import DockerAdapter

@@ -21,6 +21,7 @@ from orchard_async import container_reattach, container_shell
 from orchard_async import labels as names
 from orchard_async.background import Background, BackgroundOwner
 from orchard_async.errors import ConfigError, CreateFailed, OrchardError, SandboxLost
+from orchard_async.exec_streams import OutputStream, close_streams
 from orchard_async.images import ImageMissing, missing_image_hint
 from orchard_async.pool import explained_deadline
 from orchard_async.protocols import Sandbox
@@ -264,7 +265,7 @@ class KubernetesAdapter(BackgroundOwner):
         self,
         name: str,
         client: CgroupShellClient,
-        relays: list[container_shell.OutputStream],
+        relays: list[OutputStream],
         labels: dict[str, str],
         expires_at: float,
         allow: bool,
@@ -281,7 +282,7 @@ class KubernetesAdapter(BackgroundOwner):
             # killing the pod) are not the caller's to wait for: they run in the background,
             # and close() waits for them (they end by themselves: CLOSE_TIMEOUT bounds each).
             self._background.start_soon(client.aclose, cancel_on_close=False)
-            self._background.start_soon(container_shell.close_streams, relays, cancel_on_close=False)
+            self._background.start_soon(close_streams, relays, cancel_on_close=False)
 
         opener = functools.partial(self._open_stream, PodRef(self.namespace, name))
         sandbox = self._live[name] = container_shell.container_sandbox(
@@ -291,7 +292,7 @@ class KubernetesAdapter(BackgroundOwner):
 
     async def _create(
         self, name: str, spec: SandboxSpec, image: str, labels: dict[str, str], allow: bool
-    ) -> tuple[CgroupShellClient, list[container_shell.OutputStream]] | None:
+    ) -> tuple[CgroupShellClient, list[OutputStream]] | None:
         secret = new_secret() if self.relay_port else None
         manifest = self._pod_manifest(name, spec, image, labels, secret)
         try:
@@ -393,9 +394,7 @@ class KubernetesAdapter(BackgroundOwner):
         extra = f"; last event: {event}" if event and event not in why else ""
         return f"sandbox pod {name} (image {image}) was not ready within {budget:.3g}s: {why}{extra}"
 
-    async def _open_shell(
-        self, pod: PodRef, workdir: str
-    ) -> tuple[CgroupShellClient, list[container_shell.OutputStream]]:
+    async def _open_shell(self, pod: PodRef, workdir: str) -> tuple[CgroupShellClient, list[OutputStream]]:
         """The long-lived shell exec, its output relays (when the transport has them), and
         the shell-session server; the client and the relays (closed with the pod)."""
         name = pod.name

@@ -31,8 +31,8 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from kubernetes_asyncio import client as k8s
 
 from orchard_async.background import Background
-from orchard_async.container_shell import DuplexStream, ExecStream, OutputStream
 from orchard_async.errors import BackendUnavailable, CreateFailed
+from orchard_async.exec_streams import DuplexStream, ExecStream, OutputStream
 
 from .relay import EXIT, OK, REFUSED, RELAY_PORT, STDERR, STDOUT
 from .transport import ExecTransport, PodRef

@@ -20,8 +20,8 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.stream import WsApiClient
 
 from orchard_async.background import Background
-from orchard_async.container_shell import DuplexStream, ExecStream, OutputStream
 from orchard_async.errors import BackendUnavailable, CreateFailed
+from orchard_async.exec_streams import DuplexStream, ExecStream, OutputStream
 
 from .api import API_TIMEOUT
 from .manifests import CONTAINER
