@@ -21,8 +21,9 @@ Built as follows, on the node, by a controller that reaches the node's container
 4. The image (``docker.io/orchard/ksnap:<hex>``) is labelled with the run's lease (owner,
    run, expiry, controller) for ``reap``; forks run it with pull policy ``Never``.
 
-Removal is ``ctr images rm --sync`` (containerd's garbage collector then drops the layer and
-its unpacked snapshot once no fork's container holds them).
+Removal is ``ctr images rm --sync`` of that name and of the second name the CRI plugin gives
+every image (its config digest); containerd's garbage collector then drops the layer, and its
+unpacked snapshot once no fork's container holds it.
 """
 
 from __future__ import annotations
@@ -135,12 +136,19 @@ class Ctr:
         return found
 
     def remove(self, ref: str) -> None:
-        """Remove an image; nothing when it is gone already."""
+        """Remove a snapshot image; nothing when it is gone already. The CRI plugin names
+        every image it sees a second time, by its config digest (its image id): that record
+        goes first (a crash between the two leaves the name, which finds it again)."""
         try:
-            self.run("images", "rm", "--sync", ref)
-        except Unavailable as exc:
-            if "not found" not in str(exc):
-                raise
+            config = manifest_of(self, ref)[1]["config"]["digest"]
+        except Unavailable:
+            config = None  # gone already (or unreadable: the name's removal below says which)
+        for name in [config, ref] if config else [ref]:
+            try:
+                self.run("images", "rm", "--sync", name)
+            except Unavailable as exc:
+                if "not found" not in str(exc):
+                    raise
 
 
 def manifest_of(ctr: Ctr, ref: str) -> tuple[str, dict[str, Any]]:
@@ -218,16 +226,20 @@ class HashingReader:
 
 
 def extended(
-    manifest_type: str, manifest: dict[str, Any], config: dict[str, Any], layer: tuple[str, int]
+    manifest_type: str, manifest: dict[str, Any], config: dict[str, Any], layer: tuple[str, int], ref: str = ""
 ) -> tuple[bytes, bytes]:
-    """The base's manifest and config with ``layer`` (digest, size; uncompressed) on top."""
+    """The base's manifest and config with ``layer`` (digest, size; uncompressed) on top; the
+    history names ``ref``, so that no two snapshots share a config (the CRI's image id)."""
     digest, size = layer
     config = dict(config)
     rootfs = dict(config.get("rootfs") or {"type": "layers"})
     rootfs["diff_ids"] = [*rootfs.get("diff_ids", []), digest]
     config["rootfs"] = rootfs
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    config["history"] = [*config.get("history", []), {"created": now, "created_by": "orchard-async snapshot"}]
+    config["history"] = [
+        *config.get("history", []),
+        {"created": now, "created_by": f"orchard-async snapshot {ref}".strip()},
+    ]
     config["created"] = now
     config_bytes = json.dumps(config, separators=(",", ":")).encode()
     layer_type = DOCKER_LAYER_TAR if manifest_type == DOCKER_MANIFEST else LAYER_TAR
@@ -297,7 +309,7 @@ def build(ctr: Ctr, container_id: str, ref: str, labels: dict[str, str], scratch
     layer_path, import_path = scratch / "layer.tar", scratch / "import.tar"
     try:
         layer = diff(ctr, info, layer_path)
-        new_manifest, new_config = extended(manifest_type, manifest, config, layer)
+        new_manifest, new_config = extended(manifest_type, manifest, config, layer, ref)
         oci_layout(import_path, ref, manifest_type, new_manifest, new_config, layer_path)
         layer_path.unlink()
         ctr.run("images", "import", "--snapshotter", info["Snapshotter"], str(import_path), timeout=3600)

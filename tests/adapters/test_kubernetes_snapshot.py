@@ -159,7 +159,7 @@ def test_a_snapshot_image_is_its_base_plus_one_layer() -> None:
         "rootfs": {"type": "layers", "diff_ids": ["sha256:d0"]},
         "history": [{"created_by": "base"}],
     }
-    new_manifest, new_config = images.extended(images.DOCKER_MANIFEST, manifest, config, ("sha256:new", 123))
+    new_manifest, new_config = images.extended(images.DOCKER_MANIFEST, manifest, config, ("sha256:new", 123), "a:1")
     made, built = json.loads(new_manifest), json.loads(new_config)
     assert made["layers"][:-1] == manifest["layers"]
     assert made["layers"][-1] == {"mediaType": images.DOCKER_LAYER_TAR, "digest": "sha256:new", "size": 123}
@@ -167,7 +167,10 @@ def test_a_snapshot_image_is_its_base_plus_one_layer() -> None:
     assert made["config"]["size"] == len(new_config) and made["mediaType"] == images.DOCKER_MANIFEST
     assert built["rootfs"]["diff_ids"] == ["sha256:d0", "sha256:new"]  # the uncompressed layer's digest
     assert built["config"] == config["config"] and built["architecture"] == "amd64"
-    assert len(built["history"]) == 2
+    assert len(built["history"]) == 2 and "a:1" in built["history"][1]["created_by"]
+    # two snapshots with the same layer still differ in config: the CRI names an image by it
+    other = images.extended(images.DOCKER_MANIFEST, manifest, config, ("sha256:new", 123), "a:2")[1]
+    assert hashlib.sha256(other).digest() != hashlib.sha256(new_config).digest()
     oci = json.loads(
         images.extended("application/vnd.oci.image.manifest.v1+json", manifest, config, ("sha256:n", 1))[0]
     )
