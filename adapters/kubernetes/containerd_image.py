@@ -7,13 +7,12 @@ Built as follows, on the node, by a controller that reaches the node's container
 
 1. ``ctr containers info <id>`` of the pod's sandbox container names its snapshotter and the
    snapshot key of its root file system, and the image it runs.
-2. ``ctr snapshots diff`` of that key against its parent is the container's writes as an
-   uncompressed OCI layer tar: containerd's own differ turns overlay whiteouts and opaque
-   dirs into ``.wh.`` entries. The layer is streamed through a filter that leaves out what
-   belongs to the pod, not to the task: the shell protocol's control dir (``/tmp/.orchard``)
-   and the mount points the runtime creates (``/etc/hosts``, ``/etc/hostname``,
-   ``/etc/resolv.conf``, ``/dev/termination-log``). The diff's own blob is removed from the
-   content store at once (containerd would collect it later).
+2. The container's writes as an uncompressed OCI layer tar (containerd_layer.py): GNU tar of
+   its overlay upper dir (``ctr snapshots mounts`` names it), else ``ctr snapshots diff``,
+   through a filter that makes overlay whiteouts OCI ones and leaves out what belongs to the
+   pod, not to the task: the shell protocol's control dir (``/tmp/.orchard``) and the mount
+   points the runtime creates (``/etc/hosts``, ``/etc/hostname``, ``/etc/resolv.conf``,
+   ``/dev/termination-log``).
 3. The image's manifest and config (``ctr content get``) get the layer appended (the
    config's ``rootfs.diff_ids`` and history, the manifest's layers), and the three blobs go
    to ``ctr images import`` as a small OCI layout: the base's layers are in the content
@@ -39,25 +38,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchard_async.container_shell import CTL_DIR
+from .containerd_layer import LAYER_TAR, Unavailable, container_layer
 
 NAMESPACE = "k8s.io"  # the CRI plugin's containerd namespace: the kubelet sees only images there
 REPO = "docker.io/orchard/ksnap"
-LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
 DOCKER_LAYER_TAR = "application/vnd.docker.image.rootfs.diff.tar"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 INDEXES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
 DEFAULT_ADDRESS = "/run/containerd/containerd.sock"
 CTR_TIMEOUT = 120.0  # seconds one small ctr call may take (a loaded node answers in well under one)
-# Written into the container by the runtime or by the shell protocol, not by the task.
-LEFT_OUT = (CTL_DIR.lstrip("/"), "etc/hosts", "etc/hostname", "etc/resolv.conf", "dev/termination-log")
 LABEL_PREFIX = "orchard."
-COPY_CHUNK = 1024 * 1024
-
-
-class Unavailable(Exception):
-    """containerd cannot be used for this sandbox (the message says why); the caller may fall
-    back to the tar method."""
 
 
 def address(configured: str | None) -> str:
@@ -165,66 +155,6 @@ def manifest_of(ctr: Ctr, ref: str) -> tuple[str, dict[str, Any]]:
     return media_type, document
 
 
-def keep(name: str) -> bool:
-    """Whether a diff entry belongs in the snapshot's layer (see LEFT_OUT)."""
-    path = name.lstrip("./")
-    return not any(path == left or path.startswith(left + "/") for left in LEFT_OUT)
-
-
-def filtered_layer(source: Any, target: Path) -> tuple[str, int]:
-    """Copy a layer tar stream into ``target`` without what ``keep`` refuses; its sha256
-    digest and size."""
-    with tarfile.open(fileobj=source, mode="r|") as layer, tarfile.open(target, "w", format=tarfile.PAX_FORMAT) as out:
-        for member in layer:
-            if keep(member.name):
-                out.addfile(member, layer.extractfile(member) if member.isfile() else None)
-    digest = hashlib.sha256()
-    with target.open("rb") as written:
-        while chunk := written.read(COPY_CHUNK):
-            digest.update(chunk)
-    return f"sha256:{digest.hexdigest()}", target.stat().st_size
-
-
-def diff(ctr: Ctr, info: dict[str, Any], target: Path) -> tuple[str, int]:
-    """The container's writes as a filtered layer in ``target``: (digest, size)."""
-    argv = ctr.argv("snapshots", "--snapshotter", info["Snapshotter"], "diff", "--media-type", LAYER_TAR)
-    with subprocess.Popen([*argv, info["SnapshotKey"]], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
-        assert proc.stdout is not None and proc.stderr is not None
-        raw = HashingReader(proc.stdout)
-        try:
-            layer = filtered_layer(raw, target)
-        finally:
-            raw.drain()
-            said = proc.stderr.read().decode(errors="replace").strip()
-    if proc.returncode != 0:
-        raise Unavailable(f"ctr snapshots diff failed: {said.splitlines()[-1] if said else proc.returncode}")
-    # The differ left its (unlabelled, unreferenced) blob in the content store: ours to remove.
-    try:
-        ctr.run("content", "rm", raw.digest())
-    except Unavailable:
-        pass  # collected later by containerd's garbage collector
-    return layer
-
-
-class HashingReader:
-    """A read-only stream that hashes what passes (the diff's blob digest, to remove it)."""
-
-    def __init__(self, raw: Any) -> None:
-        self.raw, self.hash = raw, hashlib.sha256()
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.raw.read(size)
-        self.hash.update(data)
-        return data
-
-    def drain(self) -> None:
-        while self.read(COPY_CHUNK):
-            pass
-
-    def digest(self) -> str:
-        return f"sha256:{self.hash.hexdigest()}"
-
-
 def extended(
     manifest_type: str, manifest: dict[str, Any], config: dict[str, Any], layer: tuple[str, int], ref: str = ""
 ) -> tuple[bytes, bytes]:
@@ -300,19 +230,30 @@ def build(ctr: Ctr, container_id: str, ref: str, labels: dict[str, str], scratch
     built (the base image, the layer's size). ``scratch`` is a dir of the caller's for the
     layer and the import tar, emptied before this returns. Unavailable when containerd
     cannot be used for this container (nothing imported then)."""
+    steps: dict[str, float] = {}
+    started = time.perf_counter()
+
+    def step(name: str) -> None:
+        nonlocal started
+        now = time.perf_counter()
+        steps[name], started = round((now - started) * 1000, 1), now
+
     info = ctr.container(container_id)
     base = info.get("Image") or ""
     if not base or not info.get("SnapshotKey"):
         raise Unavailable(f"container {container_id[:12]} names no image or snapshot in containerd")
     manifest_type, manifest = manifest_of(ctr, base)
     config = json.loads(ctr.blob(manifest["config"]["digest"]))
+    step("base_ms")
     layer_path, import_path = scratch / "layer.tar", scratch / "import.tar"
     try:
-        layer = diff(ctr, info, layer_path)
+        layer = container_layer(ctr, info, layer_path)
+        step("diff_ms")
         new_manifest, new_config = extended(manifest_type, manifest, config, layer, ref)
         oci_layout(import_path, ref, manifest_type, new_manifest, new_config, layer_path)
         layer_path.unlink()
         ctr.run("images", "import", "--snapshotter", info["Snapshotter"], str(import_path), timeout=3600)
+        step("import_ms")
         try:
             ctr.run("images", "label", ref, *(f"{key}={value}" for key, value in labels.items()))
         except BaseException:
@@ -321,4 +262,5 @@ def build(ctr: Ctr, container_id: str, ref: str, labels: dict[str, str], scratch
     finally:
         layer_path.unlink(missing_ok=True)
         import_path.unlink(missing_ok=True)
-    return {"base": base, "layer_bytes": layer[1], "snapshotter": info["Snapshotter"]}
+    step("label_ms")
+    return {"base": base, "layer_bytes": layer[1], "snapshotter": info["Snapshotter"], **steps}

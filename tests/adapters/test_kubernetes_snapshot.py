@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import stat
 import subprocess
 import sys
 import tarfile
@@ -22,6 +23,7 @@ import orchard_async as oa
 from orchard_async import labels as names
 from orchard_async.adapters.kubernetes import KubernetesAdapter
 from orchard_async.adapters.kubernetes import containerd_image as images
+from orchard_async.adapters.kubernetes import containerd_layer as layers
 from orchard_async.adapters.kubernetes import snapshot as snaps
 from orchard_async.errors import ConfigError
 from tests.conftest import backend_missing, cluster_configured
@@ -124,7 +126,7 @@ def test_a_snapshot_layer_keeps_the_tasks_writes_and_leaves_out_the_pods_own(tmp
             ("dev/termination-log", b""),
         ]
     )
-    digest, size = images.filtered_layer(source, tmp_path / "layer.tar")
+    digest, size = layers.filtered_layer(source, tmp_path / "layer.tar")
     written = (tmp_path / "layer.tar").read_bytes()
     assert (digest, size) == (f"sha256:{hashlib.sha256(written).hexdigest()}", len(written))
     with tarfile.open(tmp_path / "layer.tar") as layer:
@@ -141,6 +143,48 @@ def test_a_snapshot_layer_keeps_the_tasks_writes_and_leaves_out_the_pods_own(tmp
         "etc/hosts.allow": b"kept",
     }
     assert mode == 0o640
+
+
+def test_an_overlay_upper_dir_becomes_an_oci_layer(tmp_path: Path) -> None:
+    """overlayfs marks a deleted file with a 0/0 character device and a dir that replaced one
+    below with ``trusted.overlay.opaque=y``: the layer has ``.wh.`` files for them instead."""
+    if os.geteuid() != 0:
+        pytest.skip("whiteouts (mknod) and trusted xattrs need root")
+    upper = tmp_path / "upper"
+    (upper / "bin").mkdir(parents=True)
+    os.mknod(upper / "bin" / "vi", 0o600 | stat.S_IFCHR, os.makedev(0, 0))  # a deleted /bin/vi
+    (upper / "srv" / "redone").mkdir(parents=True)
+    try:
+        os.setxattr(upper / "srv" / "redone", "trusted.overlay.opaque", b"y")
+    except OSError as exc:
+        pytest.skip(f"no trusted xattrs on {tmp_path}: {exc}")
+    (upper / "srv" / "redone" / "new.txt").write_text("new\n")
+    (upper / "opt").mkdir()
+    (upper / "opt" / "tool").write_text("#!/bin/sh\n")
+    (upper / "opt" / "tool").chmod(0o755)
+    os.link(upper / "opt" / "tool", upper / "opt" / "tool-link")
+    (upper / "tmp" / ".orchard").mkdir(parents=True)
+    (upper / "tmp" / ".orchard" / "shell.pid").write_text("7")
+    layers.upper_layer(str(upper), tmp_path / "layer.tar")
+    with tarfile.open(tmp_path / "layer.tar") as layer:
+        members = {member.name: member for member in layer}
+        assert layer.extractfile(members["srv/redone/new.txt"]).read() == b"new\n"
+    assert sorted(members) == [
+        "bin",
+        "bin/.wh.vi",
+        "opt",
+        "opt/tool",
+        "opt/tool-link",
+        "srv",
+        "srv/redone",
+        "srv/redone/.wh..wh..opq",
+        "srv/redone/new.txt",
+        "tmp",
+    ]
+    assert members["bin/.wh.vi"].isfile() and members["srv/redone/.wh..wh..opq"].isfile()
+    first, second = sorted(("opt/tool", "opt/tool-link"), key=lambda name: members[name].islnk())
+    assert members[first].mode == 0o755 and members[second].islnk() and members[second].linkname == first
+    assert not any(key.startswith(layers.OVERLAY_XATTR) for m in members.values() for key in m.pax_headers)
 
 
 def test_a_snapshot_image_is_its_base_plus_one_layer() -> None:
@@ -174,7 +218,7 @@ def test_a_snapshot_image_is_its_base_plus_one_layer() -> None:
     oci = json.loads(
         images.extended("application/vnd.oci.image.manifest.v1+json", manifest, config, ("sha256:n", 1))[0]
     )
-    assert oci["layers"][-1]["mediaType"] == images.LAYER_TAR
+    assert oci["layers"][-1]["mediaType"] == layers.LAYER_TAR
 
 
 class FakeContainerd:
