@@ -183,8 +183,9 @@ def extended(
     return json.dumps(new_manifest, separators=(",", ":")).encode(), config_bytes
 
 
-def oci_layout(target: Path, ref: str, manifest_type: str, manifest: bytes, config: bytes, layer: Path) -> None:
-    """An OCI image layout tar for ``ctr images import``: the new blobs only."""
+def oci_layout(target: Any, ref: str, manifest_type: str, manifest: bytes, config: bytes, layer: Path) -> None:
+    """An OCI image layout tar for ``ctr images import``, written to the stream ``target``:
+    the new blobs only."""
     manifest_digest = f"sha256:{hashlib.sha256(manifest).hexdigest()}"
     index = {
         "schemaVersion": 2,
@@ -200,7 +201,7 @@ def oci_layout(target: Path, ref: str, manifest_type: str, manifest: bytes, conf
             }
         ],
     }
-    with tarfile.open(target, "w") as out:
+    with tarfile.open(fileobj=target, mode="w|") as out:
 
         def add(name: str, data: bytes) -> None:
             info = tarfile.TarInfo(name)
@@ -227,8 +228,8 @@ class _BytesReader:
 
 def build(ctr: Ctr, container_id: str, ref: str, labels: dict[str, str], scratch: Path) -> dict[str, Any]:
     """Import the container's file system as image ``ref`` labelled ``labels``; what was
-    built (the base image, the layer's size). ``scratch`` is a dir of the caller's for the
-    layer and the import tar, emptied before this returns. Unavailable when containerd
+    built (the base image, the layer's size, the steps' times). ``scratch`` is a dir of the
+    caller's for the layer, emptied before this returns. Unavailable when containerd
     cannot be used for this container (nothing imported then)."""
     steps: dict[str, float] = {}
     started = time.perf_counter()
@@ -245,14 +246,23 @@ def build(ctr: Ctr, container_id: str, ref: str, labels: dict[str, str], scratch
     manifest_type, manifest = manifest_of(ctr, base)
     config = json.loads(ctr.blob(manifest["config"]["digest"]))
     step("base_ms")
-    layer_path, import_path = scratch / "layer.tar", scratch / "import.tar"
+    layer_path = scratch / "layer.tar"
     try:
         layer = container_layer(ctr, info, layer_path)
         step("diff_ms")
         new_manifest, new_config = extended(manifest_type, manifest, config, layer, ref)
-        oci_layout(import_path, ref, manifest_type, new_manifest, new_config, layer_path)
-        layer_path.unlink()
-        ctr.run("images", "import", "--snapshotter", info["Snapshotter"], str(import_path), timeout=3600)
+        # streamed into ctr: the layer is written once more, into the content store
+        argv = ctr.argv("images", "import", "--snapshotter", info["Snapshotter"], "-")
+        with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+            assert proc.stdin is not None and proc.stderr is not None
+            try:
+                with proc.stdin:
+                    oci_layout(proc.stdin, ref, manifest_type, new_manifest, new_config, layer_path)
+            except BrokenPipeError:
+                pass  # ctr stopped reading: what it said is below
+            said = proc.stderr.read().decode(errors="replace").strip()
+        if proc.returncode != 0:
+            raise Unavailable(f"ctr images import failed: {said.splitlines()[-1] if said else proc.returncode}")
         step("import_ms")
         try:
             ctr.run("images", "label", ref, *(f"{key}={value}" for key, value in labels.items()))
@@ -261,6 +271,5 @@ def build(ctr: Ctr, container_id: str, ref: str, labels: dict[str, str], scratch
             raise
     finally:
         layer_path.unlink(missing_ok=True)
-        import_path.unlink(missing_ok=True)
     step("label_ms")
     return {"base": base, "layer_bytes": layer[1], "snapshotter": info["Snapshotter"], **steps}
