@@ -15,6 +15,7 @@ set-up base is snapshotted, then 8 forks are created at once from the snapshot (
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -92,15 +93,16 @@ async def create_many(adapter: oa.Adapter, spec: oa.SandboxSpec) -> tuple[float,
     return (time.perf_counter() - start) * 1000, made
 
 
-async def snapshot_and_fork(adapter: oa.Adapter, setup: str) -> tuple[float, float, str, str]:
-    """One base set up, snapshotted, GROUP forks at once: (snapshot ms, forks ms, method, work dir KiB)."""
+async def snapshot_and_fork(adapter: oa.Adapter, setup: str) -> tuple[float, float, str, str, dict]:
+    """One base set up, snapshotted, GROUP forks at once: (snapshot ms, forks ms, method, work
+    dir KiB, the containerd build's steps)."""
     base = await adapter.create(oa.SandboxSpec(ttl=600))
     try:
         assert (await base.exec(setup)).ok
         size = (await base.exec("du -sk . | cut -f1")).stdout.decode().strip()
         took, snapshot = await timed(adapter.snapshot(base))
-        lease = (adapter.snapshot_dir / snapshot / "lease.json").read_text()  # type: ignore[attr-defined]
-        method = "containerd" if '"method": "containerd"' in lease else "tar"
+        lease = json.loads((adapter.snapshot_dir / snapshot / "lease.json").read_text())  # type: ignore[attr-defined]
+        method, built = lease["method"], lease.get("built", {})
         forks_ms, forks = await create_many(adapter, oa.SandboxSpec(ttl=600, snapshot=snapshot))
         for box in forks:  # each fork has the work dir
             assert (await box.exec("test -s repo/src/f50.txt")).ok
@@ -108,7 +110,7 @@ async def snapshot_and_fork(adapter: oa.Adapter, setup: str) -> tuple[float, flo
         await adapter.drop_snapshot(snapshot)
     finally:
         await base.close()
-    return took, forks_ms, method, size
+    return took, forks_ms, method, size, built
 
 
 async def methods(rounds: int) -> None:
@@ -124,6 +126,7 @@ async def methods(rounds: int) -> None:
         for setup in (SMALL, STDLIB) if has_python else (SMALL,):
             before = os.getloadavg()[0]
             plain: list[float] = []
+            steps: dict[str, list[float]] = {}
             timings: dict[str, tuple[list[float], list[float]]] = {"containerd": ([], []), "tar": ([], [])}
             for round_ in range(rounds):
                 took, boxes = await create_many(by_tar, oa.SandboxSpec(ttl=600))
@@ -131,7 +134,10 @@ async def methods(rounds: int) -> None:
                 for box in boxes:
                     await box.close()
                 for adapter in (by_image, by_tar) if round_ % 2 == 0 else (by_tar, by_image):
-                    snap_ms, forks_ms, method, size = await snapshot_and_fork(adapter, setup)
+                    snap_ms, forks_ms, method, size, built = await snapshot_and_fork(adapter, setup)
+                    for key, value in built.items():
+                        if key.endswith("_ms"):
+                            steps.setdefault(key, []).append(value)
                     timings[method][0].append(snap_ms)
                     timings[method][1].append(forks_ms)
             p50 = statistics.median
@@ -142,6 +148,7 @@ async def methods(rounds: int) -> None:
                     f"  {method}: snapshot p50 {p50(snaps_ms):.0f} ms, {GROUP} forks p50 {p50(forks_ms):.0f} ms, "
                     f"snapshot+forks p50 {p50(total):.0f} ms (min {min(total):.0f}, max {max(total):.0f}); {rounds} rounds"
                 )
+            print("  containerd snapshot steps p50: " + ", ".join(f"{k} {p50(v):.0f}" for k, v in steps.items()))
             print(f"  load {before:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
 
 
