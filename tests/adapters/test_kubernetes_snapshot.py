@@ -352,10 +352,12 @@ async def test_a_containerd_snapshot_carries_the_whole_file_system_and_leaves_no
             backend_missing(f"kubernetes: no containerd to import into: {exc}")
         assert ctr is not None and "containerd image import" in await adapter.doctor()
         base = await adapter.create(oa.SandboxSpec(ttl=300, image=base_image))
-        if not (await base.exec("test -f /etc/profile")).ok:
-            backend_missing(f"{base_image} has no /etc/profile (the file this test removes in the base)")
-        setup = "echo kept > file && mkdir -p /opt && echo setup > /opt/outside && rm /etc/profile && echo x > /tmp/.orchard/mine"
-        assert (await base.exec(setup)).ok
+        # a file of the image to remove (Debian images have the first, busybox the second)
+        found = await base.exec("for f in /etc/profile /bin/vi; do if [ -e $f ]; then echo $f; break; fi; done")
+        image_file = found.stdout.decode().strip()
+        assert image_file, f"{base_image} has neither /etc/profile nor /bin/vi"
+        setup = f"echo kept > file && mkdir -p /opt && echo setup > /opt/outside && rm {image_file}"
+        assert (await base.exec(setup + " && echo x > /tmp/.orchard/mine")).ok
         snapshot = await adapter.snapshot(base)
         lease = json.loads((tmp_path / "snaps" / snapshot / "lease.json").read_text())
         assert lease["method"] == "containerd" and not (tmp_path / "snaps" / snapshot / "tree.tar").exists()
@@ -364,7 +366,7 @@ async def test_a_containerd_snapshot_carries_the_whole_file_system_and_leaves_no
         assert labels[names.RUN] == adapter.run_id and labels["orchard.snapshot"] == snapshot
         assert (await base.exec("echo later > file && rm /opt/outside")).ok  # after the snapshot: in no fork
         fork = await adapter.create(oa.SandboxSpec(ttl=300, snapshot=snapshot))
-        listing = await fork.exec("cat file /opt/outside; test -e /etc/profile || echo removed; ls /tmp/.orchard")
+        listing = await fork.exec(f"cat file /opt/outside; test -e {image_file} || echo removed; ls /tmp/.orchard")
         assert listing.stdout.decode().split()[:3] == ["kept", "setup", "removed"], listing.stdout
         assert b"mine" not in listing.stdout and b"shell.pid" in listing.stdout  # its own shell's, not the base's
         pod = await adapter.api.request("GET", adapter.api.path("pods", fork.id), what="pod get")
