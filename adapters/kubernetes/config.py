@@ -52,7 +52,7 @@ class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     # websocket where the pod IP does not answer or the image has no python3 for the relay
     pod_ip: bool = True
     relay_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = RELAY_PORT  # the relay's port in each pod
-    # where snapshots (the work dir as a tar, snapshot.py) are kept on the controller (else
+    # where snapshots (their leases, and the work-dir tars: snapshot.py) are kept on the controller (else
     # ORCHARD_K8S_SNAPSHOT_DIR, else ~/.cache/orchard-async/kubernetes-snapshots)
     snapshot_dir: str | None = None
     # how snapshots are taken (snapshot.py): "auto" imports the sandbox's file system into its
