@@ -13,7 +13,8 @@
 # `k8s-cluster-up.sh apiserver-stop|apiserver-start`), ORCHARD_K8S_IMAGE (the adapter's
 # default image: orchard/python:test when Docker had it to give, else local/busybox:1) and
 # ORCHARD_HOST_NS_PID (a process in the host's namespaces: docker-up.sh starts dockerd there)
-# and ORCHARD_K8S_POD_MAX_PIDS (the kubelet's per-pod pids limit, $POD_MAX_PIDS, default 1024).
+# and ORCHARD_K8S_POD_MAX_PIDS (the kubelet's per-pod pids limit, $POD_MAX_PIDS, default 1024)
+# and CONTAINERD_ADDRESS (the node's containerd socket: snapshots import into it).
 # The images Docker has of $PY_IMAGE and $ORCHARD_K8S_EXTRA_IMAGES (default: the SWE recipe's
 # orchard/swe-python:bookworm, what `orchard-async demo --adapter kubernetes` runs) are loaded
 # into the node's containerd.
@@ -156,6 +157,8 @@ inner() {
     trap - INT QUIT
     export KUBECONFIG="$WORK/kubeconfig" ORCHARD_K8S_WORK="$WORK" ORCHARD_K8S_SCRIPTS="$here"
     export ORCHARD_K8S_POD_MAX_PIDS="$POD_MAX_PIDS"
+    # the node's containerd: kubernetes snapshots import into it (adapters/kubernetes/snapshot.py)
+    export CONTAINERD_ADDRESS="$WORK/containerd/containerd.sock"
     export ORCHARD_K8S_IMAGE="${ORCHARD_K8S_IMAGE:-${default_image:-local/busybox:1}}"
     exec "$@"
   ) <&3 &

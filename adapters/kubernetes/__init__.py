@@ -9,7 +9,10 @@ The package, bottom up (each module imports only those above it):
 * ``relay``: the relay program each pod runs, its entry and its secret (pure);
 * ``transport``: how a pod is reached (``Transport``; ``ExecTransport``: exec websockets);
 * ``podip``: ``PodIpTransport``, the relay over the pod IP with exec websockets as fallback;
-* ``snapshot``: snapshots and forks (a tar of the work dir, kept by the controller);
+* ``containerd_layer``, ``containerd_image``: a container's file system as an image in its
+  node's containerd (``ctr``, GNU tar);
+* ``snapshot``: the snapshot store and the tar-of-the-work-dir method; ``forks``: which
+  method an adapter uses;
 * ``adapter``: ``KubernetesAdapter``, which ties them to the core's container shell.
 
 Layout on the cluster. Every sandbox of a run is a pod in one namespace (``orchard`` by
@@ -64,8 +67,9 @@ the kubelet tears the containers down after). ``reap`` lists orchard pods by lab
 removes those whose TTL passed, that ended, or whose controller process is dead (when it ran
 on this host); a failed list raises before anything is deleted.
 
-Forks (``snapshot``): the work dir as a tar kept by the controller, streamed into each fork
-before its create returns (``snapshot``; not a containerd image import yet).
+Forks (``snapshot``): the container's whole file system imported as an image into its node's
+containerd where the controller reaches it (forks run it with pull ``Never``), else the work
+dir as a tar kept by the controller, streamed into each fork before its create returns.
 
 Config: ``kubeconfig=`` or ``KUBECONFIG`` or ``~/.kube/config`` (``context=`` or
 ``ORCHARD_K8S_CONTEXT`` selects a context), else the in-cluster service account.

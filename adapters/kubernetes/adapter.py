@@ -11,7 +11,6 @@ import re
 import socket
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -32,6 +31,7 @@ from orchard_async.types import SandboxSpec
 from . import snapshot as snaps
 from .api import NETWORKING, ApiError, KubeApi
 from .config import KubernetesConfig
+from .forks import Forks
 from .hollow import (
     CONTROL_PLANE_LABEL,
     HOLLOW_LABEL,
@@ -129,8 +129,8 @@ class KubernetesAdapter(BackgroundOwner):
         self._unremoved: dict[str, bool] = {}  # name -> had an allow policy; deletion not confirmed
         self._background = Background()
         self._retrying: anyio.Event | None = None  # set when the deletion retrier has stopped
-        self.snapshot_dir = Path(config.snapshot_dir) if config.snapshot_dir else snaps.default_dir()
-        self._snapshots: set[str] = set()  # made here and not dropped: reap leaves them alone
+        self.forks = Forks(config)
+        self.snapshot_dir = self.forks.store
         self._pod_images: dict[str, str] = {}  # live sandbox -> its image (its forks' default)
 
     @property
@@ -220,6 +220,8 @@ class KubernetesAdapter(BackgroundOwner):
         deadline, budget = explained_deadline()
         archive, lease = snaps.source(self.snapshot_dir, spec.snapshot) if spec.snapshot else (None, {})
         image = spec.image or lease.get("image") or self.image
+        if lease.get("fork_image"):  # an image in the node's containerd: no registry has it
+            image, spec = lease["fork_image"], msgspec.structs.replace(spec, pull="never")
         if (image, spec.pull) in self._images_missing:
             raise self._images_missing[image, spec.pull]
         await self._ensure_namespace()
@@ -234,7 +236,7 @@ class KubernetesAdapter(BackgroundOwner):
             informer.creating.add(name)
             try:
                 with anyio.CancelScope(deadline=deadline) as scope:
-                    shell = await self._create(name, spec, image, labels, allow)
+                    shell = await self._create(name, spec, image, labels, allow, lease.get("node"))
                 if scope.cancelled_caught:
                     raise CreateFailed(await self._explain_timeout(name, image, budget))
             except BaseException:
@@ -291,10 +293,12 @@ class KubernetesAdapter(BackgroundOwner):
         return sandbox
 
     async def _create(
-        self, name: str, spec: SandboxSpec, image: str, labels: dict[str, str], allow: bool
+        self, name: str, spec: SandboxSpec, image: str, labels: dict[str, str], allow: bool, node: str | None = None
     ) -> tuple[CgroupShellClient, list[OutputStream]] | None:
         secret = new_secret() if self.relay_port else None
         manifest = self._pod_manifest(name, spec, image, labels, secret)
+        if node:  # a fork of a containerd snapshot: its image is on that node only
+            manifest["spec"]["nodeName"] = node
         try:
             pod = await self.api.request("POST", self.api.path("pods"), body=manifest, what="pod create")
         except ApiError as exc:
@@ -436,22 +440,22 @@ class KubernetesAdapter(BackgroundOwner):
     # -- forks (snapshot.py) -------------------------------------------------------------------
 
     async def snapshot(self, sandbox: Sandbox) -> str:
-        """Archive ``sandbox``'s work dir (not the rest of its file system, not its processes)
-        into a snapshot the controller keeps; ``create`` with ``spec.snapshot`` starts from it."""
+        """Freeze ``sandbox`` (not its processes) into a snapshot: its file system as an image
+        in its node's containerd, else its work dir as a tar the controller keeps (snapshot.py);
+        ``create`` with ``spec.snapshot`` starts from it."""
         live = self._live.get(sandbox.id)
         if live is None or not isinstance(live, ShellSandbox):
             raise ConfigError(f"sandbox {sandbox.id} is not a live sandbox of this adapter with a shell")
         image = self._pod_images.get(sandbox.id, self.image)
+        pod = self.informer.pods.get(sandbox.id) if self.informer else None
+        if not pod or "://" not in str((pod.get("status") or {}).get("containerStatuses")):
+            pod = await self.api.request("GET", self.api.path("pods", sandbox.id), what="pod get for snapshot")
         # cancellable (a stalled stream must not hang the caller): cut short, take removes its dir
-        taken = await snaps.take(live, self.snapshot_dir, dict(live.labels), self.identity, image)
-        self._snapshots.add(taken)
-        return taken
+        return await self.forks.take(live, pod, dict(live.labels), self.identity, image)
 
     async def drop_snapshot(self, snapshot_id: str) -> None:
         """Remove a snapshot (idempotent); forks already made keep what they got."""
-        self._snapshots.discard(snapshot_id)
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(snaps.drop, self.snapshot_dir, snapshot_id)
+        await self.forks.drop(snapshot_id)
 
     # -- destroy, reap, close ----------------------------------------------------------------
 
@@ -573,8 +577,8 @@ class KubernetesAdapter(BackgroundOwner):
             *(functools.partial(remove_pod, name) for name in doomed),
             *(functools.partial(remove_policy, name) for name in orphans),
         )
-        keep = set(self._snapshots)
-        removed += await anyio.to_thread.run_sync(snaps.reap, self.snapshot_dir, older_than, keep)
+        # after the pods: a fork's container holds its snapshot's layer
+        removed += await self.forks.reap(older_than)
         return sorted(removed)
 
     async def close(self) -> None:
@@ -582,7 +586,7 @@ class KubernetesAdapter(BackgroundOwner):
         deletions, stop the watch."""
         with anyio.CancelScope(shield=True):
             await container_shell.concurrently(*(sandbox.close for sandbox in list(self._live.values())))
-            for snapshot_id in list(self._snapshots):
+            for snapshot_id in list(self.forks.taken):
                 await self.drop_snapshot(snapshot_id)
             # the watch and the retrier are cancelled, the close handshakes waited for
             await self._background.aclose()
@@ -616,7 +620,7 @@ class KubernetesAdapter(BackgroundOwner):
             "each sandbox: all capabilities dropped, no privilege escalation, RuntimeDefault seccomp, "
             f"egress {egress}; "
             "spec.pids NOT enforced per sandbox (only the kubelet's node-wide --pod-max-pids caps a pod); "
-            f"{snaps.describe(self.snapshot_dir)}"
+            f"{await self.forks.describe()}"
         )
 
 

@@ -3,7 +3,7 @@ are converted: a wrong type or an out-of-range number is a one-line ConfigError.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -52,7 +52,14 @@ class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     # websocket where the pod IP does not answer or the image has no python3 for the relay
     pod_ip: bool = True
     relay_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = RELAY_PORT  # the relay's port in each pod
-    # where snapshots (the work dir as a tar, snapshot.py) are kept on the controller (else
+    # where snapshots (their leases, and the work-dir tars: snapshot.py) are kept on the controller (else
     # ORCHARD_K8S_SNAPSHOT_DIR, else ~/.cache/orchard-async/kubernetes-snapshots)
     snapshot_dir: str | None = None
+    # how snapshots are taken (snapshot.py): "auto" imports the sandbox's file system into its
+    # node's containerd where the controller reaches it, else tars the work dir; "containerd"
+    # (a ConfigError where it cannot) or "tar" force one
+    snapshot_method: Literal["auto", "containerd", "tar"] = "auto"
+    containerd_address: str | None = None  # the node's containerd socket (else CONTAINERD_ADDRESS, else the default)
+    # a registry to push snapshot images to (multi-node clusters): not built, a ConfigError when set
+    snapshot_registry: str | None = None
     output_cap: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_OUTPUT_CAP  # bytes kept per output stream

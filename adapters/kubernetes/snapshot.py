@@ -1,35 +1,39 @@
-"""Snapshots and forks of kubernetes sandboxes: the work dir as a tar stream, kept by the
-controller (protocols.py, "Forks").
+"""Snapshots and forks of kubernetes sandboxes (protocols.py, "Forks"), by one of two methods.
 
-What is captured: the sandbox's work dir (``spec.workdir``, default ``/workspace``), every
-file, dir and symlink in it with its mode and mtime, as ``tar`` in the pod writes them. Not
-captured: the rest of the container's file system (packages a setup installed elsewhere,
-``/tmp``), its processes, file owners (a fork's files belong to its own user, like a fresh
+**containerd image** (the first choice; containerd_image.py): where the controller reaches the
+containerd of the node the sandbox runs on (on the node, as root: a one-node cluster, or the
+controller on the sandbox's node), ``snapshot`` imports the container's whole file system
+(its image plus its writes: the work dir, and files a setup put anywhere else, e.g. ``/opt``
+or installed packages) into that containerd as ``docker.io/orchard/ksnap:<id>``, and forks
+run that image with pull policy ``Never`` on that node (``nodeName``). Not captured: running
+processes, ``/tmp/.orchard`` (the shell protocol's) and the runtime's mount points
+(``/etc/hosts`` ...). Not with ``read_only`` (the work dir is an emptyDir then).
+
+**tar of the work dir** (the fallback; also ``snapshot_method="tar"``): the sandbox's work
+dir (``spec.workdir``, default ``/workspace``), every file, dir and symlink in it with its mode
+and mtime, as ``tar`` in the pod writes them. Not captured: the rest of the container's file
+system, its processes, file owners (a fork's files belong to its own user, like a fresh
 sandbox's), and anything tar cannot archive (sockets, FIFOs). The same scope as the local
-adapter's snapshot.
+adapter's snapshot. ``snapshot`` runs ``tar -cf - -C WORKDIR .`` in the sandbox through its
+own ``open_stream`` (the exec websocket or the pod-IP relay) and writes the stream to a file
+the controller keeps; ``create`` with ``spec.snapshot`` creates a pod as usual, then streams
+the file into ``head -c SIZE | tar -xf -`` in it before it returns. The image needs ``tar``
+and ``head`` (busybox and Debian images have both); without them ``snapshot`` is a
+ConfigError (the rollout engine then sets each sample up on its own).
 
-How: ``snapshot`` runs ``tar -cf - -C WORKDIR .`` in the sandbox through its own
-``open_stream`` (the exec websocket or the pod-IP relay) and writes the stream to a file the
-controller keeps; ``create`` with ``spec.snapshot`` creates a pod as usual, then streams the
-file into ``head -c SIZE | tar -xf -`` in it before it returns. The image needs ``tar`` and
-``head`` (busybox and Debian images have both); without them ``snapshot`` is a ConfigError
-(the rollout engine then sets each sample up on its own).
-
-Not the issue's first choice: an image of the pod's whole file system imported into the
-node's containerd (one-node cluster) or pushed to a registry. What that would take, as
-checked on scripts/ci-kubernetes.sh's cluster (containerd 1.6, overlayfs snapshotter, the
-controller on the node as root): ``ctr -n k8s.io snapshots mounts`` of the container id (pod
-status) names the running container's upper dir, which holds the writes (the work dir, and
-also ``/tmp/.orchard`` and ``/etc/hosts``, to leave out); that dir as a layer tar (overlay
-whiteouts turned into ``.wh.`` files), a manifest and config of the base image's layers plus
-it, ``ctr images import``, image labels for ``reap``, and forks run with pull ``Never``.
-Not built yet.
+``snapshot_method="auto"`` (the default) uses containerd when ``ctr`` and the socket
+(``containerd_address``, else ``CONTAINERD_ADDRESS``, else /run/containerd/containerd.sock)
+answer and the sandbox's container is in that containerd, else the tar; ``"containerd"``
+makes that a ConfigError instead. Pushing to a registry (multi-node clusters) is not built:
+``snapshot_registry`` set is a ConfigError.
 
 Where: ``<snapshot_dir>/ksnap-<id>/`` (``KubernetesConfig.snapshot_dir``, else
 ``ORCHARD_K8S_SNAPSHOT_DIR``, else ``$XDG_CACHE_HOME/orchard-async/kubernetes-snapshots``),
-holding ``lease.json`` (the run's lease labels and the controller's identity, written
-first) and ``tree.tar``. ``reap`` removes a snapshot whose controller is dead (on this host)
-or whose lease expired, as it does a pod.
+holding ``lease.json`` (the run's lease labels, the controller's identity, the method and the
+image's name, written first), and ``tree.tar`` for the tar method. ``reap`` removes a
+snapshot whose controller is dead (on this host) or whose lease expired, as it does a pod: its
+dir and its image; and images ``docker.io/orchard/ksnap:*`` whose labels (the same lease) say
+so, wherever their dir is.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ from orchard_async.container_shell import CTL_DIR, is_abandoned
 from orchard_async.errors import ConfigError, CreateFailed, SandboxLost
 from orchard_async.protocols import Sandbox
 
+from . import containerd_image as images
+
 PREFIX = "ksnap-"
 SNAPSHOT_TTL = 24 * 3600.0  # like the local adapter's: a group's samples start from it later
 CHUNK = 256 * 1024
@@ -61,7 +67,8 @@ TAKE = 'tar -cf - -C "$1" . 2>"$2"; echo "@@exit $?" >>"$2"'
 # `$1` the archive's size, `$2` the work dir. The exec protocol cannot close stdin alone:
 # head stops at the archive's end instead.
 RESTORE = 'head -c "$1" | tar -xof - -C "$2" 2>&1; echo "@@exit $?"'
-METHOD = "tar of the work dir, kept by the controller"
+TAR_METHOD = "tar of the work dir, kept by the controller"
+IMAGE_METHOD = "containerd image import"
 
 
 def default_dir() -> Path:
@@ -72,8 +79,14 @@ def default_dir() -> Path:
     return Path(cache) / "orchard-async" / "kubernetes-snapshots"
 
 
-def describe(store: Path) -> str:
-    return f"forks: {METHOD} in {store} (the work dir only; no containerd import or registry push yet)"
+def describe(store: Path, containerd: str | None, why_not: str | None = None) -> str:
+    """What ``doctor`` says of forks: ``containerd`` the socket in use, or ``why_not``."""
+    if containerd:
+        return (
+            f"forks: {IMAGE_METHOD} into {containerd} (the whole file system; forks pinned to its node), "
+            f"else a {TAR_METHOD} in {store}"
+        )
+    return f"forks: {TAR_METHOD} in {store} (the work dir only; no containerd image import: {why_not})"
 
 
 def _checked(store: Path, snapshot_id: str) -> Path:
@@ -82,13 +95,16 @@ def _checked(store: Path, snapshot_id: str) -> Path:
     return store / snapshot_id
 
 
-def source(store: Path, snapshot_id: str) -> tuple[Path, dict[str, Any]]:
-    """The snapshot's archive and lease, or ConfigError for one that is not there."""
+def source(store: Path, snapshot_id: str) -> tuple[Path | None, dict[str, Any]]:
+    """The snapshot's archive (None for an image: ``lease["fork_image"]``) and lease, or
+    ConfigError for one that is not there."""
     base = _checked(store, snapshot_id)
     try:
         lease = json.loads((base / "lease.json").read_text())
     except (OSError, ValueError):
         lease = None
+    if lease is not None and lease.get("method") == "containerd":
+        return None, lease
     if lease is None or not (base / "tree.tar").is_file():
         raise ConfigError(
             f"snapshot {snapshot_id} does not exist under {store} (dropped, or reaped after its run died)"
@@ -96,18 +112,21 @@ def source(store: Path, snapshot_id: str) -> tuple[Path, dict[str, Any]]:
     return base / "tree.tar", lease
 
 
-async def take(sandbox: Sandbox, store: Path, labels: dict[str, str], identity: dict[str, str], image: str) -> str:
-    """Archive ``sandbox``'s work dir into a new snapshot under ``store``; its id."""
+def _lease(labels: dict[str, str], identity: dict[str, str], image: str, workdir: str) -> dict[str, Any]:
     snapshot_id = f"{PREFIX}{uuid.uuid4().hex[:16]}"
-    base = store / snapshot_id
     expires_at = time.time() + SNAPSHOT_TTL
-    lease = {
+    return {
         "id": snapshot_id,
         "labels": {**labels, names.EXPIRES: str(int(expires_at))},
         "identity": identity,
         "image": image,
-        "workdir": sandbox.workdir,
+        "workdir": workdir,
+        "method": "tar",
     }
+
+
+async def _make_dir(store: Path, lease: dict[str, Any]) -> Path:
+    base = store / lease["id"]
 
     def make_dir() -> None:
         store.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -122,13 +141,61 @@ async def take(sandbox: Sandbox, store: Path, labels: dict[str, str], identity: 
             f"cannot keep kubernetes snapshots in {store} ({exc.strerror or exc}); "
             "set the adapter's snapshot_dir (or ORCHARD_K8S_SNAPSHOT_DIR) to a writable dir"
         ) from None
+    return base
+
+
+def image_labels(lease: dict[str, Any]) -> dict[str, str]:
+    """The containerd image's labels: the lease's, and the controller's identity field by field
+    (``ctr images ls`` prints labels comma-joined: no JSON there)."""
+    kept = {key: lease["labels"][key] for key in (names.OWNER, names.RUN, names.EXPIRES) if key in lease["labels"]}
+    identity = {f"{names.CONTROLLER}.{key}": value for key, value in lease["identity"].items()}
+    return {**kept, **identity, "orchard.snapshot": lease["id"]}
+
+
+def _identity_of(labels: dict[str, str]) -> str:
+    prefix = f"{names.CONTROLLER}."
+    return json.dumps({key[len(prefix) :]: value for key, value in labels.items() if key.startswith(prefix)})
+
+
+async def take_image(
+    ctr: images.Ctr,
+    container_id: str,
+    node: str | None,
+    store: Path,
+    labels: dict[str, str],
+    identity: dict[str, str],
+    image: str,
+    workdir: str,
+) -> str:
+    """Import the container's file system into the node's containerd as a new snapshot's
+    image; its id. images.Unavailable (nothing left behind) when containerd cannot."""
+    lease = _lease(labels, identity, image, workdir)
+    lease.update(method="containerd", fork_image=images.image_ref(lease["id"]), node=node)
+    base = await _make_dir(store, lease)
+    try:
+        built = await anyio.to_thread.run_sync(
+            images.build, ctr, container_id, lease["fork_image"], image_labels(lease), base
+        )
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(_remove, store, lease["id"], ctr)
+        raise
+    lease["built"] = built
+    await anyio.to_thread.run_sync((base / "lease.json").write_text, json.dumps(lease))
+    return lease["id"]
+
+
+async def take(sandbox: Sandbox, store: Path, labels: dict[str, str], identity: dict[str, str], image: str) -> str:
+    """Archive ``sandbox``'s work dir into a new snapshot under ``store``; its id."""
+    lease = _lease(labels, identity, image, sandbox.workdir)
+    base = await _make_dir(store, lease)
     try:
         await _archive(sandbox, base / "tree.tar")
     except BaseException:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(shutil.rmtree, base, True)
         raise
-    return snapshot_id
+    return lease["id"]
 
 
 async def _archive(sandbox: Sandbox, target: Path) -> None:
@@ -188,20 +255,38 @@ async def restore(sandbox: Sandbox, archive: Path) -> None:
         raise CreateFailed(f"could not fork into {sandbox.id}: tar in the pod failed: {why}")
 
 
-def drop(store: Path, snapshot_id: str) -> None:
-    """Remove a snapshot; nothing when it is gone already."""
+def _remove(store: Path, snapshot_id: str, ctr: images.Ctr | None) -> bool:
+    """Remove a snapshot's image (when it has one) and dir; False (the dir kept, for a later
+    reap) when its image could not be removed."""
+    base = store / snapshot_id
+    try:
+        fork_image = json.loads((base / "lease.json").read_text()).get("fork_image")
+    except (OSError, ValueError, AttributeError):
+        fork_image = None
+    if fork_image:
+        if ctr is None:
+            return False
+        try:
+            ctr.remove(fork_image)
+        except images.Unavailable:
+            return False
+    shutil.rmtree(base, ignore_errors=True)
+    return True
+
+
+def drop(store: Path, snapshot_id: str, ctr: images.Ctr | None = None) -> None:
+    """Remove a snapshot; nothing when it is gone already. Blocking."""
     if snapshot_id.startswith(PREFIX) and "/" not in snapshot_id:
-        shutil.rmtree(store / snapshot_id, ignore_errors=True)
+        _remove(store, snapshot_id, ctr)
 
 
-def reap(store: Path, older_than: float, keep: set[str]) -> list[str]:
+def reap(store: Path, older_than: float, keep: set[str], ctr: images.Ctr | None = None) -> list[str]:
     """Remove snapshots (not in ``keep``) whose controller is dead or whose lease expired
-    ``older_than`` seconds ago, and lease-less dirs older than a minute. Blocking."""
-    if not store.is_dir():
-        return []
+    ``older_than`` seconds ago, and lease-less dirs older than a minute; with ``ctr``, also
+    snapshot images in containerd whose labels say the same. Blocking."""
     now = time.time()
-    removed: list[str] = []
-    for base in store.iterdir():
+    removed: set[str] = set()
+    for base in store.iterdir() if store.is_dir() else []:
         if not base.name.startswith(PREFIX) or base.name in keep:
             continue
         try:
@@ -213,7 +298,19 @@ def reap(store: Path, older_than: float, keep: set[str]) -> list[str]:
                 doomed = now - base.stat().st_mtime > HALF_MADE_AGE
             except OSError:
                 continue
-        if doomed:
-            shutil.rmtree(base, ignore_errors=True)
-            removed.append(base.name)
+        if doomed and _remove(store, base.name, ctr):
+            removed.add(base.name)
+    if ctr is not None:
+        for ref, labels in ctr.images().items():
+            snapshot_id = ref.rpartition(":")[2]
+            if snapshot_id in keep or names.EXPIRES not in labels:
+                continue  # unlabelled: imported a moment ago, or its dir (above) says whose it is
+            alive = names.annotated_controller_alive(_identity_of(labels))
+            if is_abandoned(labels, ended=False, controller_alive=alive, now=now, older_than=older_than):
+                try:
+                    ctr.remove(ref)
+                except images.Unavailable:
+                    continue
+                shutil.rmtree(store / snapshot_id, ignore_errors=True)
+                removed.add(snapshot_id)
     return sorted(removed)

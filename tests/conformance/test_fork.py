@@ -39,8 +39,8 @@ def local_root(adapter: oa.Adapter) -> Path | None:
 
 async def leftovers(adapter: oa.Adapter, ids: set[str]) -> list[str]:
     """What is left of these sandboxes and snapshots on the backend (local: dirs and mounts;
-    docker: containers and images; kubernetes: pods, allow policies and the controller's
-    snapshot dirs)."""
+    docker: containers and images; kubernetes: pods, allow policies, the controller's
+    snapshot dirs and the snapshot images in the node's containerd)."""
     if adapter.name == "kubernetes":
         return await kubernetes_leftovers(adapter, ids)
     return local_or_docker_leftovers(adapter, ids)
@@ -57,7 +57,21 @@ async def kubernetes_leftovers(adapter: Any, ids: set[str]) -> list[str]:
     )
     left += [f"policy {p['metadata']['name']}" for p in policies if p["metadata"]["labels"][names.SANDBOX] in ids]
     left += [f"snapshot dir {name}" for name in ids if (adapter.snapshot_dir / name).exists()]
+    ctr = await adapter.forks.containerd()  # the containerd method's images
+    if ctr is not None:
+        from orchard_async.adapters.kubernetes.containerd_image import image_ref
+
+        present = await anyio.to_thread.run_sync(ctr.images)
+        left += [f"containerd image {image_ref(name)}" for name in ids if image_ref(name) in present]
     return left
+
+
+def kubernetes_method(adapter: Any, snapshot: str) -> None:
+    """Where the controller reaches the node's containerd (CONTAINERD_ADDRESS: the CI cluster),
+    the kubernetes rows run the containerd method, not its tar fallback."""
+    if adapter.name == "kubernetes" and os.environ.get("CONTAINERD_ADDRESS"):
+        lease = json.loads((adapter.snapshot_dir / snapshot / "lease.json").read_text())
+        assert lease["method"] == "containerd", f"containerd not used: {adapter.forks.why_not}"
 
 
 def local_or_docker_leftovers(adapter: oa.Adapter, ids: set[str]) -> list[str]:
@@ -87,6 +101,7 @@ async def test_forks_start_identical_and_stay_independent(make_adapter, local_op
     expected = (await base.exec(LISTING)).stdout
     assert b"repo/src/a.txt 644 one" in expected and b"run.sh 755" in expected
     snapshot = await adapter.snapshot(base)
+    kubernetes_method(adapter, snapshot)
     # The base goes on after its snapshot, and what it writes now is in no fork.
     assert (await base.exec("echo base-later > repo/src/a.txt && echo x > base-only")).ok
     spec = msgspec.structs.replace(oa.SandboxSpec(ttl=300), snapshot=snapshot)
@@ -129,6 +144,7 @@ async def test_a_snapshot_and_its_forks_leave_nothing_after_close(make_adapter, 
     base = await adapter.create(oa.SandboxSpec(ttl=300))
     assert (await base.exec(SETUP)).ok
     snapshot = await adapter.snapshot(base)
+    kubernetes_method(adapter, snapshot)
     forks = [await adapter.create(oa.SandboxSpec(ttl=300, snapshot=snapshot)) for _ in range(3)]
     for box in forks:
         assert (await box.exec("echo changed > repo/src/a.txt")).ok
