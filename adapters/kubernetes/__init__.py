@@ -84,7 +84,7 @@ from .config import KubernetesConfig
 from .manifests import PodSettings, allow_egress_policy, deny_egress_policy, pod_manifest, sandbox_labels
 from .podip import PodIpTransport, RelayRefused, connect_relay
 from .transport import ExecTransport, PodRef, Transport
-from .watch import PodInformer, pod_verdict
+from .watch import PodInformer, PodState, pod_state, pod_verdict
 
 __all__ = [
     "ApiError",
@@ -96,12 +96,14 @@ __all__ = [
     "PodIpTransport",
     "PodRef",
     "PodSettings",
+    "PodState",
     "RelayRefused",
     "Transport",
     "allow_egress_policy",
     "connect_relay",
     "deny_egress_policy",
     "pod_manifest",
+    "pod_state",
     "pod_verdict",
     "sandbox_labels",
 ]

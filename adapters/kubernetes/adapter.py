@@ -323,8 +323,8 @@ class KubernetesAdapter(BackgroundOwner):
         await self._wait_running(name, image, spec.pull)
         if self.config.control_plane_only:
             return None
-        seen = self.informer.pods.get(name, {}) if self.informer else {}
-        pod = PodRef(self.namespace, name, (seen.get("status") or {}).get("podIP"), secret, image)
+        seen = self.informer.pods.get(name) if self.informer else None
+        pod = PodRef(self.namespace, name, seen.pod_ip if seen else None, secret, image)
         return await self._open_shell(pod, spec.workdir or container_shell.DEFAULT_WORKDIR)
 
     def _control_plane_sandbox(

@@ -12,8 +12,7 @@ from typing import Any, NoReturn
 
 from orchard_async.errors import ConfigError
 
-from .manifests import CONTAINER
-from .watch import pod_verdict
+from .watch import PodState, pod_state, pod_verdict
 
 HOLLOW_LABEL = "orchard.hollow"  # the node label and taint key k8s-hollow-nodes.sh sets
 CONTROL_PLANE_LABEL = "control-plane only (kubemark hollow nodes: no exec)"
@@ -35,17 +34,17 @@ def hollow_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
-def hollow_verdict(pod: dict[str, Any]) -> tuple[str, str]:
+def hollow_verdict(pod: dict[str, Any] | PodState) -> tuple[str, str]:
     """``pod_verdict`` for a hollow node: its fake runtime ends containers after a few seconds
     (there is no process), and its kubelet posts status at a few requests a second, so the
     first status the watch sees can already say "terminated". The pod counts as started
     (ready) once the runtime has started its container, whatever came after."""
-    status = pod.get("status") or {}
-    for container in status.get("containerStatuses") or []:
-        state = container.get("state") or {}
-        started = (state.get("running") or {}).get("startedAt") or (state.get("terminated") or {}).get("startedAt")
-        if container.get("name") == CONTAINER and started:
-            return "ready", "started on a hollow node"
+    pod = pod_state(pod)
+    state = pod.container
+    if state is not None and (
+        (state.running and state.running.startedAt) or (state.terminated and state.terminated.startedAt)
+    ):
+        return "ready", "started on a hollow node"
     return pod_verdict(pod)
 
 

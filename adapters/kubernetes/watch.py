@@ -4,11 +4,11 @@ failed. The informer is given the API (``KubeApi``), not the adapter."""
 
 from __future__ import annotations
 
-import json
 import random
 from typing import Any
 
 import anyio
+import msgspec
 
 from .api import ApiError, KubeApi, api_error
 from .manifests import CONTAINER
@@ -30,37 +30,156 @@ FATAL_WAITING = {
 }
 
 
-def pod_verdict(pod: dict[str, Any]) -> tuple[str, str]:
+# -- what the watch keeps of a pod ------------------------------------------------------------
+#
+# The API server sends whole pods (spec, status, managedFields: ~10-20 KB of JSON, several
+# times that as Python dicts). The informer keeps one PodState per pod: the fields that
+# ``pod_verdict``, ``hollow_verdict`` and the adapter read. Watch events are decoded straight
+# into the shapes below (msgspec skips every other field without building it); their field
+# names are the API's own (camelCase), so that they decode without renaming.
+
+
+class _Waiting(msgspec.Struct, gc=False):
+    reason: str | None = None
+    message: str | None = None
+
+
+class _Running(msgspec.Struct, gc=False):
+    startedAt: str | None = None
+
+
+class _Terminated(msgspec.Struct, gc=False):
+    reason: str | None = None
+    message: str | None = None
+    exitCode: int | None = None
+    startedAt: str | None = None
+
+
+class _ContainerState(msgspec.Struct, gc=False):
+    waiting: _Waiting | None = None
+    running: _Running | None = None
+    terminated: _Terminated | None = None
+
+
+class _ContainerStatus(msgspec.Struct, gc=False):
+    name: str | None = None
+    state: _ContainerState | None = None
+
+
+class _Condition(msgspec.Struct, gc=False):
+    type: str | None = None
+    status: str | None = None
+    reason: str | None = None
+    message: str | None = None
+
+
+class _Status(msgspec.Struct, gc=False):
+    phase: str | None = None
+    reason: str | None = None
+    message: str | None = None
+    podIP: str | None = None
+    containerStatuses: list[_ContainerStatus] | None = None
+    conditions: list[_Condition] | None = None
+
+
+class _Meta(msgspec.Struct, gc=False):
+    name: str = ""
+    resourceVersion: str = ""
+
+
+class _Spec(msgspec.Struct, gc=False):
+    nodeName: str | None = None
+
+
+class _Pod(msgspec.Struct, gc=False):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    spec: _Spec | None = None
+    status: _Status | None = None
+
+
+class _Event(msgspec.Struct, gc=False):
+    type: str = ""
+    object: msgspec.Raw = msgspec.Raw(b"{}")  # a pod, or a Status for ERROR: decoded by type
+
+
+class _ErrorStatus(msgspec.Struct, gc=False):
+    code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+
+
+class PodState(msgspec.Struct, frozen=True, gc=False):
+    """What the adapter reads of a pod: its phase and the sandbox container's state (see
+    ``pod_verdict``), its IP and node. One small object per pod instead of the pod."""
+
+    name: str = ""
+    phase: str | None = None
+    reason: str | None = None  # the pod's (Failed/Succeeded: why)
+    message: str | None = None
+    pod_ip: str | None = None
+    node: str | None = None
+    container: _ContainerState | None = None  # the sandbox container's (None: not reported yet)
+    unscheduled: _Condition | None = None  # a PodScheduled=False condition, if any
+
+
+_decode_event = msgspec.json.Decoder(_Event).decode
+_decode_pod = msgspec.json.Decoder(_Pod).decode
+_decode_error = msgspec.json.Decoder(_ErrorStatus).decode
+
+
+def _state_of(pod: _Pod) -> PodState:
+    status = pod.status or _Status()
+    container = next(
+        (c.state or _ContainerState() for c in status.containerStatuses or [] if c.name == CONTAINER), None
+    )
+    unscheduled = next((c for c in status.conditions or [] if c.type == "PodScheduled" and c.status == "False"), None)
+    return PodState(
+        name=pod.metadata.name,
+        phase=status.phase,
+        reason=status.reason,
+        message=status.message,
+        pod_ip=status.podIP,
+        node=pod.spec.nodeName if pod.spec else None,
+        container=container,
+        unscheduled=unscheduled,
+    )
+
+
+def pod_state(pod: dict[str, Any] | PodState) -> PodState:
+    """The PodState of a pod as the API returns it (a dict from a list or GET)."""
+    if isinstance(pod, PodState):
+        return pod
+    return _state_of(msgspec.convert(pod, _Pod))
+
+
+def pod_verdict(pod: dict[str, Any] | PodState) -> tuple[str, str]:
     """("ready" | "pending" | "failed", why) for a pod being created."""
-    status = pod.get("status") or {}
-    phase = status.get("phase") or "Pending"
-    containers = {c.get("name"): c for c in status.get("containerStatuses") or []}
-    state = (containers.get(CONTAINER) or {}).get("state") or {}
+    pod = pod_state(pod)
+    phase = pod.phase or "Pending"
+    state = pod.container or _ContainerState()
     if phase in ("Failed", "Succeeded"):
-        term = state.get("terminated") or {}
-        why = status.get("reason") or term.get("reason") or phase
-        message = status.get("message") or term.get("message") or ""
+        term = state.terminated
+        if term is not None and term == _Terminated():
+            term = None  # reported empty: nothing to add
+        why = pod.reason or (term.reason if term else None) or phase
+        message = pod.message or (term.message if term else None) or ""
         if term:
-            message = f"{message} (container exit code {term.get('exitCode')})".strip()
+            message = f"{message} (container exit code {term.exitCode})".strip()
         return "failed", f"pod {phase.lower()}: {why}: {message}".rstrip(": ")
-    if "waiting" in state:
-        waiting = state["waiting"] or {}
-        reason = waiting.get("reason") or ""
+    if state.waiting is not None:
+        reason = state.waiting.reason or ""
         if reason in FATAL_WAITING:
-            return "failed", f"{reason}: {waiting.get('message') or ''}".rstrip(": ")
+            return "failed", f"{reason}: {state.waiting.message or ''}".rstrip(": ")
         if reason:
-            return "pending", f"{reason}: {waiting.get('message') or ''}".rstrip(": ")
-    if "terminated" in state:
-        term = state["terminated"] or {}
-        return (
-            "failed",
-            f"container ended: {term.get('reason')}: {term.get('message') or ''} (exit code {term.get('exitCode')})",
-        )
-    if phase == "Running" and "running" in state:
+            return "pending", f"{reason}: {state.waiting.message or ''}".rstrip(": ")
+    if state.terminated is not None:
+        term = state.terminated
+        return "failed", f"container ended: {term.reason}: {term.message or ''} (exit code {term.exitCode})"
+    if phase == "Running" and state.running is not None:
         return "ready", "running"
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            return "pending", f"{cond.get('reason') or 'not scheduled'}: {cond.get('message') or ''}".rstrip(": ")
+    if pod.unscheduled is not None:
+        cond = pod.unscheduled
+        return "pending", f"{cond.reason or 'not scheduled'}: {cond.message or ''}".rstrip(": ")
     return "pending", f"phase {phase}"
 
 
@@ -69,7 +188,7 @@ class _Gone(Exception):
 
 
 class PodInformer:
-    """One watch over the pods a label selector picks, kept in memory (pod dicts by name).
+    """One watch over the pods a label selector picks, kept in memory (a PodState by name).
 
     ``run`` is its loop, for a task group (the adapter's background): list, then watch from the list's resourceVersion; on a clean
     end of the watch resume from the last version seen, on an error reconnect with backoff,
@@ -80,7 +199,7 @@ class PodInformer:
     def __init__(self, api: KubeApi, selector: str):
         self._api = api
         self.selector = selector
-        self.pods: dict[str, dict[str, Any]] = {}
+        self.pods: dict[str, PodState] = {}
         self.creating: set[str] = set()  # pods whose create waits on this watch
         self.gone: set[str] = set()  # of those, deleted while we watched: their create fails
         self._waiters: dict[str, anyio.Event] = {}
@@ -123,7 +242,7 @@ class PodInformer:
             except _Gone:
                 self.gone_410 += 1
                 version = None
-            except Exception as exc:  # noqa: BLE001 - any failure of the connection: reconnect
+            except Exception as exc:
                 self.connected = False
                 self.errors += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"[:300]
@@ -131,12 +250,12 @@ class PodInformer:
                 backoff = min(backoff * 2, 5.0)
 
     async def _relist(self) -> str:
-        pods: dict[str, dict[str, Any]] = {}
+        pods: dict[str, PodState] = {}
         version, token = "", ""
         while True:
             page = await self._api.list_page(self._api.path("pods"), self.selector, "pod list", token)
             for pod in page.get("items") or []:
-                pods[pod["metadata"]["name"]] = pod
+                pods[pod["metadata"]["name"]] = pod_state(pod)
             meta = page.get("metadata") or {}
             token = meta.get("continue") or ""
             version = meta.get("resourceVersion") or version
@@ -174,27 +293,29 @@ class PodInformer:
                 line = await response.content.readline()
                 if not line:
                     return version  # the server ended the watch: resume from here
-                version = self._apply(json.loads(line), version)
+                version = self._apply(line, version)
         finally:
             response.release()
 
-    def _apply(self, event: dict[str, Any], version: str) -> str:
-        """One watch event into memory; the resourceVersion to resume from after it."""
-        kind, obj = event.get("type"), event.get("object") or {}
+    def _apply(self, line: bytes, version: str) -> str:
+        """One watch event (a line of JSON) into memory; the resourceVersion to resume from after it."""
+        event = _decode_event(line)
         self.events += 1
-        if kind == "ERROR":
-            if obj.get("code") == 410:
+        if event.type == "ERROR":
+            error = _decode_error(event.object)
+            if error.code == 410:
                 raise _Gone()
-            raise ApiError(int(obj.get("code") or 500), obj.get("reason") or "", obj.get("message") or "")
-        version = (obj.get("metadata") or {}).get("resourceVersion") or version
-        if kind == "BOOKMARK":
+            raise ApiError(int(error.code or 500), error.reason or "", error.message or "")
+        pod = _decode_pod(event.object)
+        version = pod.metadata.resourceVersion or version
+        if event.type == "BOOKMARK":
             return version
-        name = obj["metadata"]["name"]
-        if kind == "DELETED":
+        name = pod.metadata.name
+        if event.type == "DELETED":
             self.pods.pop(name, None)
             if name in self.creating:
                 self.gone.add(name)
         else:
-            self.pods[name] = obj
+            self.pods[name] = _state_of(pod)
         self._notify(name)
         return version

@@ -64,8 +64,8 @@ async def test_twenty_sandboxes_on_hollow_nodes(hollow_nodes: None) -> None:
         assert adapter.informer is not None
         for sandbox in sandboxes:
             pod = adapter.informer.pods[sandbox.id]
-            assert pod["status"]["phase"] == "Running"
-            assert pod["spec"]["nodeName"].startswith(HOLLOW_ENV["HOLLOW_PREFIX"])
+            assert pod.phase == "Running"
+            assert pod.node is not None and pod.node.startswith(HOLLOW_ENV["HOLLOW_PREFIX"])
         with pytest.raises(ConfigError, match="control-plane-only"):
             await sandboxes[0].exec("true")
         assert adapter.stats["api_POST"] >= 20

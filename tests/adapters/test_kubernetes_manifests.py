@@ -62,6 +62,65 @@ def test_pod_verdicts() -> None:
     assert ended[0] == "failed" and "DeadlineExceeded" in ended[1]
 
 
+def _watched_pod(name: str, state: dict, version: str) -> dict:
+    """A pod as the API server sends it in a watch event: spec, managedFields and all."""
+    return {
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "resourceVersion": version,
+            "labels": {"orchard.run": "r1", "orchard.sandbox": name},
+            "annotations": {"orchard/controller": json.dumps({"host": "h", "pid": "1"})},
+            "managedFields": [{"manager": "kubelet", "fieldsV1": {"f:status": {"f:phase": {}}}}] * 4,
+        },
+        "spec": {"nodeName": "node-1", "containers": [{"name": "sandbox", "image": "busybox", "args": ["x"] * 20}]},
+        "status": {
+            "phase": "Running" if "running" in state else "Failed",
+            "podIP": "10.0.0.7",
+            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+            "containerStatuses": [
+                {"name": "relay", "state": {"running": {}}},
+                {"name": "sandbox", "state": state, "image": "busybox", "imageID": "sha256:" + "0" * 64},
+            ],
+        },
+    }
+
+
+def test_the_watch_keeps_only_what_the_adapter_reads() -> None:
+    """Each watch event becomes a small PodState (not the pod), from which the verdicts, the
+    pod IP and the node read the same as from the whole pod; bookmarks move the version on,
+    deletions and the API's errors are handled as before."""
+    informer = watch.PodInformer(None, "orchard.run=r1")  # type: ignore[arg-type]
+    informer.creating.add("p1")
+
+    def event(kind: str, obj: dict) -> bytes:
+        return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+
+    running = _watched_pod("p1", {"running": {"startedAt": "2026-12-03T07:44:46Z"}}, "11")
+    assert informer._apply(event("ADDED", running), "10") == "11"
+    kept = informer.pods["p1"]
+    assert isinstance(kept, watch.PodState)
+    assert (kept.name, kept.phase, kept.pod_ip, kept.node) == ("p1", "Running", "10.0.0.7", "node-1")
+    assert watch.pod_verdict(kept) == watch.pod_verdict(running) == ("ready", "running")
+    assert len(watch.msgspec.json.encode(kept)) < len(json.dumps(running)) / 3
+
+    ended = _watched_pod("p1", {"terminated": {"exitCode": 137, "reason": "Error", "startedAt": "t"}}, "12")
+    assert informer._apply(event("MODIFIED", ended), "11") == "12"
+    assert watch.pod_verdict(informer.pods["p1"]) == watch.pod_verdict(ended)
+    assert watch.pod_verdict(ended)[0] == "failed"
+
+    assert informer._apply(event("BOOKMARK", {"kind": "Pod", "metadata": {"resourceVersion": "13"}}), "12") == "13"
+    assert set(informer.pods) == {"p1"}
+    assert informer._apply(event("DELETED", ended), "13") == "12"
+    assert informer.pods == {} and informer.gone == {"p1"} and informer.events == 4
+
+    with pytest.raises(watch._Gone):
+        informer._apply(event("ERROR", {"kind": "Status", "status": "Failure", "code": 410, "reason": "Expired"}), "")
+    with pytest.raises(watch.ApiError) as caught:
+        informer._apply(event("ERROR", {"status": "Failure", "code": 500, "message": "etcd is down"}), "")
+    assert caught.value.status == 500 and "etcd is down" in str(caught.value)
+
+
 def test_exit_code_from_the_exec_status() -> None:
     assert transport.exit_code('{"metadata":{},"status":"Success"}') == 0
     failure = {
@@ -229,10 +288,9 @@ class PendingApi:
         assert method == "POST" and path == "/pods"
         name = body["metadata"]["name"]
         condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": self.WARNING}
-        self.informer_of.informer.pods[name] = {
-            "metadata": {"name": name},
-            "status": {"phase": "Pending", "conditions": [condition]},
-        }
+        self.informer_of.informer.pods[name] = watch.pod_state(
+            {"metadata": {"name": name}, "status": {"phase": "Pending", "conditions": [condition]}}
+        )
         return {"metadata": {"name": name, "uid": "u1"}}
 
     async def last_warning(self, name: str) -> str:
