@@ -156,6 +156,11 @@ class ShellSandbox:
             )
         return sorted(entries, key=lambda entry: entry.name)
 
+    async def ping(self, timeout: float) -> bool:
+        """Whether the sandbox's shell answers, without running a command (ShellClient.ping):
+        the warm pool's check before it hands a sandbox out."""
+        return not self.closed and await self._client.ping(timeout)
+
     async def apply_patch(self, patch: str | bytes, *, cwd: str | None = None) -> ExecResult:
         """Apply a unified diff with ``git apply`` in a git work tree, else ``patch -p1``."""
         payload = patch.encode() if isinstance(patch, str) else patch

@@ -474,6 +474,36 @@ class ShellClient:
                 stderr_cut=err_cut,
             )
 
+    async def ping(self, timeout: float) -> bool:
+        """Whether the server answers, without running a command: one line it answers itself
+        (``printf`` is a builtin: no fork, no output relays), the cheapest round trip that
+        still goes through the sandbox's own shell. False when it does not answer within
+        ``timeout`` or its stream is gone (then the client is lost, as a command would
+        find). An answer that comes too late is skipped by the next command's header read.
+        Speaks the plain server's line framing (not a subclass's, such as a bash lane's)."""
+        nonce = secrets.token_hex(8)
+        answer = f"@@PONG {nonce}".encode()
+        async with self._lock:
+            if self.lost:
+                return False
+            try:
+                with anyio.fail_after(timeout):
+                    await self._stream.send(f"printf '@@PONG %s\\n' {nonce}\n".encode())
+                    while await self._reader.receive_until(b"\n", 4096) != answer:
+                        pass  # stray bytes: skip to the answer
+            except TimeoutError:
+                return False
+            except (
+                anyio.EndOfStream,
+                anyio.IncompleteRead,
+                anyio.BrokenResourceError,
+                anyio.ClosedResourceError,
+                OSError,
+            ):
+                self.lost = "the sandbox shell is gone"
+                return False
+        return True
+
     def startup(self, args: str) -> str:
         """What start() sends: the server's arguments (a ``set --`` line), then its script.
         A subclass may wrap it (orchard_async.serve.lane)."""

@@ -13,8 +13,9 @@ What a shelf guarantees:
 * replenished in the background (the pool's own task group, ``orchard_async.background``):
   each sandbox taken starts its replacement; creates go through the pool's admission control
   (its create concurrency, timeout and backoff), like an episode's own;
-* checked before it is handed out: a cheap ``true`` must succeed in it; a sandbox that died
-  while it waited is closed and the next one tried, never handed out;
+* checked before it is handed out: its shell must answer a ping (``_healthy``: a round trip
+  through the sandbox's own shell that runs no command; ``true`` where it has no shell); a
+  sandbox that died while it waited is closed and the next one tried, never handed out;
 * its TTL counts from its creation: a warm sandbox is created with the requested TTL plus
   ``max_idle``, and is handed out only while its age is at most ``max_idle`` (so its
   remaining TTL is at least what the episode asked for); older ones are closed and replaced;
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PER_EPISODE_LABELS = (names.EPISODE, names.ATTEMPT)  # what the episode loop adds to a task's spec
-HEALTH_TIMEOUT = 5.0  # seconds for the `true` a warm sandbox must answer before it is handed out
+HEALTH_TIMEOUT = 5.0  # seconds a warm sandbox has to answer its check before it is handed out
 DEFAULT_MAX_IDLE = 900.0  # seconds a warm sandbox may wait for an episode (and the TTL it gets on top)
 WARM_STATS = ("hits", "claimed", "misses", "created", "failed", "expired", "dead")
 # Adapters on which the rollout engine warms by default (``warm=None``): where a create waits
@@ -309,7 +310,14 @@ def _labelled(sandbox: Sandbox, spec: SandboxSpec) -> Sandbox:
 
 
 async def _healthy(sandbox: Sandbox) -> bool:
+    """A round trip through the sandbox itself: a sandbox whose shell answers has a live
+    process on the far side of a working stream. A shell sandbox (local, docker,
+    kubernetes) is pinged (``ShellSandbox.ping``: its shell answers a line itself, no
+    fork, no output relays); any other runs ``true``."""
+    ping = getattr(sandbox, "ping", None)
     try:
+        if ping is not None:
+            return bool(await ping(HEALTH_TIMEOUT))
         result = await sandbox.exec("true", timeout=HEALTH_TIMEOUT)
     except Exception:  # noqa: BLE001 - any failure to answer means it is not handed out
         return False

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+
 import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -92,3 +96,32 @@ async def test_a_desynchronised_server_counts_as_lost() -> None:
     result = await client.run("true")
     assert result.reason is oa.ExitReason.SANDBOX_LOST
     assert (await client.run("true")).reason is oa.ExitReason.SANDBOX_LOST
+
+
+def _signal_sandbox(adapter: LocalAdapter, sandbox_id: str, signum: int) -> None:
+    """Signal every process of a local sandbox (its shell among them) from outside it."""
+    from orchard_async.adapters.local import _sandbox_processes
+
+    (pids,) = [pids for where, pids in _sandbox_processes().items() if where.endswith(sandbox_id)]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
+async def test_a_ping_needs_the_shell_to_answer_and_a_late_answer_never_reaches_a_command() -> None:
+    """The warm pool's check: the shell answers a ping itself; a stopped shell does not (the
+    ping times out), and its answer, when it comes later, is not taken for a command's; a
+    killed shell fails the ping and the client is lost."""
+    async with LocalAdapter() as adapter:
+        box = await adapter.create(oa.SandboxSpec(ttl=600))
+        assert await box.ping(5)
+        _signal_sandbox(adapter, box.id, signal.SIGSTOP)
+        assert not await box.ping(0.3)
+        _signal_sandbox(adapter, box.id, signal.SIGCONT)
+        for word in ("one", "two"):
+            result = await box.exec(f"echo {word}")
+            assert (result.stdout, result.exit_code) == (f"{word}\n".encode(), 0)
+        assert await box.ping(5)
+        _signal_sandbox(adapter, box.id, signal.SIGKILL)
+        assert not await box.ping(5)
+        assert (await box.exec("echo late")).reason is oa.ExitReason.SANDBOX_LOST
