@@ -267,6 +267,39 @@ async def test_a_docker_rollout_is_warm_by_default_and_leaves_nothing() -> None:
     assert listed.stdout.strip() == b""
 
 
+async def test_a_docker_sandbox_killed_behind_the_pools_back_is_never_handed_out() -> None:
+    """`docker kill` on a warm sandbox, then at once the acquires: the check (its shell must
+    answer) finds it dead, closes it and hands out live ones only."""
+    try:
+        from orchard_async.adapters.docker import DockerAdapter
+
+        run_id = f"t{uuid.uuid4().hex[:10]}"
+        adapter = DockerAdapter(
+            image=os.environ.get("ORCHARD_DOCKER_TEST_IMAGE", "orchard/busybox:test"), run_id=run_id
+        )
+        await adapter.doctor()
+    except Exception as exc:  # noqa: BLE001 - any reason docker cannot be used here
+        backend_missing(f"docker: {exc}")
+    try:
+        async with oa.Pool(adapter) as pool:
+            pool.warm(SPEC, 2)
+            await until(lambda: pool.warm_stats["ready"] == 2, "two warm sandboxes", limit=120)
+            pool.warm(SPEC, 0)  # no replacements: what is handed out is what was warm, or a create
+            victim = (await adapter.list_owned())[0]
+            await anyio.run_process(["docker", "kill", victim])
+            handed = [await pool.acquire(episode_spec(f"t/g0/s{i}")) for i in range(2)]
+            assert victim not in {sandbox.id for sandbox in handed}
+            for sandbox in handed:
+                assert (await sandbox.exec("echo alive")).text == "alive\n"
+                await pool.close_sandbox(sandbox)
+            assert pool.warm_stats["dead"] == 1 and pool.warm_stats["hits"] == 1
+        assert await adapter.list_owned() == []
+    finally:
+        await adapter.close()
+    listed = await anyio.run_process(["docker", "ps", "-aq", "--filter", f"label=orchard.run={run_id}"])
+    assert listed.stdout.strip() == b""
+
+
 async def test_a_forked_group_warms_its_base_not_its_samples(tmp_path: Path) -> None:
     forking = tasks(2, steps=1)
     for task in forking:
