@@ -4,9 +4,11 @@ Both phases use one adapter and the burst's shape: N sandboxes asked for at once
 ``Pool.acquire``, each runs K commands and is closed. Cold: every acquire is a create.
 Warm: the pool is first filled with W sandboxes (``Pool.warm``; the time to fill is reported,
 it is work moved off the episode's path, not removed), then the N acquires are made, each
-taking a warm sandbox (after its ``true`` check) while one is ready, else a create under way
-or its own. Reported per phase: acquire p50/p99 and where each acquire's sandbox came from;
-then what is left (``list_owned`` and ``reap``, must be 0).
+taking a warm sandbox (after its check: a ping its shell answers, ``warm._healthy``) while one
+is ready, else a create under way or its own. Reported per phase: acquire p50/p99, where each
+acquire's sandbox came from, and the round trips of the phase's commands (``exec_p50_ms``) and
+of one ping per sandbox made after its acquire (``ping_p50_ms``: what a check costs at that
+moment); then what is left (``list_owned`` and ``reap``, must be 0).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ async def run_warm_burst(
     spec = SandboxSpec(ttl=max(600.0, op_timeout * 3), image=image, labels={"orchard.bench": "burst-warm"})
     failures: dict[str, Counter[str]] = defaultdict(Counter)
     acquire_failed: Counter[str] = Counter()
-    execs: dict[str, list[float]] = defaultdict(list)  # the commands' round trips: what the check costs
+    execs: dict[str, list[float]] = defaultdict(list)  # the commands' round trips: what the old check cost
+    pings: dict[str, list[float]] = defaultdict(list)  # the shell's answer to a ping: what the check costs
     pool_options = {"max_creating": max_creating} if max_creating else {}
 
     async def phase(pool: Pool, name: str, count: int, at_once: bool) -> tuple[list[float], float]:
@@ -60,6 +63,11 @@ async def run_warm_burst(
                 return
             acquires.append(time.perf_counter() - start)
             try:
+                ping = getattr(sandbox, "ping", None)
+                if ping is not None:  # the warm check's round trip, beside the commands' in the same phase
+                    mark = time.perf_counter()
+                    if await ping(min(60.0, op_timeout)):
+                        pings[name].append(time.perf_counter() - mark)
                 for _ in range(commands):
                     mark = time.perf_counter()
                     result = await sandbox.exec(command, timeout=min(60.0, op_timeout))
@@ -116,6 +124,8 @@ async def run_warm_burst(
         row = latency_row(subject, concurrency, times, wall, operation="acquire", errors=acquire_failed[name])
         row.ops_per_s = None  # latency rows: the phase's wall time says the rest
         row.extra = {"exec_p50_ms": round(percentile(execs[name], 50) * 1000, 3)} if execs[name] else {}
+        if pings[name]:
+            row.extra["ping_p50_ms"] = round(percentile(pings[name], 50) * 1000, 3)
         if failures[name]:
             row.extra["failures"] = dict(failures[name])
         outcome.rows.append(row)
