@@ -53,7 +53,7 @@ from .manifests import (
 from .podip import PodIpTransport
 from .relay import new_secret
 from .transport import ExecTransport, PodRef, Transport
-from .watch import PodInformer, pod_verdict
+from .watch import PodInformer, pod_state, pod_verdict
 
 DEFAULT_NAMESPACE = "orchard"
 DEFAULT_IMAGE = "local/busybox:1"
@@ -448,8 +448,10 @@ class KubernetesAdapter(BackgroundOwner):
             raise ConfigError(f"sandbox {sandbox.id} is not a live sandbox of this adapter with a shell")
         image = self._pod_images.get(sandbox.id, self.image)
         pod = self.informer.pods.get(sandbox.id) if self.informer else None
-        if not pod or "://" not in str((pod.get("status") or {}).get("containerStatuses")):
-            pod = await self.api.request("GET", self.api.path("pods", sandbox.id), what="pod get for snapshot")
+        if pod is None or "://" not in (pod.container_id or ""):
+            pod = pod_state(
+                await self.api.request("GET", self.api.path("pods", sandbox.id), what="pod get for snapshot")
+            )
         # cancellable (a stalled stream must not hang the caller): cut short, take removes its dir
         return await self.forks.take(live, pod, dict(live.labels), self.identity, image)
 

@@ -5,7 +5,6 @@ the sandbox's node's containerd, else the tar of the work dir."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import anyio
 
@@ -15,6 +14,7 @@ from orchard_async.protocols import Sandbox
 from . import containerd_image as images
 from . import snapshot as snaps
 from .config import KubernetesConfig
+from .watch import PodState
 
 
 class Forks:
@@ -67,13 +67,13 @@ class Forks:
             return None
 
     async def take(
-        self, sandbox: Sandbox, pod: dict[str, Any], labels: dict[str, str], identity: dict[str, str], image: str
+        self, sandbox: Sandbox, pod: PodState, labels: dict[str, str], identity: dict[str, str], image: str
     ) -> str:
         """A snapshot of ``sandbox`` (its pod as the watch last saw it) by the best method."""
         ctr = await self.containerd()
         container_id = _container_id(pod)
         if ctr is not None and container_id:
-            node = (pod.get("spec") or {}).get("nodeName")
+            node = pod.node
             try:
                 taken = await snaps.take_image(
                     ctr, container_id, node, self.store, labels, identity, image, sandbox.workdir
@@ -102,10 +102,7 @@ class Forks:
         return await anyio.to_thread.run_sync(snaps.reap, self.store, older_than, set(self.taken), ctr)
 
 
-def _container_id(pod: dict[str, Any]) -> str | None:
+def _container_id(pod: PodState) -> str | None:
     """The sandbox container's containerd id (``containerd://<id>`` in the pod's status)."""
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        runtime, _, container_id = (status.get("containerID") or "").partition("://")
-        if status.get("name") == "sandbox" and runtime == "containerd" and container_id:
-            return container_id
-    return None
+    runtime, _, container_id = (pod.container_id or "").partition("://")
+    return container_id if runtime == "containerd" and container_id else None

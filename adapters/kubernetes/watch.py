@@ -64,6 +64,7 @@ class _ContainerState(msgspec.Struct, gc=False):
 class _ContainerStatus(msgspec.Struct, gc=False):
     name: str | None = None
     state: _ContainerState | None = None
+    containerID: str | None = None
 
 
 class _Condition(msgspec.Struct, gc=False):
@@ -119,6 +120,7 @@ class PodState(msgspec.Struct, frozen=True, gc=False):
     pod_ip: str | None = None
     node: str | None = None
     container: _ContainerState | None = None  # the sandbox container's (None: not reported yet)
+    container_id: str | None = None  # the sandbox container's "<runtime>://<id>" (forks.py)
     unscheduled: _Condition | None = None  # a PodScheduled=False condition, if any
 
 
@@ -129,9 +131,7 @@ _decode_error = msgspec.json.Decoder(_ErrorStatus).decode
 
 def _state_of(pod: _Pod) -> PodState:
     status = pod.status or _Status()
-    container = next(
-        (c.state or _ContainerState() for c in status.containerStatuses or [] if c.name == CONTAINER), None
-    )
+    sandbox = next((c for c in status.containerStatuses or [] if c.name == CONTAINER), None)
     unscheduled = next((c for c in status.conditions or [] if c.type == "PodScheduled" and c.status == "False"), None)
     return PodState(
         name=pod.metadata.name,
@@ -140,7 +140,8 @@ def _state_of(pod: _Pod) -> PodState:
         message=status.message,
         pod_ip=status.podIP,
         node=pod.spec.nodeName if pod.spec else None,
-        container=container,
+        container=(sandbox.state or _ContainerState()) if sandbox else None,
+        container_id=sandbox.containerID if sandbox else None,
         unscheduled=unscheduled,
     )
 

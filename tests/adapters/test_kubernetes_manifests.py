@@ -19,7 +19,7 @@ from orchard_async import labels as names
 
 pytest.importorskip("kubernetes_asyncio")
 
-from orchard_async.adapters.kubernetes import KubernetesAdapter, manifests, transport, watch  # noqa: E402
+from orchard_async.adapters.kubernetes import KubernetesAdapter, forks, manifests, transport, watch  # noqa: E402
 
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -80,7 +80,7 @@ def _watched_pod(name: str, state: dict, version: str) -> dict:
             "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
             "containerStatuses": [
                 {"name": "relay", "state": {"running": {}}},
-                {"name": "sandbox", "state": state, "image": "busybox", "imageID": "sha256:" + "0" * 64},
+                {"name": "sandbox", "state": state, "image": "busybox", "containerID": "containerd://c0ffee"},
             ],
         },
     }
@@ -101,6 +101,7 @@ def test_the_watch_keeps_only_what_the_adapter_reads() -> None:
     kept = informer.pods["p1"]
     assert isinstance(kept, watch.PodState)
     assert (kept.name, kept.phase, kept.pod_ip, kept.node) == ("p1", "Running", "10.0.0.7", "node-1")
+    assert kept.container_id == "containerd://c0ffee" and forks._container_id(kept) == "c0ffee"  # what a fork reads
     assert watch.pod_verdict(kept) == watch.pod_verdict(running) == ("ready", "running")
     assert len(watch.msgspec.json.encode(kept)) < len(json.dumps(running)) / 3
 
