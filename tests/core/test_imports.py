@@ -92,9 +92,10 @@ def test_help_lists_every_command_and_each_command_has_its_own_help(tmp_path: Pa
 
 def test_bench_and_the_swe_export_use_only_the_public_api() -> None:
     """No module of bench, and not the SWE recipe's command module, imports a private
-    module of the core (the public API is the top-level ``orchard_async``)."""
+    module of the core (the public API is the top-level ``orchard_async``). The rooms built on
+    the core (adapters, recipes, the service) are what bench measures, so it may import them."""
     root = Path(__file__).resolve().parents[2]
-    private = re.compile(r"^\s*(from|import)\s+orchard_async\.(?!adapters|recipes|bench)\w+", re.MULTILINE)
+    private = re.compile(r"^\s*(from|import)\s+orchard_async\.(?!adapters|recipes|bench|serve)\w+", re.MULTILINE)
     files = [
         *sorted((root / "bench").glob("*.py")),
         root / "recipes" / "swe" / "cli.py",
