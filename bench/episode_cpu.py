@@ -304,11 +304,11 @@ class MeteredAdapter(ForkingTrackingAdapter):
 # -- the run -----------------------------------------------------------------------------------
 
 
-async def metered_run(args: argparse.Namespace, fork: bool, warm: bool) -> dict[str, Any]:
+async def metered_run(args: argparse.Namespace, fork: bool, warm: bool, **options: Any) -> dict[str, Any]:
     module = load_recipe("swe")
     agent = module.make_policy("oracle")
     account, shims = Account(), ShimWatch()
-    inner = CountingDocker()
+    inner = CountingDocker(**options)
     adapter = MeteredAdapter(inner, account, shims, fork)
     dockerd = pids_named("dockerd")
     # docker's own containerd (a kind cluster's runs beside it on a shared machine)
@@ -368,7 +368,10 @@ async def metered_run(args: argparse.Namespace, fork: bool, warm: bool) -> dict[
     attributed = sum(cpu.values())
     machine = machine1 - machine0
     return {
-        "subject": "docker" + ("+fork" if fork else "") + ("+warm" if warm else ""),
+        "subject": "docker"
+        + ("+fork" if fork else "")
+        + ("+warm" if warm else "")
+        + (f" {options}" if options else ""),
         "episodes": len(finished),
         "success": summary.success_rate,
         "wall_s": round(wall, 2),
@@ -448,13 +451,14 @@ async def pytest_split(repeats: int) -> dict[str, Any]:
 # -- one sandbox's life, alone -------------------------------------------------------------------
 
 
-async def lifecycles(count: int, extra_execs: int = 0) -> dict[str, Any]:
+async def lifecycles(count: int, extra_execs: int = 0, network_both: bool = False) -> dict[str, Any]:
     """``count`` sandboxes of the SWE spec one after another: create, one ``true``, close; each
     one's CPU by who spent it. Other users of the daemon and the machine only add to a
     sample, so the low quartile is the closest to one sandbox's own cost."""
     module = load_recipe("swe")
     spec = module.load_tasks("builtin")[0].spec
-    adapter = CountingDocker()
+    # with network_both, every other sandbox comes from an adapter with light_network off
+    adapters = [CountingDocker(), CountingDocker(light_network=False)] if network_both else [CountingDocker()]
     shims = ShimWatch()
     shims.start()
     dockerd = pids_named("dockerd")
@@ -469,6 +473,7 @@ async def lifecycles(count: int, extra_execs: int = 0) -> dict[str, Any]:
             account = Account()
             usage0, watch0 = resource.getrusage(resource.RUSAGE_SELF), shims.cpu
             d0, c0, m0 = daemon(dockerd), daemon(containerd), machine_busy()
+            adapter = adapters[index % len(adapters)]
             raw = await adapter.create(spec)
             cid = adapter.container_ids[raw.id]
             sandbox = MeteredSandbox(raw, cgroup_usage_file(cid), account, shims, cid)
@@ -492,10 +497,13 @@ async def lifecycles(count: int, extra_execs: int = 0) -> dict[str, Any]:
             }
             row["machine (all cores, everyone)"] = machine_busy() - m0
             for key, value in row.items():
-                samples[f"{key}{' +' + str(extra_execs) + ' execs' if extra_execs and index % 2 else ''}"].append(value)
+                variant = f" +{extra_execs} execs" if extra_execs and index % 2 else ""
+                variant += (" (light_network off)" if index % 2 else "") if network_both else ""
+                samples[f"{key}{variant}"].append(value)
     finally:
         shims.stop()
-        await adapter.close()
+        for adapter in adapters:
+            await adapter.close()
 
     def quartiles(values: list[float]) -> list[float]:
         values = sorted(values)
@@ -512,6 +520,9 @@ def main() -> None:
     parser.add_argument("--fork", action="store_true", help="groups set up once and forked")
     parser.add_argument("--warm", action="store_true", help="a warm pool of the next `concurrency` episodes")
     parser.add_argument("--plain-too", action="store_true", help="also a plain cold run first, same process")
+    parser.add_argument(
+        "--network-both", action="store_true", help="each run with light_network off, then on (the default)"
+    )
     parser.add_argument("--pytest-split", action="store_true", help="take the scorer's test run apart instead")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--lifecycles", type=int, default=0, help="N sandboxes one after another, each measured")
@@ -522,13 +533,14 @@ def main() -> None:
 
     async def run() -> Any:
         if args.lifecycles:
-            return await lifecycles(args.lifecycles, args.extra_execs)
+            return await lifecycles(args.lifecycles, args.extra_execs, args.network_both)
         if args.pytest_split:
             return await pytest_split(args.repeats)
         runs = []
-        if args.plain_too and (args.fork or args.warm):
-            runs.append(await metered_run(args, False, False))
-        runs.append(await metered_run(args, args.fork, args.warm))
+        for options in [{"light_network": False}, {}] if args.network_both else [{}]:
+            if args.plain_too and (args.fork or args.warm):
+                runs.append(await metered_run(args, False, False, **options))
+            runs.append(await metered_run(args, args.fork, args.warm, **options))
         return runs
 
     print(json.dumps(anyio.run(run), indent=1))
