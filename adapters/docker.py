@@ -57,7 +57,6 @@ import functools
 import json
 import os
 import re
-import shutil
 import socket
 import time
 import uuid
@@ -203,7 +202,7 @@ class DockerAdapter(BackgroundOwner):
         self._unremoved: set[str] = set()  # destroyed, but the daemon did not confirm removal
         self._snapshots: set[str] = set()  # made and not dropped: close drops them (they belong to the run)
         self._light_network = config.light_network
-        self._hosts_dir: str | None = None  # holds the /etc/hosts of light-network sandboxes (see hosts_file)
+        self._hosts_dir: str | None = None  # holds the /etc/hosts of light-network sandboxes (docker_config.hosts_dir)
 
     # -- daemon access ------------------------------------------------------------------------
 
@@ -652,9 +651,6 @@ class DockerAdapter(BackgroundOwner):
             if self._docker is not None:
                 await self._disconnect(self._docker)
                 self._docker = None
-            if self._hosts_dir is not None:  # its sandboxes are gone (a live bind would keep the file anyway)
-                shutil.rmtree(self._hosts_dir, ignore_errors=True)
-                self._hosts_dir = None
 
     async def doctor(self) -> str:
         """One line for `orchard-async doctor`; raises AdapterUnavailable when no daemon answers."""

@@ -46,7 +46,7 @@ class DockerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     # a sandbox without network (spec.network off) gets a network namespace of its own from runc, with
     # loopback only, and not the daemon's libnetwork sandbox: no prestart hook (a re-exec of dockerd) per
     # container, ~0.06 CPU-s less in runc alone (docs/performance.md). /etc/hosts is then a read-only
-    # bind of this controller's file (localhost, as docker's own for network none). False: the daemon's
+    # bind of a per-user file (localhost, as docker's own for network none). False: the daemon's
     # network "none" (its writable /etc/hosts and resolv.conf), e.g. for a daemon on another machine.
     light_network: bool = True
 
@@ -66,12 +66,29 @@ ff02::2\tip6-allrouters
 
 
 def hosts_dir() -> str:
-    """A new private directory with the /etc/hosts of light-network sandboxes in it (the adapter's
-    ``close`` removes it). The file is bound read-only into every container, so no sandbox can
-    change what another resolves."""
-    path = tempfile.mkdtemp(prefix="orchard-docker-")
-    with open(os.path.join(path, "hosts"), "w") as fh:
+    """The directory with the /etc/hosts of light-network sandboxes: one per user, kept (a
+    controller that is killed leaves nothing new behind), made private and checked to be this
+    user's own (another user's could feed our sandboxes names); a fresh private one otherwise.
+    The file is bound read-only into every container, so no sandbox can change what another
+    resolves; it is rewritten (atomically: running containers keep theirs) when it differs."""
+    path = os.path.join(tempfile.gettempdir(), f"orchard-docker-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not os.path.isdir(path) or os.path.islink(path) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        path = tempfile.mkdtemp(prefix="orchard-docker-")
+    hosts = os.path.join(path, "hosts")
+    try:
+        with open(hosts) as fh:
+            if fh.read() == HOSTS:
+                return path
+    except OSError:
+        pass
+    fd, staged = tempfile.mkstemp(dir=path)
+    with os.fdopen(fd, "w") as fh:
         fh.write(HOSTS)
-    os.chmod(os.path.join(path, "hosts"), 0o644)
-    os.chmod(path, 0o755)  # the daemon reads it (it is no secret)
+    os.chmod(staged, 0o644)
+    os.replace(staged, hosts)
     return path

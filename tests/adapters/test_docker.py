@@ -260,11 +260,11 @@ async def test_no_network_is_runcs_own_namespace_with_docker_hosts(make_adapter)
     assert (await classic.exec(script)).text.split() == ["lo", "2", "writable"]
 
 
-async def test_a_daemon_that_cannot_bind_our_hosts_file_gets_network_none(make_adapter) -> None:
+async def test_a_daemon_that_cannot_bind_our_hosts_file_gets_network_none(make_adapter, tmp_path: Path) -> None:
     """Where the daemon does not see this machine's files (another host, a VM), the bind is
     refused: the adapter falls back to docker's network "none" for the rest of its life."""
     adapter = make_adapter()
-    os.remove(adapter._hosts_file())  # as the daemon elsewhere would find it: not there
+    adapter._hosts_dir = str(tmp_path)  # no hosts file there: as a daemon elsewhere would find it
     box = await adapter.create(oa.SandboxSpec(ttl=60))
     assert not (await inspect(box.id))["Config"].get("NetworkDisabled")
     assert (await box.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")).text.split() == ["lo"]
