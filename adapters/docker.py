@@ -34,7 +34,11 @@ Lifetimes, from the most to the least graceful end:
 Hardening: every capability is dropped (the shell protocol needs none: it signals and
 reads /proc only for processes of its own user), no-new-privileges is set (setuid binaries
 gain nothing), ``spec.pids`` is the container's pids cgroup limit (plus the adapter's own
-processes), and the network is ``none`` unless the spec asks for it.
+processes), and the network is ``none`` unless the spec asks for it. Without network the
+container's namespace is runc's own, loopback only (``light_network``, the default): the
+daemon's libnetwork sandbox for ``none`` costs a prestart hook per container (a re-exec of
+dockerd inside runc's create) for the same isolation. Docker then writes no /etc/hosts, so
+the adapter binds its own there, read-only: localhost resolves as it does with ``none``.
 
 Every daemon call runs under a timeout. A daemon that stalls or dies surfaces as
 ``BackendUnavailable`` (creates; the pool backs off) or ``sandbox_lost`` results
@@ -91,7 +95,7 @@ from orchard_async.sandbox import ShellSandbox
 from orchard_async.shell import CgroupShellClient
 from orchard_async.types import SandboxSpec
 
-from .docker_config import DockerConfig
+from .docker_config import DockerConfig, hosts_dir
 from .docker_fork import SNAPSHOT_REPO, check_snapshot_id, drop_snapshot, reap_snapshots, snapshot, snapshot_tmpfs
 
 T = TypeVar("T")
@@ -197,6 +201,8 @@ class DockerAdapter(BackgroundOwner):
         self._heartbeat = Heartbeat(self.keepalive, self._background)
         self._unremoved: set[str] = set()  # destroyed, but the daemon did not confirm removal
         self._snapshots: set[str] = set()  # made and not dropped: close drops them (they belong to the run)
+        self._light_network = config.light_network
+        self._hosts_dir: str | None = None  # holds the /etc/hosts of light-network sandboxes (docker_config.hosts_dir)
 
     # -- daemon access ------------------------------------------------------------------------
 
@@ -220,6 +226,7 @@ class DockerAdapter(BackgroundOwner):
         except AssertionError:  # aiodocker's way to say it found no socket (the daemon is restarting, or absent)
             raise self._unreachable("connect", "no Docker socket found") from None
         if not isinstance(docker.connector, aiohttp.UnixConnector):
+            self._light_network = False  # a daemon elsewhere cannot bind this machine's /etc/hosts file
             return docker  # tcp/ssh/tls: aiodocker's pool (at most ~100 live sandboxes)
         path = docker.connector.path
         await docker.close()
@@ -275,7 +282,14 @@ class DockerAdapter(BackgroundOwner):
             name = f"orchard-{uuid.uuid4().hex[:16]}"
             expires_at = time.time() + spec.ttl
             labels = self._labels(spec, expires_at)
-            container, split = await self._start_container(docker, name, self._container_config(spec, image, labels))
+            config = self._container_config(spec, image, labels)
+            try:
+                container, split = await self._start_container(docker, name, config)
+            except ConfigError as exc:
+                if not self._light_network_refused(config, exc):
+                    raise
+                config = self._container_config(spec, image, labels)  # the daemon's network "none"
+                container, split = await self._start_container(docker, name, config)
             try:
                 client, relays = await self._open_shell(container, self._workdir(spec), name, split)
             except BaseException:
@@ -336,7 +350,12 @@ class DockerAdapter(BackgroundOwner):
             host["Memory"] = host["MemorySwap"] = spec.memory_bytes
         # relays in the main process (no exec for them) unless a later controller must open its own
         timer = ["sh", "-c", (RELAYS_IN_MAIN if self._relays_in_main else "") + TIMER, "orchard-timer"]
-        return {
+        config: dict[str, Any] = {}
+        if spec.network != "on" and self._light_network:
+            # runc makes the network namespace (lo only) without libnetwork; /etc/hosts is ours
+            config["NetworkDisabled"] = True
+            host["Mounts"] = [{"Type": "bind", "Source": self._hosts_file(), "Target": "/etc/hosts", "ReadOnly": True}]
+        return config | {
             "Image": image,
             "Entrypoint": container_reattach.adoptable_entry(timer, self._workdir(spec))
             if self.reattach_grace
@@ -346,6 +365,19 @@ class DockerAdapter(BackgroundOwner):
             "Labels": labels,
             "HostConfig": {key: value for key, value in host.items() if value is not None},
         }
+
+    def _light_network_refused(self, config: dict[str, Any], exc: ConfigError) -> bool:
+        """Whether the daemon refused the bind of our /etc/hosts (it runs where this file is not:
+        another machine, a VM): light networking is then off for this adapter."""
+        if not config.get("NetworkDisabled") or self._hosts_dir is None or self._hosts_dir not in str(exc):
+            return False
+        self._light_network = False
+        return True
+
+    def _hosts_file(self) -> str:
+        if self._hosts_dir is None:
+            self._hosts_dir = hosts_dir()
+        return os.path.join(self._hosts_dir, "hosts")
 
     def _tmpfs_mounts(self, spec: SandboxSpec) -> dict[str, str]:
         """Docker mounts tmpfs noexec by default; sandboxes run what they write, so add exec.

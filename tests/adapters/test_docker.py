@@ -242,6 +242,35 @@ async def test_labels_limits_init_timer_and_no_network(make_adapter) -> None:
     assert await containers(adapter.run_id) == []
 
 
+async def test_no_network_is_runcs_own_namespace_with_docker_hosts(make_adapter) -> None:
+    """light_network (the default): no libnetwork sandbox (NetworkDisabled), loopback only,
+    localhost resolving as with docker's network "none", /etc/hosts read-only for the sandbox;
+    light_network=False is the daemon's network "none", its /etc/hosts writable."""
+    script = (
+        "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; grep -c localhost /etc/hosts; "
+        "if echo '10.0.0.1 x' >> /etc/hosts; then echo writable; else echo read-only; fi"
+    )
+    light = await make_adapter().create(oa.SandboxSpec(ttl=60))
+    info = await inspect(light.id)
+    assert info["Config"].get("NetworkDisabled") is True and info["HostConfig"]["NetworkMode"] == "none"
+    assert (await light.exec("cat /etc/hosts")).text.splitlines()[0].split() == ["127.0.0.1", "localhost"]
+    assert (await light.exec(script)).text.split() == ["lo", "2", "read-only"]
+    classic = await make_adapter(light_network=False).create(oa.SandboxSpec(ttl=60))
+    assert not (await inspect(classic.id))["Config"].get("NetworkDisabled")
+    assert (await classic.exec(script)).text.split() == ["lo", "2", "writable"]
+
+
+async def test_a_daemon_that_cannot_bind_our_hosts_file_gets_network_none(make_adapter, tmp_path: Path) -> None:
+    """Where the daemon does not see this machine's files (another host, a VM), the bind is
+    refused: the adapter falls back to docker's network "none" for the rest of its life."""
+    adapter = make_adapter()
+    adapter._hosts_dir = str(tmp_path)  # no hosts file there: as a daemon elsewhere would find it
+    box = await adapter.create(oa.SandboxSpec(ttl=60))
+    assert not (await inspect(box.id))["Config"].get("NetworkDisabled")
+    assert (await box.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")).text.split() == ["lo"]
+    assert not adapter._light_network
+
+
 async def test_network_on_when_asked(make_adapter) -> None:
     adapter = make_adapter()
     box = await adapter.create(oa.SandboxSpec(network="on", ttl=60))
