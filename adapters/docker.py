@@ -76,16 +76,13 @@ from orchard_async import container_reattach
 from orchard_async import labels as names
 from orchard_async.background import Background, BackgroundOwner
 from orchard_async.container_shell import (
-    CTL_DIR,
     DEFAULT_WORKDIR,
-    RELAYS_IN_MAIN,
     SHELL_ONLY,
     concurrently,
     container_sandbox,
     is_abandoned,
     shell_command,
     start_shell,
-    timer_args,
 )
 from orchard_async.errors import AdapterUnavailable, BackendUnavailable, ConfigError, CreateFailed, SandboxLost
 from orchard_async.exec_streams import DuplexStream, ExecStream, Heartbeat, OutputStream, SplitRelay, close_streams
@@ -96,7 +93,8 @@ from orchard_async.shell import CgroupShellClient
 from orchard_async.types import SandboxSpec
 
 from .docker_config import DockerConfig, hosts_dir
-from .docker_fork import SNAPSHOT_REPO, check_snapshot_id, drop_snapshot, reap_snapshots, snapshot, snapshot_tmpfs
+from .docker_container import container_config
+from .docker_fork import SNAPSHOT_REPO, check_snapshot_id, drop_snapshot, reap_snapshots, snapshot
 
 T = TypeVar("T")
 
@@ -105,33 +103,6 @@ WHERE = "the Docker daemon"
 PULL_TIMEOUT = 600.0
 INTERRUPT_TIMEOUT = 5.0  # signalling a timed-out command
 DESTROY_TIMEOUT = 20.0
-
-# Processes the adapter itself runs in every container, added to spec.pids so that the
-# limit counts what commands may start: init, the timer and its sleep, the exec wrapper
-# with its two sides and cat, the keepalive watchdog and its sleep (where the image's
-# shell has no `read -t`), the two output relays, the shell, and the command's subshell.
-PIDS_OVERHEAD = 13
-
-# The container's main process (under docker-init): the self-destruct timer, in sh.
-#
-# * A controller killed between starting a container and attaching its shell leaves a
-#   container no shell will ever end, so the timer first waits the attach grace ($1) and
-#   goes on to the rest of the TTL ($2) only if a shell has attached: the shell writes
-#   its pid to SHELL_PID ($3) as it starts.
-# * It relays SIGUSR1 to the shell: the client's timeout interrupt. Docker can signal a
-#   container (its init forwards the signal to the timer) but not an exec, and a second
-#   exec to run `kill` would need a free pid, which a command that hit the pids limit
-#   has taken. `read` and `kill` are builtins: relaying forks nothing.
-# * It sleeps in the background: a shell runs traps only between commands, and `wait`
-#   returns at once for a trapped signal.
-TIMER = """
-_o_pid=$3
-_o_relay() { if read -r _o_p <"$_o_pid"; then kill -USR1 "$_o_p"; fi; }
-trap _o_relay USR1
-_o_nap() { sleep "$1" & _o_s=$!; while kill -0 "$_o_s" 2>/dev/null; do wait "$_o_s"; done; }
-_o_nap "$1"
-if [ -e "$_o_pid" ]; then _o_nap "$2"; fi
-"""
 
 
 class AttachConnection:
@@ -332,39 +303,17 @@ class DockerAdapter(BackgroundOwner):
         return spec.workdir or DEFAULT_WORKDIR
 
     def _container_config(self, spec: SandboxSpec, image: str, labels: dict[str, str]) -> dict[str, Any]:
-        host: dict[str, Any] = {
-            "AutoRemove": True,  # the timer's end is the container's end
-            "Init": True,  # reaps zombies of commands; forwards the end signal to the timer
-            "NetworkMode": "bridge" if spec.network == "on" else "none",
-            "PidsLimit": (spec.pids + PIDS_OVERHEAD) if spec.pids else None,
-            "ReadonlyRootfs": self.config.read_only,
-            "Tmpfs": self._tmpfs_mounts(spec),
-            "LogConfig": {"Type": "none", "Config": {}},  # the timer prints nothing
-            "CapDrop": ["ALL"],  # the shell server needs none (see the module docstring)
-            "SecurityOpt": ["no-new-privileges"],
-        }
-        if spec.cpu:
-            host["NanoCpus"] = int(spec.cpu * 1e9)
-        if spec.memory_bytes:
-            # Swap as large as memory means no swap: over the limit, the OOM killer acts.
-            host["Memory"] = host["MemorySwap"] = spec.memory_bytes
-        # relays in the main process (no exec for them) unless a later controller must open its own
-        timer = ["sh", "-c", (RELAYS_IN_MAIN if self._relays_in_main else "") + TIMER, "orchard-timer"]
-        config: dict[str, Any] = {}
-        if spec.network != "on" and self._light_network:
-            # runc makes the network namespace (lo only) without libnetwork; /etc/hosts is ours
-            config["NetworkDisabled"] = True
-            host["Mounts"] = [{"Type": "bind", "Source": self._hosts_file(), "Target": "/etc/hosts", "ReadOnly": True}]
-        return config | {
-            "Image": image,
-            "Entrypoint": container_reattach.adoptable_entry(timer, self._workdir(spec))
-            if self.reattach_grace
-            else timer,
-            "Cmd": timer_args(spec.ttl, self.config.attach_grace),
-            "Env": [f"{key}={value}" for key, value in spec.env.items()],
-            "Labels": labels,
-            "HostConfig": {key: value for key, value in host.items() if value is not None},
-        }
+        light = spec.network != "on" and self._light_network
+        return container_config(
+            self.config,
+            spec,
+            image,
+            labels,
+            workdir=self._workdir(spec),
+            relays_in_main=self._relays_in_main,
+            reattach_grace=self.reattach_grace,
+            hosts_file=self._hosts_file() if light else None,
+        )
 
     def _light_network_refused(self, config: dict[str, Any], exc: ConfigError) -> bool:
         """Whether the daemon refused the bind of our /etc/hosts (it runs where this file is not:
@@ -378,17 +327,6 @@ class DockerAdapter(BackgroundOwner):
         if self._hosts_dir is None:
             self._hosts_dir = hosts_dir()
         return os.path.join(self._hosts_dir, "hosts")
-
-    def _tmpfs_mounts(self, spec: SandboxSpec) -> dict[str, str]:
-        """Docker mounts tmpfs noexec by default; sandboxes run what they write, so add exec.
-        A read-only root gets tmpfs for the two places the sandbox must write."""
-        mounts = dict(self.config.tmpfs)
-        if spec.snapshot:
-            mounts.update(snapshot_tmpfs())
-        if self.config.read_only:
-            mounts.setdefault(self._workdir(spec), "")
-            mounts.setdefault(CTL_DIR, "mode=0700")
-        return {path: _with_exec(options) for path, options in mounts.items()}
 
     async def _ensure_image(self, docker: aiodocker.Docker, image: str, pull: str) -> None:
         """Apply the pull policy once per image per adapter: never pull what was not asked
@@ -547,7 +485,7 @@ class DockerAdapter(BackgroundOwner):
 
     async def _interrupt(self, container: DockerContainer) -> None:
         """Deliver the client's timeout interrupt: SIGUSR1 to the container, which its
-        timer relays to the shell (see TIMER). If the daemon cannot do it in time, the
+        timer relays to the shell (see docker_container.TIMER). If the daemon cannot do it in time, the
         client's grace period declares the sandbox lost."""
         with contextlib.suppress(BackendUnavailable, aiodocker.DockerError):
             await self._call("interrupt", container.kill(signal="SIGUSR1"), INTERRUPT_TIMEOUT)
@@ -686,10 +624,3 @@ def known_deadlock(version: str) -> str:
             "(moby/moby#42545): if creates then time out, restart it (scripts/docker-down.sh, scripts/docker-up.sh)"
         )
     return ""
-
-
-def _with_exec(options: str) -> str:
-    words = [word for word in options.split(",") if word]
-    if "noexec" not in words and "exec" not in words:
-        words.append("exec")
-    return ",".join(words)

@@ -30,7 +30,8 @@ from orchard_async import ExitReason
 from tests.conftest import backend_missing
 
 try:
-    from orchard_async.adapters.docker import PIDS_OVERHEAD, DockerAdapter, ExecStream
+    from orchard_async.adapters.docker import DockerAdapter, ExecStream
+    from orchard_async.adapters.docker_container import PIDS_OVERHEAD
 except ImportError as exc:  # aiodocker is an optional dependency
     if os.environ.get("CI", "").lower() == "true":
         raise

@@ -1,0 +1,107 @@
+"""What a docker sandbox's container is: its create config (the self-destruct timer as its main
+process, limits, mounts, network), built from the adapter's options and the spec. The adapter
+(adapters/docker.py) creates, starts and drives it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchard_async import container_reattach
+from orchard_async.container_shell import CTL_DIR, RELAYS_IN_MAIN, timer_args
+from orchard_async.types import SandboxSpec
+
+from .docker_config import DockerConfig
+from .docker_fork import snapshot_tmpfs
+
+# Processes the adapter itself runs in every container, added to spec.pids so that the
+# limit counts what commands may start: init, the timer and its sleep, the exec wrapper
+# with its two sides and cat, the keepalive watchdog and its sleep (where the image's
+# shell has no `read -t`), the two output relays, the shell, and the command's subshell.
+PIDS_OVERHEAD = 13
+
+# The container's main process (under docker-init): the self-destruct timer, in sh.
+#
+# * A controller killed between starting a container and attaching its shell leaves a
+#   container no shell will ever end, so the timer first waits the attach grace ($1) and
+#   goes on to the rest of the TTL ($2) only if a shell has attached: the shell writes
+#   its pid to SHELL_PID ($3) as it starts.
+# * It relays SIGUSR1 to the shell: the client's timeout interrupt. Docker can signal a
+#   container (its init forwards the signal to the timer) but not an exec, and a second
+#   exec to run `kill` would need a free pid, which a command that hit the pids limit
+#   has taken. `read` and `kill` are builtins: relaying forks nothing.
+# * It sleeps in the background: a shell runs traps only between commands, and `wait`
+#   returns at once for a trapped signal.
+TIMER = """
+_o_pid=$3
+_o_relay() { if read -r _o_p <"$_o_pid"; then kill -USR1 "$_o_p"; fi; }
+trap _o_relay USR1
+_o_nap() { sleep "$1" & _o_s=$!; while kill -0 "$_o_s" 2>/dev/null; do wait "$_o_s"; done; }
+_o_nap "$1"
+if [ -e "$_o_pid" ]; then _o_nap "$2"; fi
+"""
+
+
+def container_config(
+    config: DockerConfig,
+    spec: SandboxSpec,
+    image: str,
+    labels: dict[str, str],
+    *,
+    workdir: str,
+    relays_in_main: bool,
+    reattach_grace: float,
+    hosts_file: str | None,
+) -> dict[str, Any]:
+    """The create body of a sandbox's container. ``relays_in_main``: the output relays run in its
+    main process (no exec for them); ``reattach_grace``: it outlives its controller that long
+    (container_reattach); ``hosts_file``: no network of the daemon's at all (``light_network``),
+    this file bound read-only as /etc/hosts."""
+    host: dict[str, Any] = {
+        "AutoRemove": True,  # the timer's end is the container's end
+        "Init": True,  # reaps zombies of commands; forwards the end signal to the timer
+        "NetworkMode": "bridge" if spec.network == "on" else "none",
+        "PidsLimit": (spec.pids + PIDS_OVERHEAD) if spec.pids else None,
+        "ReadonlyRootfs": config.read_only,
+        "Tmpfs": tmpfs_mounts(config, spec, workdir),
+        "LogConfig": {"Type": "none", "Config": {}},  # the timer prints nothing
+        "CapDrop": ["ALL"],  # the shell server needs none (see adapters/docker.py's docstring)
+        "SecurityOpt": ["no-new-privileges"],
+    }
+    if spec.cpu:
+        host["NanoCpus"] = int(spec.cpu * 1e9)
+    if spec.memory_bytes:
+        # Swap as large as memory means no swap: over the limit, the OOM killer acts.
+        host["Memory"] = host["MemorySwap"] = spec.memory_bytes
+    timer = ["sh", "-c", (RELAYS_IN_MAIN if relays_in_main else "") + TIMER, "orchard-timer"]
+    body: dict[str, Any] = {}
+    if hosts_file:
+        # runc makes the network namespace (lo only) without libnetwork; /etc/hosts is ours
+        body["NetworkDisabled"] = True
+        host["Mounts"] = [{"Type": "bind", "Source": hosts_file, "Target": "/etc/hosts", "ReadOnly": True}]
+    return body | {
+        "Image": image,
+        "Entrypoint": container_reattach.adoptable_entry(timer, workdir) if reattach_grace else timer,
+        "Cmd": timer_args(spec.ttl, config.attach_grace),
+        "Env": [f"{key}={value}" for key, value in spec.env.items()],
+        "Labels": labels,
+        "HostConfig": {key: value for key, value in host.items() if value is not None},
+    }
+
+
+def tmpfs_mounts(config: DockerConfig, spec: SandboxSpec, workdir: str) -> dict[str, str]:
+    """Docker mounts tmpfs noexec by default; sandboxes run what they write, so add exec.
+    A read-only root gets tmpfs for the two places the sandbox must write."""
+    mounts = dict(config.tmpfs)
+    if spec.snapshot:
+        mounts.update(snapshot_tmpfs())
+    if config.read_only:
+        mounts.setdefault(workdir, "")
+        mounts.setdefault(CTL_DIR, "mode=0700")
+    return {path: _with_exec(options) for path, options in mounts.items()}
+
+
+def _with_exec(options: str) -> str:
+    words = [word for word in options.split(",") if word]
+    if "noexec" not in words and "exec" not in words:
+        words.append("exec")
+    return ",".join(words)
