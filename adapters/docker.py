@@ -56,7 +56,6 @@ import contextlib
 import functools
 import json
 import os
-import re
 import socket
 import time
 import uuid
@@ -84,7 +83,7 @@ from orchard_async.container_shell import (
     shell_command,
     start_shell,
 )
-from orchard_async.errors import AdapterUnavailable, BackendUnavailable, ConfigError, CreateFailed, SandboxLost
+from orchard_async.errors import BackendUnavailable, ConfigError, CreateFailed, SandboxLost
 from orchard_async.exec_streams import DuplexStream, ExecStream, Heartbeat, OutputStream, SplitRelay, close_streams
 from orchard_async.images import ImageMissing, build_command, missing_image_hint
 from orchard_async.protocols import Sandbox
@@ -592,35 +591,6 @@ class DockerAdapter(BackgroundOwner):
 
     async def doctor(self) -> str:
         """One line for `orchard-async doctor`; raises AdapterUnavailable when no daemon answers."""
-        try:
-            docker = await self._connect()
-        except BackendUnavailable as exc:
-            raise AdapterUnavailable(str(exc)) from None
-        try:
-            version = await self._call("version", docker.version(), 10)
-            present = await self._image_present(docker, self.image)
-        except (BackendUnavailable, CreateFailed) as exc:
-            raise AdapterUnavailable(str(exc)) from None
-        finally:
-            await self._disconnect(docker)
-        image = "present" if present else f"MISSING ({missing_image_hint(self.image, WHERE)})"
-        keepalive = f"ends {self.keepalive:g} s after its controller goes silent" if self.keepalive else "no keepalive"
-        number = version.get("Version", "?")
-        return (
-            f"Docker {number} (API {version.get('ApiVersion', '?')}) at {self._endpoint}; "
-            f"default image {self.image} {image}; each sandbox: all capabilities dropped, no-new-privileges, "
-            f"pids limit from spec.pids, no network unless spec.network='on', {keepalive}" + known_deadlock(number)
-        )
+        from .docker_doctor import doctor
 
-
-def known_deadlock(version: str) -> str:
-    """A warning for a daemon with libnetwork's lock-order deadlock (moby/moby#42545: two
-    containers exiting at once can stop every later start; fixed in 20.10.27 and 23.0).
-    Debian 12 ships 20.10.24."""
-    major, minor, patch = ([int(part) for part in re.findall(r"\d+", version)] + [0, 0, 0])[:3]
-    if (major, minor) < (20, 10) or ((major, minor) == (20, 10) and patch < 27):
-        return (
-            f"; WARNING: dockerd {version} can deadlock when many containers start and exit at once "
-            "(moby/moby#42545): if creates then time out, restart it (scripts/docker-down.sh, scripts/docker-up.sh)"
-        )
-    return ""
+        return await doctor(self)

@@ -1,0 +1,49 @@
+"""``DockerAdapter.doctor``: the one line `orchard-async doctor` prints for docker, and what
+it knows about daemon versions."""
+
+from __future__ import annotations
+
+import re
+
+from orchard_async.errors import AdapterUnavailable, BackendUnavailable, CreateFailed
+from orchard_async.images import missing_image_hint
+
+from .docker import WHERE, DockerAdapter
+
+
+async def doctor(adapter: DockerAdapter) -> str:
+    """DockerAdapter.doctor: raises AdapterUnavailable when no daemon answers."""
+    try:
+        docker = await adapter._connect()
+    except BackendUnavailable as exc:
+        raise AdapterUnavailable(str(exc)) from None
+    try:
+        version = await adapter._call("version", docker.version(), 10)
+        present = await adapter._image_present(docker, adapter.image)
+    except (BackendUnavailable, CreateFailed) as exc:
+        raise AdapterUnavailable(str(exc)) from None
+    finally:
+        await adapter._disconnect(docker)
+    image = "present" if present else f"MISSING ({missing_image_hint(adapter.image, WHERE)})"
+    keepalive = (
+        f"ends {adapter.keepalive:g} s after its controller goes silent" if adapter.keepalive else "no keepalive"
+    )
+    number = version.get("Version", "?")
+    return (
+        f"Docker {number} (API {version.get('ApiVersion', '?')}) at {adapter._endpoint}; "
+        f"default image {adapter.image} {image}; each sandbox: all capabilities dropped, no-new-privileges, "
+        f"pids limit from spec.pids, no network unless spec.network='on', {keepalive}" + known_deadlock(number)
+    )
+
+
+def known_deadlock(version: str) -> str:
+    """A warning for a daemon with libnetwork's lock-order deadlock (moby/moby#42545: two
+    containers exiting at once can stop every later start; fixed in 20.10.27 and 23.0).
+    Debian 12 ships 20.10.24."""
+    major, minor, patch = ([int(part) for part in re.findall(r"\d+", version)] + [0, 0, 0])[:3]
+    if (major, minor) < (20, 10) or ((major, minor) == (20, 10) and patch < 27):
+        return (
+            f"; WARNING: dockerd {version} can deadlock when many containers start and exit at once "
+            "(moby/moby#42545): if creates then time out, restart it (scripts/docker-down.sh, scripts/docker-up.sh)"
+        )
+    return ""
