@@ -455,13 +455,7 @@ class ShellClient:
             except TimeoutError:
                 self.lost = "the sandbox shell stopped answering"
                 return self._lost_result(started)
-            except (
-                anyio.EndOfStream,
-                anyio.IncompleteRead,
-                anyio.BrokenResourceError,
-                anyio.ClosedResourceError,
-                OSError,
-            ):
+            except STREAM_ERRORS:
                 self.lost = "the sandbox shell is gone"
                 return self._lost_result(started)
             return ExecResult(
@@ -493,13 +487,7 @@ class ShellClient:
                         pass  # stray bytes: skip to the answer
             except TimeoutError:
                 return False
-            except (
-                anyio.EndOfStream,
-                anyio.IncompleteRead,
-                anyio.BrokenResourceError,
-                anyio.ClosedResourceError,
-                OSError,
-            ):
+            except STREAM_ERRORS:
                 self.lost = "the sandbox shell is gone"
                 return False
         return True

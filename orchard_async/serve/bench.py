@@ -42,7 +42,7 @@ import anyio
 import httpx
 
 import orchard_async as oa
-from orchard_async.errors import ConfigError
+from orchard_async.cli import parse_adapter_options
 from orchard_async.paths import check_output_file
 
 IMAGE = "orchard/busybox:test"
@@ -388,12 +388,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, path in (("--json", args.json_out), ("--markdown", args.markdown)):
         if path:
             check_output_file(path, what=flag)
-    try:
-        options = json.loads(args.adapter_options) if args.adapter_options else {}
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--adapter-options is not valid JSON: {exc}") from None
-    if not isinstance(options, dict):
-        raise ConfigError("--adapter-options must be a JSON object")
+    parse_adapter_options(args.adapter_options)  # bad options are one line before anything starts
     result = oa.run(measure, args)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2))
