@@ -92,8 +92,9 @@ def running_soak(config: pytest.Config) -> bool:
     return "soak" in (config.getoption("markexpr") or "").replace("not soak", "")
 
 
-# Files whose kubernetes rows are soak tests: the kubernetes fork is a tar through the pod
-# (10-16 s a test), and the default run keeps its 5-minute budget; local and docker stay.
+# Files whose kubernetes rows are soak tests: a kubernetes fork is a containerd image import (or
+# a tar through the pod) and new pods, 5-16 s a test, and the default run keeps its 5-minute
+# budget; local and docker stay.
 SOAK_ON_KUBERNETES = {"tests/conformance/test_fork.py"}
 
 
