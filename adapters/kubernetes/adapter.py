@@ -530,58 +530,11 @@ class KubernetesAdapter(BackgroundOwner):
 
     async def reap(self, older_than: float = 0.0) -> list[str]:
         """Delete orchard pods in the namespace (anyone's) whose TTL passed ``older_than``
-        seconds ago, that ended, or whose controller is dead; and allow policies whose pod is
-        gone. Lists first, completely: a failed list raises before anything is deleted."""
-        await self._start()
-        policy_path = self.api.path("networkpolicies", group=NETWORKING)
-        # policies before pods: a policy is created after its pod, so one whose pod is
-        # missing from the later pod list belongs to a pod that is really gone
-        policies = (
-            await self.api.list_all(policy_path, names.SANDBOX, "policy list")
-            if self.config.manage_network_policies
-            else []
-        )
-        # page by page, keeping names only: bounded memory however many pods the namespace has
-        now = time.time()
-        doomed: list[str] = []
-        present: set[str] = set()
-        async for pods in self.api.pages(self.api.path("pods"), f"{names.OWNER},{names.EXPIRES}", "pod list for reap"):
-            for pod in pods:
-                name = pod["metadata"]["name"]
-                present.add(name)
-                if (
-                    name not in self._live
-                    and not pod["metadata"].get("deletionTimestamp")
-                    and _pod_abandoned(pod, now, older_than)
-                ):
-                    doomed.append(name)
-        orphans = [
-            policy["metadata"]["name"]
-            for policy in policies
-            if policy["metadata"].get("labels", {}).get(names.SANDBOX) not in present
-        ]
-        removed: list[str] = []
+        seconds ago, that ended, or whose controller is dead; allow policies whose pod is gone;
+        snapshots of dead runs (reap.py)."""
+        from .reap import reap
 
-        async def remove_pod(name: str) -> None:
-            try:
-                await self.api.delete(self.api.path("pods", name), f"pod {name} delete")
-            except (OrchardError, ApiError):
-                return  # the next reap tries again
-            removed.append(name)
-
-        async def remove_policy(name: str) -> None:
-            try:
-                await self.api.delete(f"{policy_path}/{name}", f"policy {name} delete")
-            except (OrchardError, ApiError):
-                return
-
-        await container_shell.concurrently(
-            *(functools.partial(remove_pod, name) for name in doomed),
-            *(functools.partial(remove_policy, name) for name in orphans),
-        )
-        # after the pods: a fork's container holds its snapshot's layer
-        removed += await self.forks.reap(older_than)
-        return sorted(removed)
+        return await reap(self, older_than)
 
     async def close(self) -> None:
         """Destroy every live sandbox, drop this run's snapshots, retry unconfirmed
@@ -624,13 +577,3 @@ class KubernetesAdapter(BackgroundOwner):
             "spec.pids NOT enforced per sandbox (only the kubelet's node-wide --pod-max-pids caps a pod); "
             f"{await self.forks.describe()}"
         )
-
-
-def _pod_abandoned(pod: dict[str, Any], now: float, older_than: float) -> bool:
-    metadata = pod["metadata"]
-    # ended (TTL, deadline, its shell's websocket closed): of no use to anyone
-    ended = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-    alive = names.annotated_controller_alive((metadata.get("annotations") or {}).get(names.CONTROLLER_ANNOTATION))
-    return container_shell.is_abandoned(
-        metadata.get("labels") or {}, ended=ended, controller_alive=alive, now=now, older_than=older_than
-    )
