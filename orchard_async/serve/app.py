@@ -34,6 +34,9 @@ access_log = logging.getLogger("orchard_async.serve.access")
 
 PUBLIC_PATHS = frozenset({"/", "/health"})
 MAX_WAIT = 3600  # seconds a /wait may block
+# seconds after start of the second backend reap: past the 60 s a local dir without its lease is
+# left alone (adapters/local_reap.py) and docker's attach grace for a container no shell took
+SECOND_REAP_AFTER = 65.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 REGISTRY = web.AppKey("registry", Registry)
@@ -402,6 +405,19 @@ def create_app(
     jobs = Jobs(metrics_, bash_lanes=os.environ.get("ORCHARD_SERVE_BASH_LANE", "1") != "0")
     app[REGISTRY], app[JOBS], app[KEYS], app[METRICS] = registry, jobs, keys or KeyStore(), metrics_
 
+    async def reap_half_made() -> None:
+        # A sandbox the killed run was half-way through making is not yet reap-able at start
+        # (a local dir without its lease is left alone while young, a container waits out its
+        # attach grace): look again once that has passed.
+        await asyncio.sleep(SECOND_REAP_AFTER)
+        try:
+            reaped = await adapter.reap()
+        except oa.OrchardError as exc:  # the next start reaps again
+            log.warning("the second reap failed: %s", exc)
+            return
+        for sandbox_id in reaped:
+            log.info("reaped %s, left half-made by a run that is gone", sandbox_id)
+
     async def lifetime(app: web.Application) -> Any:
         # Sandboxes a killed earlier run of the service left (their controller is dead): the
         # service's state is gone with it, so none can be adopted; remove them.
@@ -414,8 +430,10 @@ def create_app(
         tenants = {tenant.name: tenant for tenant in app[KEYS].tenants} or {ANONYMOUS.name: ANONYMOUS}
         await adopt.adopt(registry, tenants)
         reaper = registry.spawn(registry.reaper(reap_interval))
+        second_reap = registry.spawn(reap_half_made())
         yield
         reaper.cancel()
+        second_reap.cancel()
         await registry.close()
         if close_adapter:
             await adapter.close()

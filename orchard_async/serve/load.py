@@ -184,8 +184,10 @@ def sandbox_processes(root: Path) -> int:
     return count
 
 
-async def settle(service: ServiceProcess, root: Path | None, within: float = 60.0) -> dict:
-    """The leak check, repeated until clean or ``within`` seconds pass (teardown runs in the background)."""
+async def settle(service: ServiceProcess, root: Path | None, within: float = 90.0) -> dict:
+    """The leak check, repeated until clean or ``within`` seconds pass (teardown runs in the
+    background; what the killed service was half-way through making goes at the restarted
+    one's second reap, app.SECOND_REAP_AFTER after its start)."""
     deadline = time.monotonic() + within
     while True:
         found = await leaks(service, root)

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
 from pathlib import Path
 
 import anyio
@@ -12,6 +14,7 @@ import httpx
 
 import orchard_async as oa
 from orchard_async import cli, runtime
+from orchard_async.serve import app
 from tests.service.conftest import Service, make_sandbox
 from tests.service.test_contract import exec_body
 
@@ -77,3 +80,23 @@ async def test_the_demo_through_the_service(service: Service, monkeypatch, tmp_p
     assert await anyio.to_thread.run_sync(cli.main, argv) == 0
     rewards = [episode.reward for episode in oa.read_trajectories(tmp_path / "demo" / "trajectories.jsonl")]
     assert rewards == [1.0] * 4
+
+
+async def test_a_sandbox_half_made_by_a_killed_run_goes_at_the_second_reap(
+    start_service, monkeypatch, tmp_path
+) -> None:
+    """A dir the killed run made without its lease yet is young at the restart's first reap
+    (left alone: it might be being made); the second reap, once it is old, removes it."""
+    root = tmp_path / "sandboxes"
+    half_made = root / "lo-halfmade0000000"
+    half_made.mkdir(parents=True)
+    made_at = time.time() - 56  # the first reap sees it at ~56 s (kept), the second at ~61 s+
+    os.utime(half_made, (made_at, made_at))
+    monkeypatch.setattr(app, "SECOND_REAP_AFTER", 5.0)
+    await start_service("local", adapter_options={"root": str(root)})
+    assert half_made.exists()
+    for _ in range(150):  # up to 30 s
+        if not half_made.exists():
+            break
+        await anyio.sleep(0.2)
+    assert not half_made.exists()
