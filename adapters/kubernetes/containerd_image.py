@@ -48,6 +48,7 @@ INDEXES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.di
 DEFAULT_ADDRESS = "/run/containerd/containerd.sock"
 CTR_TIMEOUT = 120.0  # seconds one small ctr call may take (a loaded node answers in well under one)
 LABEL_PREFIX = "orchard."
+NO_CTR = "no ctr on this host (containerd's CLI: apt-get install containerd)"
 
 
 def address(configured: str | None) -> str:
@@ -71,7 +72,7 @@ class Ctr:
         try:
             done = subprocess.run(self.argv(*args), input=stdin, capture_output=True, timeout=timeout)
         except FileNotFoundError:
-            raise Unavailable("no ctr on this host (containerd's CLI: apt-get install containerd)") from None
+            raise Unavailable(NO_CTR) from None
         except subprocess.TimeoutExpired:
             raise Unavailable(f"ctr {args[0]} {args[1] if len(args) > 1 else ''} took over {timeout:.0f}s") from None
         if done.returncode != 0:
@@ -82,15 +83,16 @@ class Ctr:
     def probe(self) -> str:
         """containerd's version, or Unavailable saying why it cannot be reached."""
         if shutil.which("ctr") is None:
-            raise Unavailable("no ctr on this host (containerd's CLI: apt-get install containerd)")
+            raise Unavailable(NO_CTR)
         if not os.path.exists(self.socket):
             raise Unavailable(f"no containerd socket at {self.socket} (set containerd_address or CONTAINERD_ADDRESS)")
         if not os.access(self.socket, os.R_OK | os.W_OK):
             raise Unavailable(f"containerd's socket {self.socket} is not writable by this user (needs root)")
+        version = ""
         for line in self.run("version", timeout=10).decode(errors="replace").splitlines():
             if line.strip().startswith("Version:") and "Server" not in line:
                 version = line.split(":", 1)[1].strip()
-        return f"containerd {version}" if "version" in locals() else "containerd"
+        return f"containerd {version}" if version else "containerd"
 
     def container(self, container_id: str) -> dict[str, Any]:
         try:

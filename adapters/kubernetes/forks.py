@@ -56,7 +56,7 @@ class Forks:
         return self.ctr if self._probed is not None else None
 
     async def describe(self) -> str:
-        ctr = await self.containerd() if self.mode != "containerd" else await self._quiet()
+        ctr = await self._quiet()
         where = f"{self.ctr.socket} ({self._probed})" if ctr is not None else None
         return snaps.describe(self.store, where, self.why_not)
 

@@ -251,17 +251,23 @@ async def served_warm_by_default(adapter: oa.Adapter) -> None:
         await adapter.close()
 
 
-async def test_a_docker_rollout_is_warm_by_default_and_leaves_nothing() -> None:
+async def docker_adapter(run_id: str) -> oa.Adapter:
+    """A docker adapter with this run id, or the test skips (fails in CI) without a daemon."""
     try:
         from orchard_async.adapters.docker import DockerAdapter
 
-        run_id = f"t{uuid.uuid4().hex[:10]}"
         adapter = DockerAdapter(
             image=os.environ.get("ORCHARD_DOCKER_TEST_IMAGE", "orchard/busybox:test"), run_id=run_id
         )
         await adapter.doctor()
     except Exception as exc:  # noqa: BLE001 - any reason docker cannot be used here
         backend_missing(f"docker: {exc}")
+    return adapter
+
+
+async def test_a_docker_rollout_is_warm_by_default_and_leaves_nothing() -> None:
+    run_id = f"t{uuid.uuid4().hex[:10]}"
+    adapter = await docker_adapter(run_id)
     await served_warm_by_default(adapter)
     listed = await anyio.run_process(["docker", "ps", "-aq", "--filter", f"label=orchard.run={run_id}"])
     assert listed.stdout.strip() == b""
@@ -270,16 +276,8 @@ async def test_a_docker_rollout_is_warm_by_default_and_leaves_nothing() -> None:
 async def test_a_docker_sandbox_killed_behind_the_pools_back_is_never_handed_out() -> None:
     """`docker kill` on a warm sandbox, then at once the acquires: the check (its shell must
     answer) finds it dead, closes it and hands out live ones only."""
-    try:
-        from orchard_async.adapters.docker import DockerAdapter
-
-        run_id = f"t{uuid.uuid4().hex[:10]}"
-        adapter = DockerAdapter(
-            image=os.environ.get("ORCHARD_DOCKER_TEST_IMAGE", "orchard/busybox:test"), run_id=run_id
-        )
-        await adapter.doctor()
-    except Exception as exc:  # noqa: BLE001 - any reason docker cannot be used here
-        backend_missing(f"docker: {exc}")
+    run_id = f"t{uuid.uuid4().hex[:10]}"
+    adapter = await docker_adapter(run_id)
     try:
         async with oa.Pool(adapter) as pool:
             pool.warm(SPEC, 2)
