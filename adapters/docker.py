@@ -3,7 +3,7 @@
 A sandbox is a container whose main process is a self-destruct timer (``sleep`` under
 Docker's init, created with AutoRemove). Commands never pay a ``docker exec`` each: at
 creation one exec runs ``sh -s`` and its attach stream carries the shell-session
-protocol (orchard_async.shell), the same code the local adapter speaks over pipes. File
+protocol (orchard_async.kit.shell), the same code the local adapter speaks over pipes. File
 operations are commands too, so they work on tmpfs mounts and read-only roots, where
 the archive API does not. Command output comes back through two relays (container_shell's
 RELAY): in the container's main process, read over an attach made between create and start
@@ -71,10 +71,21 @@ from aiodocker.containers import DockerContainer
 from aiodocker.stream import Stream
 from aiodocker.types import SENTINEL
 
-from orchard_async import container_reattach
-from orchard_async import labels as names
-from orchard_async.background import Background, BackgroundOwner
-from orchard_async.container_shell import (
+from orchard_async.adapters.docker_config import DockerConfig, hosts_dir
+from orchard_async.adapters.docker_container import container_config
+from orchard_async.adapters.docker_fork import (
+    SNAPSHOT_REPO,
+    check_snapshot_id,
+    drop_snapshot,
+    reap_snapshots,
+    snapshot,
+)
+from orchard_async.errors import BackendUnavailable, ConfigError, CreateFailed, SandboxLost
+from orchard_async.images import ImageMissing, build_command, missing_image_hint
+from orchard_async.kit import container_reattach
+from orchard_async.kit import labels as names
+from orchard_async.kit.background import Background, BackgroundOwner
+from orchard_async.kit.container_shell import (
     DEFAULT_WORKDIR,
     SHELL_ONLY,
     concurrently,
@@ -83,17 +94,18 @@ from orchard_async.container_shell import (
     shell_command,
     start_shell,
 )
-from orchard_async.errors import BackendUnavailable, ConfigError, CreateFailed, SandboxLost
-from orchard_async.exec_streams import DuplexStream, ExecStream, Heartbeat, OutputStream, SplitRelay, close_streams
-from orchard_async.images import ImageMissing, build_command, missing_image_hint
+from orchard_async.kit.exec_streams import (
+    DuplexStream,
+    ExecStream,
+    Heartbeat,
+    OutputStream,
+    SplitRelay,
+    close_streams,
+)
+from orchard_async.kit.sandbox import ShellSandbox
+from orchard_async.kit.shell import CgroupShellClient
 from orchard_async.protocols import Sandbox
-from orchard_async.sandbox import ShellSandbox
-from orchard_async.shell import CgroupShellClient
 from orchard_async.types import SandboxSpec
-
-from .docker_config import DockerConfig, hosts_dir
-from .docker_container import container_config
-from .docker_fork import SNAPSHOT_REPO, check_snapshot_id, drop_snapshot, reap_snapshots, snapshot
 
 T = TypeVar("T")
 
@@ -139,7 +151,7 @@ class AttachConnection:
 class DockerAdapter(BackgroundOwner):
     """Sandboxes as Docker containers, configured by a DockerConfig (or its fields by keyword).
     Hold it as ``async with DockerAdapter(...) as adapter:`` (or ``close()`` it): its exec
-    readers and keepalive heartbeat run in its task group (orchard_async.background)."""
+    readers and keepalive heartbeat run in its task group (orchard_async.kit.background)."""
 
     name = "docker"
 
@@ -525,14 +537,14 @@ class DockerAdapter(BackgroundOwner):
         """A new shell session on a live sandbox another controller made with a reattach grace
         (and that controller gone): SandboxLost when it ended or expired (removed then), or was
         made without one; CreateFailed while another controller's session is alive."""
-        from .docker_attach import attach
+        from orchard_async.adapters.docker_attach import attach
 
         return await attach(self, sandbox_id)
 
     async def find_sandboxes(self, labels: dict[str, str]) -> dict[str, dict[str, str]]:
         """Sandboxes (anyone's, live or ended but not yet removed) carrying every one of
         ``labels``: id -> their labels."""
-        from .docker_attach import find_sandboxes
+        from orchard_async.adapters.docker_attach import find_sandboxes
 
         return await find_sandboxes(self, labels)
 
@@ -591,6 +603,6 @@ class DockerAdapter(BackgroundOwner):
 
     async def doctor(self) -> str:
         """One line for `orchard-async doctor`; raises AdapterUnavailable when no daemon answers."""
-        from .docker_doctor import doctor
+        from orchard_async.adapters.docker_doctor import doctor
 
         return await doctor(self)

@@ -1,5 +1,5 @@
 """``DockerAdapter.attach`` and ``find_sandboxes``: a new shell session on a container made
-with a reattach grace whose controller is gone (see orchard_async.container_reattach)."""
+with a reattach grace whose controller is gone (see orchard_async.kit.container_reattach)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,12 @@ import aiodocker
 import anyio
 from aiodocker.containers import DockerContainer
 
-from orchard_async import labels as names
-from orchard_async.container_reattach import attach_check_command, wait_attachable
+from orchard_async.adapters.docker import DockerAdapter
 from orchard_async.errors import BackendUnavailable, CreateFailed, SandboxLost
-from orchard_async.exec_streams import OutputStream
-from orchard_async.sandbox import ShellSandbox
-
-from .docker import DockerAdapter
+from orchard_async.kit import labels as names
+from orchard_async.kit.container_reattach import attach_check_command, wait_attachable
+from orchard_async.kit.exec_streams import OutputStream
+from orchard_async.kit.sandbox import ShellSandbox
 
 
 async def _run_check(adapter: DockerAdapter, container: DockerContainer, name: str) -> bytes:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchard_async import container_reattach
-from orchard_async.container_shell import CTL_DIR, RELAYS_IN_MAIN, timer_args
+from orchard_async.adapters.docker_config import DockerConfig
+from orchard_async.adapters.docker_fork import snapshot_tmpfs
+from orchard_async.kit import container_reattach
+from orchard_async.kit.container_shell import CTL_DIR, RELAYS_IN_MAIN, timer_args
 from orchard_async.types import SandboxSpec
-
-from .docker_config import DockerConfig
-from .docker_fork import snapshot_tmpfs
 
 # Processes the adapter itself runs in every container, added to spec.pids so that the
 # limit counts what commands may start: init, the timer and its sleep, the exec wrapper

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import re
 
+from orchard_async.adapters.docker import WHERE, DockerAdapter
 from orchard_async.errors import AdapterUnavailable, BackendUnavailable, CreateFailed
 from orchard_async.images import missing_image_hint
-
-from .docker import WHERE, DockerAdapter
 
 
 async def doctor(adapter: DockerAdapter) -> str:

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING
 
 import aiodocker
 
-from orchard_async import labels as names
-from orchard_async.container_shell import CTL_DIR, is_abandoned
 from orchard_async.errors import BackendUnavailable, ConfigError, SandboxLost
+from orchard_async.kit import labels as names
+from orchard_async.kit.container_shell import CTL_DIR, is_abandoned
 from orchard_async.protocols import Sandbox
 
 if TYPE_CHECKING:
-    from .docker import DockerAdapter
+    from orchard_async.adapters.docker import DockerAdapter
 
 SNAPSHOT_REPO = "orchard/snapshot"
 SNAPSHOT_LABEL = "orchard.snapshot"  # on a snapshot image (and so on its forks): the snapshot's tag

@@ -38,17 +38,22 @@ from typing import BinaryIO
 import anyio
 from anyio.streams.stapled import StapledByteStream
 
-from orchard_async import labels as names
+from orchard_async.adapters import local_isolation as iso
+from orchard_async.adapters import local_snapshot as snaps
+from orchard_async.adapters.local_reap import (
+    SANDBOX_ENV,
+    _kill_quietly,
+    _kill_sandbox_processes,
+    _sandbox_processes,
+    reap_local,
+)
 from orchard_async.errors import ConfigError, CreateFailed, SandboxLost
+from orchard_async.kit import labels as names
+from orchard_async.kit.sandbox import ShellSandbox
+from orchard_async.kit.shell import ShellClient, make_output_pipes, quote
+from orchard_async.kit.streams import PipeStream
 from orchard_async.protocols import Sandbox
-from orchard_async.sandbox import ShellSandbox
-from orchard_async.shell import ShellClient, make_output_pipes, quote
-from orchard_async.streams import PipeStream
 from orchard_async.types import DEFAULT_OUTPUT_CAP, SandboxSpec
-
-from . import local_isolation as iso
-from . import local_snapshot as snaps
-from .local_reap import SANDBOX_ENV, _kill_quietly, _kill_sandbox_processes, _sandbox_processes, reap_local
 
 __all__ = ["SANDBOX_ENV", "LocalAdapter", "_sandbox_processes", "default_root", "isolation_report", "reap_local"]
 
@@ -369,7 +374,7 @@ class LocalAdapter:
 
     @staticmethod
     async def _interrupt(server: _ServerPid, client: ShellClient) -> None:
-        """Signal the sandbox shell that its command timed out (see orchard_async.shell)."""
+        """Signal the sandbox shell that its command timed out (see orchard_async.kit.shell)."""
         if server.pid:
             try:
                 os.kill(server.pid, signal.SIGUSR1)

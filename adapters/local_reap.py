@@ -10,9 +10,8 @@ import signal
 import time
 from pathlib import Path
 
-from orchard_async import labels as names
-
-from . import local_snapshot as snaps
+from orchard_async.adapters import local_snapshot as snaps
+from orchard_async.kit import labels as names
 
 SANDBOX_ENV = "ORCHARD_SANDBOX"  # the sandbox dir: names the sandbox and the root it lives in
 

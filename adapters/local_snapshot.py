@@ -40,9 +40,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from orchard_async.adapters import local_isolation as iso
 from orchard_async.errors import ConfigError, CreateFailed
-
-from . import local_isolation as iso
 
 PREFIX = "snap-"  # snapshot dirs under the adapter root; sandbox dirs are "lo-"
 PROBE_PREFIX = ".fork-probe-"  # fork_method's scratch dir under the root (reap removes a stale one)

@@ -42,7 +42,7 @@ from orchard_async.errors import (
     PathOutsideSandbox,
     SandboxLost,
 )
-from orchard_async.pool import explained_deadline
+from orchard_async.kit.deadline import explained_deadline
 from orchard_async.protocols import DEFAULT_EXEC_TIMEOUT
 from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec, check_env, check_timeout
 

@@ -26,8 +26,14 @@ from typing import NoReturn
 import anyio
 import msgspec
 
-from orchard_async import labels as names
-from orchard_async.errors import BackendUnavailable, ConfigError, CreateFailed, PathOutsideSandbox, SandboxLost
+from orchard_async.errors import (
+    BackendUnavailable,
+    ConfigError,
+    CreateFailed,
+    PathOutsideSandbox,
+    SandboxLost,
+)
+from orchard_async.kit import labels as names
 from orchard_async.protocols import DEFAULT_EXEC_TIMEOUT
 from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec, check_timeout
 

@@ -17,9 +17,8 @@ import time
 from collections import Counter
 
 from orchard_async import SandboxSpec, get_adapter, rollout, run
-
-from .common import LoopLag, current_rss_mb, peak_rss_mb
-from .tasks import RepeatPolicy, steps_tasks
+from orchard_async.bench.common import LoopLag, current_rss_mb, peak_rss_mb
+from orchard_async.bench.tasks import RepeatPolicy, steps_tasks
 
 
 async def scale(args: argparse.Namespace) -> dict:

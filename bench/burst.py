@@ -17,11 +17,10 @@ from collections import Counter, defaultdict
 import anyio
 
 from orchard_async import ConfigError, SandboxSpec
-
-from .common import close_and_count, open_adapter
-from .floors import DEFAULT_DOCKER_IMAGE, _docker
-from .report import Row, latency_row
-from .scenario import Outcome
+from orchard_async.bench.common import close_and_count, open_adapter
+from orchard_async.bench.floors import DEFAULT_DOCKER_IMAGE, _docker
+from orchard_async.bench.report import Row, latency_row
+from orchard_async.bench.scenario import Outcome
 
 
 async def run_burst(
@@ -38,7 +37,7 @@ async def run_burst(
     abandon: float = 0.0,
 ) -> Outcome:
     if (adapter_options or {}).get("control_plane_only"):
-        from .hollow import run_control_plane_burst  # kubemark hollow nodes: nothing to exec
+        from orchard_async.bench.hollow import run_control_plane_burst  # kubemark hollow nodes: nothing to exec
 
         outcome = await run_control_plane_burst(
             adapter_name,

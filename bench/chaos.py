@@ -33,11 +33,10 @@ from typing import Any
 import anyio
 
 from orchard_async import Pool, SandboxSpec, collect, get_adapter, read_trajectories, rollout
-
-from .common import TrackingAdapter, close_and_count, open_adapter
-from .report import Row
-from .scenario import Outcome
-from .tasks import RepeatPolicy, steps_tasks
+from orchard_async.bench.common import TrackingAdapter, close_and_count, open_adapter
+from orchard_async.bench.report import Row
+from orchard_async.bench.scenario import Outcome
+from orchard_async.bench.tasks import RepeatPolicy, steps_tasks
 
 SIM_FAULTS: dict[str, Any] = {
     "seed": 7,

@@ -17,9 +17,15 @@ from pathlib import Path
 from rich.console import Console
 
 from orchard_async import ConfigError, check_output_file, run
-from orchard_async.serve import bench as serve_bench
-
-from .report import Result, load_average, machine_info, print_result, to_markdown, write_json
+from orchard_async.bench import service as serve_bench
+from orchard_async.bench.report import (
+    Result,
+    load_average,
+    machine_info,
+    print_result,
+    to_markdown,
+    write_json,
+)
 
 SCENARIOS = ["exec", "burst", "create", "episodes", "scale", "chaos"]
 DEFAULT_ADAPTER = {
@@ -187,7 +193,7 @@ def _wait_for_load(limit: float, console: Console) -> None:
 async def _dispatch(args: argparse.Namespace, adapter: str, options: dict):  # noqa: ANN202
     scenario = args.scenario
     if scenario == "exec":
-        from .exec import run_exec
+        from orchard_async.bench.exec import run_exec
 
         return await run_exec(
             adapter,
@@ -201,7 +207,7 @@ async def _dispatch(args: argparse.Namespace, adapter: str, options: dict):  # n
             floors=args.floors,
         )
     if scenario == "burst" and args.warm:
-        from .warm import run_warm_burst
+        from orchard_async.bench.warm import run_warm_burst
 
         return await run_warm_burst(
             adapter,
@@ -215,7 +221,7 @@ async def _dispatch(args: argparse.Namespace, adapter: str, options: dict):  # n
             max_creating=args.max_creating,
         )
     if scenario in ("burst", "create"):
-        from .burst import run_burst
+        from orchard_async.bench.burst import run_burst
 
         return await run_burst(
             adapter,
@@ -230,7 +236,7 @@ async def _dispatch(args: argparse.Namespace, adapter: str, options: dict):  # n
             abandon=getattr(args, "abandon", 0.0),
         )
     if scenario == "episodes":
-        from .episodes import run_episodes
+        from orchard_async.bench.episodes import run_episodes
 
         return await run_episodes(
             adapter,
@@ -246,7 +252,7 @@ async def _dispatch(args: argparse.Namespace, adapter: str, options: dict):  # n
             warm=args.warm,
         )
     if scenario == "scale":
-        from .scale import run_scale
+        from orchard_async.bench.scale import run_scale
 
         return await run_scale(
             args.levels,
@@ -256,7 +262,7 @@ async def _dispatch(args: argparse.Namespace, adapter: str, options: dict):  # n
             level_limit=args.timeout,
         )
     if scenario == "chaos":
-        from .chaos import chaos_kill, chaos_sim
+        from orchard_async.bench.chaos import chaos_kill, chaos_sim
 
         if adapter == "sim":
             return await chaos_sim(
@@ -286,7 +292,7 @@ def _console() -> Console:
 def main(args: argparse.Namespace) -> int:
     console = _console()
     if args.scenario == "compare":
-        from .compare import compare
+        from orchard_async.bench.compare import compare
 
         return compare(args.a, args.b, console)
     if args.scenario == "show":
@@ -349,7 +355,7 @@ def main(args: argparse.Namespace) -> int:
         Path(args.markdown).write_text(to_markdown(result))
         console.print(f"markdown: {args.markdown}")
     if args.plot:
-        from .plot import plot_result
+        from orchard_async.bench.plot import plot_result
 
         console.print(f"plot: {plot_result(result, args.plot)}")
     return 0 if not result.leaked and not result.lost else 1
@@ -357,7 +363,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _check_plot(path: str) -> None:
     """matplotlib is there and can draw this file type (it picks the format by suffix)."""
-    from .plot import _pyplot
+    from orchard_async.bench.plot import _pyplot
 
     plt = _pyplot()
     formats = plt.matplotlib.backend_bases.FigureCanvasBase.get_supported_filetypes()
@@ -370,7 +376,7 @@ def _show(args: argparse.Namespace, console: Console) -> int:
     if args.plot:
         check_output_file(args.plot, what="--plot")
         _check_plot(args.plot)
-    from .compare import load_result
+    from orchard_async.bench.compare import load_result
 
     result = load_result(args.file)
     if args.markdown:
@@ -378,7 +384,7 @@ def _show(args: argparse.Namespace, console: Console) -> int:
     else:
         print_result(result, console)
     if args.plot:
-        from .plot import plot_result
+        from orchard_async.bench.plot import plot_result
 
         console.print(f"plot: {plot_result(result, args.plot)}")
     return 0

@@ -173,7 +173,7 @@ class TrackingAdapter:
 
 class ForkingTrackingAdapter(TrackingAdapter):
     """A ``TrackingAdapter`` that also passes snapshots through (so the rollout engine forks
-    groups of tasks that opt in; see orchard_async.groups), counting those not dropped."""
+    groups of tasks that opt in; see orchard_async.engine.groups), counting those not dropped."""
 
     def __init__(self, inner: Adapter):
         super().__init__(inner)

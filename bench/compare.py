@@ -14,8 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchard_async import ConfigError
-
-from .report import Result, Row, read_json
+from orchard_async.bench.report import Result, Row, read_json
 
 METRICS = [  # field, title, higher is better
     ("p50_ms", "p50 ms", False),

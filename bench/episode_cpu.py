@@ -38,8 +38,7 @@ import anyio
 
 from orchard_async import Pool, load_recipe, rollout, summarize
 from orchard_async.adapters.docker import DockerAdapter
-
-from .common import ForkingTrackingAdapter, TrackingAdapter
+from orchard_async.bench.common import ForkingTrackingAdapter, TrackingAdapter
 
 TICK = os.sysconf("SC_CLK_TCK")
 SAMPLE_EVERY = 0.2  # seconds between looks at the shims (they go with their container)
@@ -410,7 +409,7 @@ def main() -> None:
     args = parser.parse_args()
 
     async def run() -> Any:
-        from .sandbox_cpu import lifecycles, pytest_split
+        from orchard_async.bench.sandbox_cpu import lifecycles, pytest_split
 
         if args.lifecycles:
             return await lifecycles(args.lifecycles, args.extra_execs, args.network_both)

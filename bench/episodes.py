@@ -10,11 +10,11 @@ the rest of scoring). Sandboxes left after each level are counted.
 ``group_size`` plans groups of samples per task (the level's episodes are rounded up to
 whole groups). ``fork`` runs every level a second time, as ``<adapter>+fork``, with groups
 of tasks that opt in (``fork_after_setup``, e.g. SWE) set up once and started from a snapshot
-(``orchard_async.groups``); the first run never forks. The forked run's ``setup`` share is
+(``orchard_async.engine.groups``); the first run never forks. The forked run's ``setup`` share is
 the groups' shared setup, counted once per group; ``group_wait`` is the time samples waited
 for their group's base. ``warm`` adds a run of each with a warm pool (``<adapter>+warm``,
 ``<adapter>+fork+warm``: the engine keeps the next ``concurrency`` episodes' sandboxes
-created ahead, ``orchard_async.warm``); the runs without it pass ``warm=0``, so the baseline
+created ahead, ``orchard_async.engine.warm``); the runs without it pass ``warm=0``, so the baseline
 is cold even where the engine warms by default (docker, kubernetes). The ratios table
 compares every run with the plain cold one, level by level.
 """
@@ -29,10 +29,9 @@ from collections import Counter
 import anyio
 
 from orchard_async import Pool, Trajectory, load_recipe, rollout, summarize
-
-from .common import ForkingTrackingAdapter, TrackingAdapter, close_and_count, open_adapter
-from .report import Comparison, Row, ms_percentiles
-from .scenario import Outcome
+from orchard_async.bench.common import ForkingTrackingAdapter, TrackingAdapter, close_and_count, open_adapter
+from orchard_async.bench.report import Comparison, Row, ms_percentiles
+from orchard_async.bench.scenario import Outcome
 
 
 async def run_episodes(
@@ -55,7 +54,7 @@ async def run_episodes(
     inner, doctor = await open_adapter(adapter_name, adapter_options)
     adapter = TrackingAdapter(inner)  # no snapshot(): every episode creates and sets up its own sandbox
     # With fork, each level runs twice on the same adapter: as above, then with groups of tasks
-    # that opt in set up once and forked (orchard_async.groups).
+    # that opt in set up once and forked (orchard_async.engine.groups).
     forking = ForkingTrackingAdapter(inner) if fork else None
     variants: list[tuple[str, TrackingAdapter, bool]] = [(adapter_name, adapter, False)]
     if forking is not None:

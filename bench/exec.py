@@ -15,11 +15,10 @@ from typing import Any
 import anyio
 
 from orchard_async import Adapter, Sandbox, SandboxSpec
-
-from .common import Op, close_and_count, measure, open_adapter
-from .floors import FLOORS, PEERS, Baseline, Context
-from .report import Row, compare_rows, latency_row
-from .scenario import Outcome
+from orchard_async.bench.common import Op, close_and_count, measure, open_adapter
+from orchard_async.bench.floors import FLOORS, PEERS, Baseline, Context
+from orchard_async.bench.report import Row, compare_rows, latency_row
+from orchard_async.bench.scenario import Outcome
 
 CREATE_PARALLEL = 32  # sandboxes created at once while setting up a level
 

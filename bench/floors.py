@@ -27,7 +27,7 @@ from typing import Any
 
 import anyio
 
-from .common import Op
+from orchard_async.bench.common import Op
 
 DOCKER_CALL_TIMEOUT = 60.0  # every daemon call is bounded: dockerd has been seen to deadlock
 DEFAULT_DOCKER_IMAGE = "orchard/busybox:test"

@@ -33,11 +33,10 @@ from typing import Any
 import anyio
 
 from orchard_async import ConfigError, SandboxSpec, get_adapter
-from orchard_async import labels as names
-
-from .common import close_and_count, open_adapter, peak_rss_mb
-from .report import Row, latency_row
-from .scenario import Outcome
+from orchard_async.bench.common import close_and_count, open_adapter, peak_rss_mb
+from orchard_async.bench.report import Row, latency_row
+from orchard_async.bench.scenario import Outcome
+from orchard_async.kit import labels as names
 
 SUBJECT = "kubernetes[control-plane-only]"
 CLUSTER_PROCESSES = ("apiserver", "etcd", "sched", "kcm")

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard_async import ConfigError
-
-from .report import Result, Row
+from orchard_async.bench.report import Result, Row
 
 PERCENTILES = [("p50_ms", "p50"), ("p90_ms", "p90"), ("p95_ms", "p95"), ("p99_ms", "p99")]
 

@@ -10,8 +10,7 @@ from typing import Any
 import anyio
 
 from orchard_async import load_recipe
-
-from .episode_cpu import (
+from orchard_async.bench.episode_cpu import (
     Account,
     CountingDocker,
     MeteredSandbox,

@@ -17,8 +17,8 @@ import sys
 
 import anyio
 
-from .report import Row
-from .scenario import Outcome
+from orchard_async.bench.report import Row
+from orchard_async.bench.scenario import Outcome
 
 TARGET = {"episodes": 10_000, "steps_per_s": 20_000, "peak_rss_mb": 1024}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .report import Comparison, Row
+from orchard_async.bench.report import Comparison, Row
 
 
 @dataclass

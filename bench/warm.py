@@ -19,10 +19,9 @@ from collections import Counter, defaultdict
 import anyio
 
 from orchard_async import Pool, SandboxSpec, percentile
-
-from .common import TrackingAdapter, close_and_count, open_adapter
-from .report import latency_row
-from .scenario import Outcome
+from orchard_async.bench.common import TrackingAdapter, close_and_count, open_adapter
+from orchard_async.bench.report import latency_row
+from orchard_async.bench.scenario import Outcome
 
 
 async def run_warm_burst(

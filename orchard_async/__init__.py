@@ -3,8 +3,10 @@
 The public API. Everything not re-exported here is private.
 """
 
-from .episode import Episode, render
-from .errors import (
+from orchard_async.engine.episode import Episode, render
+from orchard_async.engine.pool import Pool
+from orchard_async.engine.rollout import collect, plan, rollout
+from orchard_async.errors import (
     AdapterUnavailable,
     BackendUnavailable,
     ConfigError,
@@ -17,15 +19,20 @@ from .errors import (
     SandboxLost,
     VerifierError,
 )
-from .paths import check_output_file
-from .pool import Pool
-from .protocols import DEFAULT_EXEC_TIMEOUT, Adapter, GradedApart, Policy, Recipe, Sandbox, Session, Task
-from .rollout import collect, plan, rollout
-from .runtime import get_adapter, load_recipe, loop_choice, recipe_names, run
-from .streams import SandboxStream, SandboxTransport, connect, forward
-from .summary import Summary, percentile, summarize
-from .task import Observation, Reward
-from .trajectory import (
+from orchard_async.kit.streams import SandboxStream, SandboxTransport, connect, forward
+from orchard_async.protocols import (
+    DEFAULT_EXEC_TIMEOUT,
+    Adapter,
+    GradedApart,
+    Policy,
+    Recipe,
+    Sandbox,
+    Session,
+    Task,
+)
+from orchard_async.records.paths import check_output_file
+from orchard_async.records.summary import Summary, percentile, summarize
+from orchard_async.records.trajectory import (
     Action,
     EndReason,
     Op,
@@ -37,7 +44,9 @@ from .trajectory import (
     read_run_header,
     read_trajectories,
 )
-from .types import ExecResult, ExitReason, FileInfo, SandboxSpec
+from orchard_async.runtime import get_adapter, load_recipe, loop_choice, recipe_names, run
+from orchard_async.task import Observation, Reward
+from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec
 
 __version__ = "0.1.0"
 

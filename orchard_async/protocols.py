@@ -27,7 +27,7 @@ Lifetimes, one verb each:
 * an adapter is held as ``async with get_adapter(...) as adapter`` (or closed with
   ``await adapter.close()`` by a caller that cannot hold it in a block). Its background
   work (stream readers, heartbeats, a pod watch) runs in its own anyio task group
-  (``orchard_async.background``); closing it closes every sandbox it still has, cancels
+  (``orchard_async.kit.background``); closing it closes every sandbox it still has, cancels
   that work and waits for it.
 
 Forks (optional, for adapters that can): ``async def snapshot(self, sandbox) -> str`` freezes
@@ -43,7 +43,7 @@ uses it for groups of a task that opts in (``Task.fork_after_setup = True``): se
 Create timeout: the caller owns it (the ``Pool``'s ``create_timeout``, 120 s by default),
 as a cancel scope around ``Adapter.create``. An adapter has no create timeout of its own;
 one that can say why a create is slow reads the caller's deadline
-(``pool.explained_deadline``) and raises its own ``CreateFailed`` a little before it.
+(``kit.deadline.explained_deadline``) and raises its own ``CreateFailed`` a little before it.
 """
 
 from __future__ import annotations
@@ -52,13 +52,13 @@ from collections.abc import Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from .types import ExecResult, FileInfo, SandboxSpec
+from orchard_async.types import ExecResult, FileInfo, SandboxSpec
 
 if TYPE_CHECKING:
     import anyio.abc
 
-    from .task import Observation, Reward
-    from .trajectory import Action
+    from orchard_async.records.trajectory import Action
+    from orchard_async.task import Observation, Reward
 
 DEFAULT_EXEC_TIMEOUT = 600.0  # seconds: a command's limit when the caller names none (see above)
 

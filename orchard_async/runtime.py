@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 import anyio
 import msgspec
 
-from .errors import AdapterUnavailable, ConfigError
-from .protocols import Adapter, Recipe
+from orchard_async.errors import AdapterUnavailable, ConfigError
+from orchard_async.protocols import Adapter, Recipe
 
 T = TypeVar("T")
 

@@ -7,12 +7,14 @@ The ``Task``, ``GradedApart`` and ``Policy`` protocols are part of the contract 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .protocols import GradedApart, Policy, Task
-from .trajectory import Step
+from orchard_async.protocols import GradedApart, Policy, Task
+
+if TYPE_CHECKING:  # a record type: the contract does not import the records layer when it runs
+    from orchard_async.records.trajectory import Step
 
 __all__ = ["GradedApart", "Observation", "Policy", "Reward", "Task"]
 

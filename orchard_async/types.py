@@ -9,7 +9,7 @@ from typing import Literal
 
 import msgspec
 
-from .errors import ConfigError
+from orchard_async.errors import ConfigError
 
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.\-/]{0,61}[A-Za-z0-9])?$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

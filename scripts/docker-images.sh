@@ -1,6 +1,6 @@
 #!/bin/bash
 # Build the sandbox images without any registry (run scripts/docker-up.sh first), with the
-# package's builder (orchard_async/images.py, what `orchard-async images build` runs):
+# package's builder (orchard_async/images/build.py, what `orchard-async images build` runs):
 #
 #   orchard/busybox:test          static busybox + applet symlinks, `docker import`
 #   orchard/bookworm:min          debootstrap --variant=minbase from this machine's apt mirror,

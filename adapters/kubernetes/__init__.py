@@ -48,7 +48,7 @@ shell answers. Image pull failures, container start errors and crash loops fail 
 at once; an unschedulable pod fails at the create timeout; either way the error carries the
 pod's waiting message and latest warning event, and the pod is deleted.
 
-The hot path is the core's shell-session protocol (orchard_async.shell) over one exec
+The hot path is the core's shell-session protocol (orchard_async.kit.shell) over one exec
 websocket per sandbox (``sh -s``, kubernetes-asyncio's ``WsApiClient``): one frame per
 command, no new websocket. Files and patches are commands on the same session. A timeout
 interrupts the shell with a second, short exec (``kill -USR1 <pid>``). The transport is a
@@ -78,13 +78,19 @@ Uses only core/v1 and networking.k8s.io/v1 (Kubernetes 1.20 and later).
 
 from __future__ import annotations
 
-from .adapter import KubernetesAdapter
-from .api import ApiError, KubeApi
-from .config import KubernetesConfig
-from .manifests import PodSettings, allow_egress_policy, deny_egress_policy, pod_manifest, sandbox_labels
-from .podip import PodIpTransport, RelayRefused, connect_relay
-from .transport import ExecTransport, PodRef, Transport
-from .watch import PodInformer, PodState, pod_state, pod_verdict
+from orchard_async.adapters.kubernetes.adapter import KubernetesAdapter
+from orchard_async.adapters.kubernetes.api import ApiError, KubeApi
+from orchard_async.adapters.kubernetes.config import KubernetesConfig
+from orchard_async.adapters.kubernetes.manifests import (
+    PodSettings,
+    allow_egress_policy,
+    deny_egress_policy,
+    pod_manifest,
+    sandbox_labels,
+)
+from orchard_async.adapters.kubernetes.podip import PodIpTransport, RelayRefused, connect_relay
+from orchard_async.adapters.kubernetes.transport import ExecTransport, PodRef, Transport
+from orchard_async.adapters.kubernetes.watch import PodInformer, PodState, pod_state, pod_verdict
 
 __all__ = [
     "ApiError",

@@ -1,6 +1,6 @@
 """The kubernetes adapter: sandboxes as pods, created through ``api``, watched by ``watch``,
 reached through a ``transport``, described by ``manifests``, driven by the core's container
-shell (orchard_async.container_shell). See the package's docstring for the whole picture."""
+shell (orchard_async.kit.container_shell). See the package's docstring for the whole picture."""
 
 from __future__ import annotations
 
@@ -16,23 +16,11 @@ from typing import Any
 import anyio
 import msgspec
 
-from orchard_async import container_reattach, container_shell
-from orchard_async import labels as names
-from orchard_async.background import Background, BackgroundOwner
-from orchard_async.errors import ConfigError, CreateFailed, OrchardError, SandboxLost
-from orchard_async.exec_streams import OutputStream, close_streams
-from orchard_async.images import ImageMissing, missing_image_hint
-from orchard_async.pool import explained_deadline
-from orchard_async.protocols import Sandbox
-from orchard_async.sandbox import ShellSandbox
-from orchard_async.shell import CgroupShellClient, ShellClient
-from orchard_async.types import SandboxSpec
-
-from . import snapshot as snaps
-from .api import NETWORKING, ApiError, KubeApi
-from .config import KubernetesConfig
-from .forks import Forks
-from .hollow import (
+from orchard_async.adapters.kubernetes import snapshot as snaps
+from orchard_async.adapters.kubernetes.api import NETWORKING, ApiError, KubeApi
+from orchard_async.adapters.kubernetes.config import KubernetesConfig
+from orchard_async.adapters.kubernetes.forks import Forks
+from orchard_async.adapters.kubernetes.hollow import (
     CONTROL_PLANE_LABEL,
     HOLLOW_LABEL,
     ControlPlaneSandbox,
@@ -40,7 +28,7 @@ from .hollow import (
     hollow_placement,
     hollow_verdict,
 )
-from .manifests import (
+from orchard_async.adapters.kubernetes.manifests import (
     PodSettings,
     allow_egress_policy,
     allow_policy_name,
@@ -50,10 +38,21 @@ from .manifests import (
     relay_ingress_policy,
     sandbox_labels,
 )
-from .podip import PodIpTransport
-from .relay import new_secret
-from .transport import ExecTransport, PodRef, Transport
-from .watch import PodInformer, pod_state, pod_verdict
+from orchard_async.adapters.kubernetes.podip import PodIpTransport
+from orchard_async.adapters.kubernetes.relay import new_secret
+from orchard_async.adapters.kubernetes.transport import ExecTransport, PodRef, Transport
+from orchard_async.adapters.kubernetes.watch import PodInformer, pod_state, pod_verdict
+from orchard_async.errors import ConfigError, CreateFailed, OrchardError, SandboxLost
+from orchard_async.images import ImageMissing, missing_image_hint
+from orchard_async.kit import container_reattach, container_shell
+from orchard_async.kit import labels as names
+from orchard_async.kit.background import Background, BackgroundOwner
+from orchard_async.kit.deadline import explained_deadline
+from orchard_async.kit.exec_streams import OutputStream, close_streams
+from orchard_async.kit.sandbox import ShellSandbox
+from orchard_async.kit.shell import CgroupShellClient, ShellClient
+from orchard_async.protocols import Sandbox
+from orchard_async.types import SandboxSpec
 
 DEFAULT_NAMESPACE = "orchard"
 DEFAULT_IMAGE = "local/busybox:1"
@@ -71,7 +70,7 @@ class KubernetesAdapter(BackgroundOwner):
     ``transport`` reaches the pods (default ExecTransport(): the exec websocket). Hold it as
     ``async with KubernetesAdapter(...) as adapter:`` (or ``close()`` it): the pod watch,
     deletion retries, exec readers and websocket close handshakes run in its task group
-    (orchard_async.background)."""
+    (orchard_async.kit.background)."""
 
     name = "kubernetes"
 
@@ -512,7 +511,7 @@ class KubernetesAdapter(BackgroundOwner):
         """A new shell session on a live pod another controller made with a reattach grace (and
         that controller gone): SandboxLost when it ended or expired (deleted then), or was made
         without one; CreateFailed while another controller's session is alive."""
-        from .attach import attach
+        from orchard_async.adapters.kubernetes.attach import attach
 
         return await attach(self, sandbox_id)
 
@@ -532,7 +531,7 @@ class KubernetesAdapter(BackgroundOwner):
         """Delete orchard pods in the namespace (anyone's) whose TTL passed ``older_than``
         seconds ago, that ended, or whose controller is dead; allow policies whose pod is gone;
         snapshots of dead runs (reap.py)."""
-        from .reap import reap
+        from orchard_async.adapters.kubernetes.reap import reap
 
         return await reap(self, older_than)
 

@@ -1,21 +1,20 @@
 """``KubernetesAdapter.attach``: a new shell session on a sandbox pod made with a reattach
-grace whose controller is gone (see orchard_async.container_shell, "re-attaching")."""
+grace whose controller is gone (see orchard_async.kit.container_shell, "re-attaching")."""
 
 from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING
 
-from orchard_async import container_reattach
-from orchard_async import labels as names
+from orchard_async.adapters.kubernetes.transport import PodRef
+from orchard_async.adapters.kubernetes.watch import pod_verdict
 from orchard_async.errors import CreateFailed, SandboxLost
-from orchard_async.sandbox import ShellSandbox
-
-from .transport import PodRef
-from .watch import pod_verdict
+from orchard_async.kit import container_reattach
+from orchard_async.kit import labels as names
+from orchard_async.kit.sandbox import ShellSandbox
 
 if TYPE_CHECKING:
-    from .adapter import KubernetesAdapter
+    from orchard_async.adapters.kubernetes.adapter import KubernetesAdapter
 
 CHECK_TIMEOUT = 20.0
 PATIENCE = 10.0  # an old session being killed, or a websocket the kubelet has not closed yet

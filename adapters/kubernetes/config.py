@@ -7,10 +7,9 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from orchard_async.adapters.kubernetes.api import API_RETRY_FOR, API_TIMEOUT
+from orchard_async.adapters.kubernetes.relay import RELAY_PORT
 from orchard_async.types import DEFAULT_OUTPUT_CAP
-
-from .api import API_RETRY_FOR, API_TIMEOUT
-from .relay import RELAY_PORT
 
 ATTACH_GRACE = 120.0  # the timer's wait for a shell before the pod ends itself
 

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .containerd_layer import LAYER_TAR, Unavailable, container_layer
+from orchard_async.adapters.kubernetes.containerd_layer import LAYER_TAR, Unavailable, container_layer
 
 NAMESPACE = "k8s.io"  # the CRI plugin's containerd namespace: the kubelet sees only images there
 REPO = "docker.io/orchard/ksnap"

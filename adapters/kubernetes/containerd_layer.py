@@ -25,10 +25,10 @@ import tarfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchard_async.container_shell import CTL_DIR
+from orchard_async.kit.container_shell import CTL_DIR
 
 if TYPE_CHECKING:
-    from .containerd_image import Ctr
+    from orchard_async.adapters.kubernetes.containerd_image import Ctr
 
 LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
 # Written into the container by the runtime or by the shell protocol, not by the task.

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import anyio
 
+from orchard_async.adapters.kubernetes import containerd_image as images
+from orchard_async.adapters.kubernetes import snapshot as snaps
+from orchard_async.adapters.kubernetes.config import KubernetesConfig
+from orchard_async.adapters.kubernetes.watch import PodState
 from orchard_async.errors import ConfigError
 from orchard_async.protocols import Sandbox
-
-from . import containerd_image as images
-from . import snapshot as snaps
-from .config import KubernetesConfig
-from .watch import PodState
 
 
 class Forks:

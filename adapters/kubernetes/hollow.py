@@ -10,9 +10,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, NoReturn
 
+from orchard_async.adapters.kubernetes.watch import PodState, pod_state, pod_verdict
 from orchard_async.errors import ConfigError
-
-from .watch import PodState, pod_state, pod_verdict
 
 HOLLOW_LABEL = "orchard.hollow"  # the node label and taint key k8s-hollow-nodes.sh sets
 CONTROL_PLANE_LABEL = "control-plane only (kubemark hollow nodes: no exec)"

@@ -3,7 +3,7 @@ namespace, and the NetworkPolicies. No I/O: tests/adapters/test_kubernetes_manif
 checks them without a cluster.
 
 Each pod runs the image with the spec's pull policy, cpu/memory as requests and limits, the
-spec's env and labels plus the lease labels (orchard_async.labels); it has
+spec's env and labels plus the lease labels (orchard_async.kit.labels); it has
 ``activeDeadlineSeconds`` = TTL (the kubelet kills it even if nobody else does), no service
 account token, no service links, a shared PID namespace (the pause container is PID 1 and
 reaps the zombies of commands), every capability dropped, no privilege escalation and the
@@ -19,14 +19,13 @@ from typing import Any
 
 import msgspec
 
-from orchard_async import labels as names
-from orchard_async.container_reattach import adoptable_entry
-from orchard_async.container_shell import CTL_DIR, DEFAULT_WORKDIR, timer_args
+from orchard_async.adapters.kubernetes.api import NETWORKING
+from orchard_async.adapters.kubernetes.relay import relay_entry
 from orchard_async.images import build_command
+from orchard_async.kit import labels as names
+from orchard_async.kit.container_reattach import adoptable_entry
+from orchard_async.kit.container_shell import CTL_DIR, DEFAULT_WORKDIR, timer_args
 from orchard_async.types import SandboxSpec
-
-from .api import NETWORKING
-from .relay import relay_entry
 
 CONTAINER = "sandbox"  # the sandbox container's name in its pod
 DENY_POLICY = "orchard-deny-egress"
@@ -100,7 +99,7 @@ def pod_manifest(
     owner: str,
     relay: tuple[int, str] | None = None,
 ) -> dict[str, Any]:
-    """The sandbox pod. ``identity`` (orchard_async.labels.controller_identity) goes into an
+    """The sandbox pod. ``identity`` (orchard_async.kit.labels.controller_identity) goes into an
     annotation for reap, with the owner unshortened. ``relay`` (port, secret): the pod also
     runs the relay (relay.py) that accepts the secret (the spec carries only its digest)."""
     ttl = max(1, math.ceil(spec.ttl))

@@ -30,12 +30,11 @@ import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 from kubernetes_asyncio import client as k8s
 
-from orchard_async.background import Background
+from orchard_async.adapters.kubernetes.relay import EXIT, OK, REFUSED, RELAY_PORT, STDERR, STDOUT
+from orchard_async.adapters.kubernetes.transport import ExecTransport, PodRef
 from orchard_async.errors import BackendUnavailable, CreateFailed
-from orchard_async.exec_streams import DuplexStream, ExecStream, OutputStream
-
-from .relay import EXIT, OK, REFUSED, RELAY_PORT, STDERR, STDOUT
-from .transport import ExecTransport, PodRef
+from orchard_async.kit.background import Background
+from orchard_async.kit.exec_streams import DuplexStream, ExecStream, OutputStream
 
 CONNECT_TIMEOUT = 2.0  # a pod IP that does not answer within this is not routable from here
 RELAY_WAIT = 5.0  # how long a refused connection may mean "the relay is still starting" (python3 on a busy node)

@@ -7,14 +7,13 @@ import functools
 import time
 from typing import TYPE_CHECKING, Any
 
-from orchard_async import container_shell
-from orchard_async import labels as names
+from orchard_async.adapters.kubernetes.api import NETWORKING, ApiError
 from orchard_async.errors import OrchardError
-
-from .api import NETWORKING, ApiError
+from orchard_async.kit import container_shell
+from orchard_async.kit import labels as names
 
 if TYPE_CHECKING:
-    from .adapter import KubernetesAdapter
+    from orchard_async.adapters.kubernetes.adapter import KubernetesAdapter
 
 
 async def reap(adapter: KubernetesAdapter, older_than: float) -> list[str]:

@@ -50,12 +50,11 @@ from typing import Any
 
 import anyio
 
-from orchard_async import labels as names
-from orchard_async.container_shell import CTL_DIR, is_abandoned
+from orchard_async.adapters.kubernetes import containerd_image as images
 from orchard_async.errors import ConfigError, CreateFailed, SandboxLost
+from orchard_async.kit import labels as names
+from orchard_async.kit.container_shell import CTL_DIR, is_abandoned
 from orchard_async.protocols import Sandbox
-
-from . import containerd_image as images
 
 PREFIX = "ksnap-"
 SNAPSHOT_TTL = 24 * 3600.0  # like the local adapter's: a group's samples start from it later

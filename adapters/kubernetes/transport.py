@@ -1,7 +1,7 @@
 """How the adapter reaches a pod: a ``Transport``. The default, ``ExecTransport``, is the
 API server's exec websocket (kubernetes-asyncio ``WsApiClient``, channel protocol v4: a
 leading byte names the stream, 0 stdin, 1 stdout, 2 stderr, 3 status); its websockets
-become the container shell's streams (orchard_async.container_shell): the shell, the
+become the container shell's streams (orchard_async.kit.container_shell): the shell, the
 output relays, and ``open_stream``. The relay in the pod reached over the pod IP
 (``podip.PodIpTransport``) is the alternative, with this one as its fallback."""
 
@@ -19,12 +19,11 @@ import msgspec
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.stream import WsApiClient
 
-from orchard_async.background import Background
+from orchard_async.adapters.kubernetes.api import API_TIMEOUT
+from orchard_async.adapters.kubernetes.manifests import CONTAINER
 from orchard_async.errors import BackendUnavailable, CreateFailed
-from orchard_async.exec_streams import DuplexStream, ExecStream, OutputStream
-
-from .api import API_TIMEOUT
-from .manifests import CONTAINER
+from orchard_async.kit.background import Background
+from orchard_async.kit.exec_streams import DuplexStream, ExecStream, OutputStream
 
 SEND_CHUNK = 256 * 1024  # stdin bytes per websocket message
 
@@ -43,7 +42,7 @@ class PodRef(msgspec.Struct, frozen=True):
 class Transport(Protocol):
     """How the adapter reaches a pod: a byte stream to a shell for the shell-session
     protocol, and one-shot commands (the timeout interrupt). ``start`` is given the
-    adapter's background (orchard_async.background), where a stream's reader task runs."""
+    adapter's background (orchard_async.kit.background), where a stream's reader task runs."""
 
     name: str
 

@@ -10,8 +10,8 @@ from typing import Any
 import anyio
 import msgspec
 
-from .api import ApiError, KubeApi, api_error
-from .manifests import CONTAINER
+from orchard_async.adapters.kubernetes.api import ApiError, KubeApi, api_error
+from orchard_async.adapters.kubernetes.manifests import CONTAINER
 
 WATCH_SECONDS = 240  # server-side timeout of one watch request; then it is resumed
 

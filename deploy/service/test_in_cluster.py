@@ -29,7 +29,7 @@ from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio import utils as k8s_utils
 
 import orchard_async as oa
-from orchard_async.serve import hash_key
+from orchard_async.apps.serve import hash_key
 
 HERE = Path(__file__).parent
 PORT = 18000

@@ -12,18 +12,17 @@ to-do, notes, documents, helpdesk, finance, chat, web search), in the spirit of 
 * policies: ``oracle`` (each task's scripted solution), ``empty`` (does nothing), ``openai``
   (function calling over an OpenAI-compatible endpoint, see ``openai_policy``), ``harness``
   (an agent harness run inside the sandbox, its model calls recorded through a proxy, see ``harness``);
-* reports: ``pass_at_k`` and ``pass_hat_k`` per task group (``orchard_async.passk``, also in every run summary).
+* reports: ``pass_at_k`` and ``pass_hat_k`` per task group (``orchard_async.records.passk``, also in every run summary).
 """
 
 from __future__ import annotations
 
 from orchard_async import ConfigError, Policy
-from orchard_async.passk import pass_at_k, pass_hat_k, summarize_groups
-
-from .grading import PASS_THRESHOLD, score
-from .harness import MINI_SWE_AGENT_IMAGE
-from .policies import EmptyPolicy, OraclePolicy
-from .task import IMAGE, ClawTask, load_task, load_tasks
+from orchard_async.recipes.claw.grading import PASS_THRESHOLD, score
+from orchard_async.recipes.claw.harness import MINI_SWE_AGENT_IMAGE
+from orchard_async.recipes.claw.policies import EmptyPolicy, OraclePolicy
+from orchard_async.recipes.claw.task import IMAGE, ClawTask, load_task, load_tasks
+from orchard_async.records.passk import pass_at_k, pass_hat_k, summarize_groups
 
 IMAGES = [IMAGE, MINI_SWE_AGENT_IMAGE]  # what `orchard-async images build` builds for this recipe
 
@@ -37,11 +36,11 @@ def make_policy(name: str) -> Policy:
     if name == "empty":
         return EmptyPolicy()
     if name == "openai":
-        from .openai_policy import ToolCallingPolicy
+        from orchard_async.recipes.claw.openai_policy import ToolCallingPolicy
 
         return ToolCallingPolicy.from_env()
     if name == "harness":
-        from .harness import HarnessPolicy
+        from orchard_async.recipes.claw.harness import HarnessPolicy
 
         return HarnessPolicy.from_env()
     raise ConfigError(f"unknown policy {name!r} for the claw recipe; choose one of: {', '.join(POLICIES)}")

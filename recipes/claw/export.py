@@ -28,8 +28,8 @@ from typing import Any
 
 import msgspec
 
-from orchard_async.model_proxy import ModelCall
-from orchard_async.trajectory import EndReason, Trajectory, read_trajectories
+from orchard_async.models.proxy import ModelCall
+from orchard_async.records.trajectory import EndReason, Trajectory, read_trajectories
 
 _decode_call = msgspec.json.Decoder(ModelCall)
 

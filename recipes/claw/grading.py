@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .sandbox import claw_tools
+from orchard_async.recipes.claw.sandbox import claw_tools
 
 PASS_THRESHOLD = 0.75
 COMPLETION_SHARE = 0.8

@@ -1,5 +1,5 @@
 """Harness mode: a real agent harness runs inside the sandbox, and every model call it makes
-goes through the controller's recording proxy (``orchard_async.model_proxy``).
+goes through the controller's recording proxy (``orchard_async.models.proxy``).
 
 The policy's first step runs the harness command in the agent's sandbox with the task's
 instruction on stdin and ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` / ``OPENAI_MODEL`` pointing
@@ -34,8 +34,8 @@ import msgspec
 
 from orchard_async import Action, ModelUnavailable, Observation
 from orchard_async.images import ImageSpec
-from orchard_async.model_proxy import ModelCall, ModelProxy, Upstream, serve_into
-from orchard_async.recipes.swe.openai_policy import ModelConfig
+from orchard_async.models.client import ModelConfig
+from orchard_async.models.proxy import ModelCall, ModelProxy, Upstream, serve_into
 
 SOURCES = Path(__file__).parent / "sandbox"
 HARNESS_SOURCE = SOURCES / "claw_harness.py"
@@ -71,7 +71,7 @@ _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
 def episode_label(episode_id: str) -> str:
-    """The ``orchard.episode`` label the episode loop gives the sandbox (see orchard_async.episode)."""
+    """The ``orchard.episode`` label the episode loop gives the sandbox (see orchard_async.engine.episode)."""
     cleaned = _LABEL_UNSAFE.sub("-", episode_id)
     return cleaned[-63:].strip("-_.") or "episode"
 

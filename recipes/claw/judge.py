@@ -18,8 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchard_async import InfraError, VerifierError
-from orchard_async.recipes.gui.judge import judge_config
-from orchard_async.recipes.swe.openai_policy import ChatClient, ModelConfig
+from orchard_async.models.client import ChatClient, ModelConfig, judge_config
 
 AUDIT_CHARS = 12000  # of the tool calls shown to the judge (the latest kept)
 

@@ -25,17 +25,16 @@ from typing import Any
 import anyio
 
 from orchard_async import Action, ContextExhausted, ModelUnavailable, Observation
-from orchard_async.recipes.swe.openai_policy import (
+from orchard_async.models.client import (
     RETRY_STATUSES,
     UNAVAILABLE_STATUSES,
     ChatClient,
     ModelConfig,
     ModelError,
-    _retry_after,
     is_context_error,
 )
-
-from .sandbox import claw_tools
+from orchard_async.models.retry import retry_after
+from orchard_async.recipes.claw.sandbox import claw_tools
 
 SYSTEM_PROMPT = """\
 You are a personal assistant acting for the user through their services (mail, calendar, \
@@ -199,7 +198,7 @@ class ToolCallingPolicy:
                         raise ModelUnavailable(f"{url} answered {last}")
                     if status not in RETRY_STATUSES:
                         raise ModelError(f"{url} answered {last}")
-                    wait = _retry_after(response.headers.get("retry-after"))
+                    wait = retry_after(response.headers.get("retry-after"))
             if attempt == self.config.max_retries:
                 break
             if wait is None:

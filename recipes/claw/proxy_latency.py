@@ -18,7 +18,6 @@ import statistics
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 import anyio
 import anyio.from_thread
@@ -26,8 +25,7 @@ import anyio.lowlevel
 import httpx
 
 import orchard_async as oa
-from orchard_async.adapters.local import LocalAdapter
-from orchard_async.model_proxy import ModelProxy, Upstream, serve_into
+from orchard_async.models.proxy import ModelProxy, Upstream, serve_into
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hello " * 200}]}  # ~1.2 kB, a short prompt
 
@@ -124,7 +122,7 @@ async def measure(calls: int) -> dict[str, dict[str, float]]:
             results["controller: direct"] = summary(await controller_side(upstream.base_url, {}, calls))
             results["controller: via proxy"] = summary(await controller_side(proxy.base_url, auth, calls))
             with tempfile.TemporaryDirectory() as root:
-                adapter = LocalAdapter(root=Path(root))
+                adapter = oa.get_adapter("local", root=root)
                 try:
                     async with await adapter.create(oa.SandboxSpec()) as box:
                         await box.write_file("client.py", SANDBOX_CLIENT)

@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard_async import ExecResult, Sandbox, SandboxLost
-
-from .sandbox import claw_tools
+from orchard_async.recipes.claw.sandbox import claw_tools
 
 HOME = "/tmp/claw"
 BIN = f"{HOME}/bin"

@@ -4,7 +4,7 @@
       orchard-async run claw --tasks builtin --policy oracle ...
 
 Without these variables the task's script answers (as in the tests). With them, every task
-that has a ``user`` gets, for each episode, a recording proxy (``orchard_async.model_proxy``)
+that has a ``user`` gets, for each episode, a recording proxy (``orchard_async.models.proxy``)
 with a session of the user's own, relayed onto the agent sandbox's loopback over one stream
 (network stays off), the path a harness's model calls take. The services' ``user.ask`` calls
 it (``sandbox/claw_user.py``), the script's rules grounding the model; the recorded calls land
@@ -30,7 +30,7 @@ import anyio
 import msgspec
 
 from orchard_async import ConfigError, ModelUnavailable, Sandbox
-from orchard_async.model_proxy import ModelCall, ModelProxy, Upstream, serve_into
+from orchard_async.models.proxy import ModelCall, ModelProxy, Upstream, serve_into
 
 ENV_BASE_URL = "ORCHARD_CLAW_USER_BASE_URL"
 ENV_MODEL = "ORCHARD_CLAW_USER_MODEL"

@@ -46,10 +46,15 @@ from typing import Any
 
 from orchard_async import ConfigError, Reward, Sandbox, SandboxSpec
 from orchard_async.images import ImageSpec
-
-from . import grading, services
-from .sandbox import claw_tools
-from .simulated_user import DEADLINE_MARGIN, UserLink, UserModel, calls_info, check_user_turns
+from orchard_async.recipes.claw import grading, services
+from orchard_async.recipes.claw.sandbox import claw_tools
+from orchard_async.recipes.claw.simulated_user import (
+    DEADLINE_MARGIN,
+    UserLink,
+    UserModel,
+    calls_info,
+    check_user_turns,
+)
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 IMAGE = ImageSpec(tag="orchard/claw-python:bookworm", base="debian-minbase", apt_packages=("python3",))
@@ -465,7 +470,7 @@ def load_tasks(
     user ("env": from ``ORCHARD_CLAW_USER_*``, see ``simulated_user``; None: the scripts)."""
     if user_model == "env":
         user_model = UserModel.from_env()
-    from .judge import judge_from_env  # the GUI recipe's judge settings, read once per load
+    from orchard_async.recipes.claw.judge import judge_from_env  # the GUI recipe's judge settings, read once per load
 
     judge = judge_from_env()
     if source == "builtin" or source.startswith("builtin:"):

@@ -22,11 +22,10 @@ runs export as training data with ``orchard-async export-gui`` (``export``).
 from __future__ import annotations
 
 from orchard_async import ConfigError, Policy
-
-from .actions import ActionParseError, parse_text, tool_schemas
-from .doctor import doctor
-from .policies import EmptyPolicy, OraclePolicy
-from .task import IMAGE, SITES, GuiTask, load_tasks
+from orchard_async.recipes.gui.actions import ActionParseError, parse_text, tool_schemas
+from orchard_async.recipes.gui.doctor import doctor
+from orchard_async.recipes.gui.policies import EmptyPolicy, OraclePolicy
+from orchard_async.recipes.gui.task import IMAGE, SITES, GuiTask, load_tasks
 
 IMAGES = [IMAGE]  # what `orchard-async images build` builds for this recipe
 
@@ -40,7 +39,7 @@ def make_policy(name: str) -> Policy:
     if name == "empty":
         return EmptyPolicy()
     if name == "openai":
-        from .openai_policy import GuiOpenAIPolicy
+        from orchard_async.recipes.gui.openai_policy import GuiOpenAIPolicy
 
         return GuiOpenAIPolicy.from_env()
     raise ConfigError(f"unknown policy {name!r} for the gui recipe; choose one of: {', '.join(POLICIES)}")

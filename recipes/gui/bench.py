@@ -21,10 +21,9 @@ from typing import Any
 import anyio
 
 import orchard_async as oa
-
-from . import actions
-from .policies import resolve
-from .task import SITES, GuiTask, TaskLine
+from orchard_async.recipes.gui import actions
+from orchard_async.recipes.gui.policies import resolve
+from orchard_async.recipes.gui.task import SITES, GuiTask, TaskLine
 
 PRODUCT = "http://127.0.0.1:{port}/product/{n}"
 PLAYWRIGHT_CDP_PORT = 9333

@@ -12,8 +12,7 @@ import argparse
 from rich.console import Console
 
 from orchard_async import ConfigError, check_output_file, check_trajectory_file
-
-from .export import add_arguments, run_export
+from orchard_async.recipes.gui.export import add_arguments, run_export
 
 EXPORT_HELP = "GUI trajectories -> SFT chats or GRPO groups with screenshots as image parts (JSONL)"
 

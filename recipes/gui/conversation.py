@@ -13,9 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchard_async import Step
-
-from . import actions
-from .task import PAGE_MARKER
+from orchard_async.recipes.gui import actions
+from orchard_async.recipes.gui.task import PAGE_MARKER
 
 SCREENSHOT_LINE = re.compile(r"^screenshot: sha256=([0-9a-f]{64})", re.MULTILINE)
 OBSERVATION_CHARS = 12_000

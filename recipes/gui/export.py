@@ -1,6 +1,6 @@
 """GUI trajectories -> training data with image parts: SFT chats and RL (GRPO) groups.
 
-The same two formats and the same rules as every recipe's export (``orchard_async.export``,
+The same two formats and the same rules as every recipe's export (``orchard_async.records.export``,
 docs/training-formats.md): only scored episodes are data (an infrastructure end, a task's
 or a policy's error is never exported, counted in ``skipped_reasons``); ``rl`` gives each
 sample its advantage within its run-prefixed group. What differs:
@@ -37,10 +37,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from orchard_async import ConfigError, Trajectory
-from orchard_async import export as training_data
-
-from .conversation import OBSERVATION_CHARS, conversation, fill_images, model_steps, observation_text, system_prompt
-from .openai_policy import DEFAULT_SCREENSHOTS
+from orchard_async.recipes.gui.conversation import (
+    OBSERVATION_CHARS,
+    conversation,
+    fill_images,
+    model_steps,
+    observation_text,
+    system_prompt,
+)
+from orchard_async.recipes.gui.openai_policy import DEFAULT_SCREENSHOTS
+from orchard_async.records import export as training_data
 
 ImageUrls = Literal["inline", "file"]
 
@@ -123,7 +129,7 @@ def export(
     **options: Any,
 ) -> training_data.ExportSummary:
     """Write ``sft`` or ``rl`` (``grpo``) records of GUI trajectories to ``out`` (``options``:
-    those of ``orchard_async.export.export``)."""
+    those of ``orchard_async.records.export.export``)."""
     return training_data.export(kind, sources, out, chats, finish=chats.finish, **options)
 
 

@@ -10,13 +10,11 @@ infrastructure error (the episode is retried), never a reward of 0.
 from __future__ import annotations
 
 import base64
-import os
 import re
-from collections.abc import Mapping
 from typing import Any
 
-from orchard_async import ConfigError, VerifierError
-from orchard_async.recipes.swe.openai_policy import ChatClient, ModelConfig
+from orchard_async import VerifierError
+from orchard_async.models.client import ChatClient, ModelConfig
 
 SCREENSHOTS = 3  # the last distinct screenshots the judge sees
 
@@ -43,22 +41,6 @@ means the task was not completed.
 response contradicts the screenshots, trust the screenshots.
 
 Give your reasoning, then end with either 'SUCCESS' or 'NOT SUCCESS'."""
-
-
-def judge_config(environ: Mapping[str, str] | None = None) -> ModelConfig:
-    env = os.environ if environ is None else environ
-    model = env.get("ORCHARD_JUDGE_MODEL", "")
-    if not model:
-        raise ConfigError(
-            "an llm_judge check needs a judge model: set ORCHARD_JUDGE_MODEL (and ORCHARD_JUDGE_BASE_URL)"
-        )
-    mapped = {
-        **env,
-        "ORCHARD_MODEL": model,
-        "OPENAI_BASE_URL": env.get("ORCHARD_JUDGE_BASE_URL") or env.get("OPENAI_BASE_URL", ""),
-        "OPENAI_API_KEY": env.get("ORCHARD_JUDGE_API_KEY") or env.get("OPENAI_API_KEY", ""),
-    }
-    return ModelConfig.from_env(mapped)
 
 
 def judge_messages(task: str, answer: str | None, screenshots: list[bytes]) -> list[dict[str, Any]]:

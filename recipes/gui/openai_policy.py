@@ -25,12 +25,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchard_async import Action, ConfigError, Observation
-from orchard_async.recipes.swe.openai_policy import ChatClient, ModelConfig
-
-from . import actions
-from .conversation import conversation, fill_images, system_prompt
-from .policies import answered
-from .task import marks_enabled
+from orchard_async.models.client import ChatClient, ModelConfig
+from orchard_async.recipes.gui import actions
+from orchard_async.recipes.gui.conversation import conversation, fill_images, system_prompt
+from orchard_async.recipes.gui.policies import answered
+from orchard_async.recipes.gui.task import marks_enabled
 
 DEFAULT_SCREENSHOTS = 3
 

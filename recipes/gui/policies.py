@@ -12,9 +12,8 @@ import re
 from typing import Any
 
 from orchard_async import Action, Observation
-
-from . import actions
-from .task import PAGE_MARKER
+from orchard_async.recipes.gui import actions
+from orchard_async.recipes.gui.task import PAGE_MARKER
 
 TREE_LINE = re.compile(r'^\s*\[(\d+)\] (\S+)(?: ("(?:[^"\\]|\\.)*"))?')
 

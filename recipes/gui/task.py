@@ -39,21 +39,13 @@ from typing import Any
 
 import msgspec
 
-from orchard_async import (
-    ConfigError,
-    CreateFailed,
-    Reward,
-    Sandbox,
-    SandboxLost,
-    SandboxSpec,
-    VerifierError,
-)
+from orchard_async import ConfigError, CreateFailed, Reward, Sandbox, SandboxLost, SandboxSpec, VerifierError
 from orchard_async.images import ImageSpec
-
-from . import actions
-from .checks import Final, score, validate_check
-from .judge import SCREENSHOTS as JUDGE_SCREENSHOTS
-from .judge import Judge, judge_config
+from orchard_async.models.client import judge_config
+from orchard_async.recipes.gui import actions
+from orchard_async.recipes.gui.checks import Final, score, validate_check
+from orchard_async.recipes.gui.judge import SCREENSHOTS as JUDGE_SCREENSHOTS
+from orchard_async.recipes.gui.judge import Judge
 
 SITES = {"shop": 7101, "booking": 7102, "forum": 7103}  # ports on the sandbox's loopback (inside/start.py)
 INSIDE = ".gui"  # where the driver and the sites live in the sandbox (relative to its work dir)
@@ -356,7 +348,7 @@ def load_tasks(source: str = "builtin") -> list[GuiTask]:
     live-site tasks: ``webvoyager:FILE`` / ``mind2web:FILE`` (see ``live``; judged by a model).
     ``ORCHARD_GUI_SCREENSHOTS=DIR`` keeps every episode's screenshots in DIR by hash;
     ``ORCHARD_GUI_MARKS=1`` gives set-of-marks observations."""
-    from . import live  # it builds TaskLines: imported here, not at the top (a cycle)
+    from orchard_async.recipes.gui import live  # it builds TaskLines: imported here, not at the top (a cycle)
 
     kind, _, rest = source.partition(":")
     if kind in live.FORMATS:

@@ -19,14 +19,13 @@ README.md in this folder.
 from __future__ import annotations
 
 from orchard_async import ConfigError, Policy
-
-from .agent import SYSTEM_PROMPT, build_messages, parse_reply, truncate_middle
-from .export import export_grpo, export_rl, export_sft
-from .instances import Instance, load_instances
-from .openai_policy import ChatClient, ModelConfig, ModelError, OpenAIPolicy
-from .policies import EmptyPolicy, OraclePolicy
-from .scoring import parse_test_outcomes
-from .task import IMAGE, SWETask, load_tasks
+from orchard_async.recipes.swe.agent import SYSTEM_PROMPT, build_messages, parse_reply, truncate_middle
+from orchard_async.recipes.swe.export import export_grpo, export_rl, export_sft
+from orchard_async.recipes.swe.instances import Instance, load_instances
+from orchard_async.recipes.swe.openai_policy import ChatClient, ModelConfig, ModelError, OpenAIPolicy
+from orchard_async.recipes.swe.policies import EmptyPolicy, OraclePolicy
+from orchard_async.recipes.swe.scoring import parse_test_outcomes
+from orchard_async.recipes.swe.task import IMAGE, SWETask, load_tasks
 
 IMAGES = [IMAGE]  # what `orchard-async images build` builds for this recipe
 

@@ -33,7 +33,7 @@ prefixed with the run id, and inputs from different runs are refused unless
 ``allow_mixed_runs``. See docs/training-formats.md for feeding these to TRL and verl.
 
 The machinery (which episodes are data, groups, advantages, the files) is every recipe's:
-``orchard_async.export``. This module gives it the SWE agent's chat and the SFT ``patch``.
+``orchard_async.records.export``. This module gives it the SWE agent's chat and the SFT ``patch``.
 
 Run as ``orchard-async export {sft,rl} TRAJECTORIES... --out FILE``.
 """
@@ -50,9 +50,8 @@ from typing import Any
 import msgspec
 
 from orchard_async import ConfigError, Trajectory
-from orchard_async import export as training_data
-
-from .agent import OBSERVATION_CHARS, SYSTEM_PROMPT, build_messages
+from orchard_async.recipes.swe.agent import OBSERVATION_CHARS, SYSTEM_PROMPT, build_messages
+from orchard_async.records import export as training_data
 
 FORMATS = training_data.FORMATS
 ExportSummary = training_data.ExportSummary

@@ -27,8 +27,7 @@ from pathlib import Path
 import anyio
 
 from orchard_async import ConfigError, ExecResult, Sandbox, SandboxLost
-
-from .builtin import REPOS_DIR, make_repo
+from orchard_async.recipes.swe.builtin import REPOS_DIR, make_repo
 
 BASE_REF = "refs/heads/orchard-base"
 EXCLUDES = ("__pycache__/", "*.pyc", ".pytest_cache/", ".orchard/")  # never part of the agent's patch

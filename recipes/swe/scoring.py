@@ -38,9 +38,8 @@ from typing import Any
 import anyio
 
 from orchard_async import ExecResult, Reward, Sandbox, SandboxLost, VerifierError
-
-from .instances import Instance, patch_files
-from .swebench_harness import Activation, OfficialHarness
+from orchard_async.recipes.swe.instances import Instance, patch_files
+from orchard_async.recipes.swe.swebench_harness import Activation, OfficialHarness
 
 SUMMARY_BANNER = "short test summary info"
 _SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS)\s+(\S.*)$")

@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchard_async import ConfigError
-
-from .instances import Instance
+from orchard_async.recipes.swe.instances import Instance
 
 OFFICIAL_FIELDS = ("version", "eval_script", "log_parser", "eval_type")
 MIN_VERSION = 5  # swebench 5 keeps each instance's eval script, parser and eval type in the data

@@ -12,14 +12,13 @@ import anyio
 
 from orchard_async import ConfigError, Reward, Sandbox, SandboxSpec
 from orchard_async.images import ImageSpec
-
-from . import repo as repos
-from . import scoring
-from . import swebench_harness as swebench
-from .agent import INSTANCE_TEMPLATE
-from .builtin import INSTANCES_PATH
-from .instances import Instance, load_instances
-from .swebench_harness import Activation
+from orchard_async.recipes.swe import repo as repos
+from orchard_async.recipes.swe import scoring
+from orchard_async.recipes.swe import swebench_harness as swebench
+from orchard_async.recipes.swe.agent import INSTANCE_TEMPLATE
+from orchard_async.recipes.swe.builtin import INSTANCES_PATH
+from orchard_async.recipes.swe.instances import Instance, load_instances
+from orchard_async.recipes.swe.swebench_harness import Activation
 
 # Defaults sized for real repositories; the bundled set's suites take about a second.
 MAX_STEPS = 50
@@ -95,7 +94,7 @@ class SWETask:
     activation: Activation = field(default_factory=Activation)
     official: swebench.OfficialHarness | None = None  # SWE-bench's own grading, when it applies
     # Checkout and environment check are the same for every sample of a group: the engine
-    # sets a group up once and starts its samples from a snapshot (orchard_async.groups).
+    # sets a group up once and starts its samples from a snapshot (orchard_async.engine.groups).
     fork_after_setup: bool = True
     id: str = field(init=False)
 

@@ -36,8 +36,8 @@ except ImportError as exc:  # aiodocker is an optional dependency
     if os.environ.get("CI", "").lower() == "true":
         raise
     pytest.skip(f"docker: {exc}; pip install 'orchard-async[docker]'", allow_module_level=True)
-from orchard_async import images
 from orchard_async.images import ImageMissing, ImageSpec
+from orchard_async.images import build as images
 from orchard_async.recipes.toy import OraclePolicy, builtin_tasks
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ import time
 import pytest
 
 import orchard_async as oa
-from orchard_async.container_reattach import attach_check_command, parse_attach_check
-from orchard_async.container_shell import is_abandoned, relay_command
+from orchard_async.kit.container_reattach import attach_check_command, parse_attach_check
+from orchard_async.kit.container_shell import is_abandoned, relay_command
 from tests.adapters.test_docker import containers, docker_cli, docker_daemon, eventually, make_adapter  # noqa: F401 - fixtures
 
 SPEC = oa.SandboxSpec(ttl=300)

@@ -31,11 +31,11 @@ import orchard_async as oa
 
 pytest.importorskip("kubernetes_asyncio")
 
-from orchard_async import images  # noqa: E402
-from orchard_async import labels as names  # noqa: E402
 from orchard_async.adapters import kubernetes as kube  # noqa: E402
 from orchard_async.adapters.kubernetes import KubernetesAdapter  # noqa: E402
 from orchard_async.images import ImageMissing, ImageSpec  # noqa: E402
+from orchard_async.images import build as images  # noqa: E402
+from orchard_async.kit import labels as names  # noqa: E402
 from tests.conftest import backend_missing, cluster_configured  # noqa: E402
 
 IMAGE = os.environ.get("ORCHARD_K8S_TEST_IMAGE", "local/busybox:1")
@@ -424,8 +424,8 @@ async def _script(*argv: str) -> None:
 @pytest.mark.soak  # long: the default run leaves it to `pytest -m soak` (CI runs both)
 async def test_watch_recovers_from_an_api_server_restart(make_adapter: Callable[..., KubernetesAdapter]) -> None:
     work, scripts = _needs_ci_cluster()
+    from orchard_async.engine.rollout import rollout
     from orchard_async.recipes.toy import builtin_tasks, make_policy
-    from orchard_async.rollout import rollout
 
     adapter = make_adapter()
     episodes = 16
@@ -483,8 +483,8 @@ async def test_commands_over_the_pod_ip_survive_an_api_server_outage(
     """32 episodes; the API server is stopped for 20 s while some run: every episode finishes
     and none is retried for a lost sandbox (over the exec websocket, every one in flight is)."""
     work, scripts = _needs_ci_cluster()
+    from orchard_async.engine.rollout import rollout
     from orchard_async.recipes.toy import builtin_tasks, make_policy
-    from orchard_async.rollout import rollout
 
     adapter = await _relay_adapter(make_adapter)
     transport = adapter.transport

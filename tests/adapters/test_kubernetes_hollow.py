@@ -15,10 +15,10 @@ import pytest
 pytest.importorskip("kubernetes_asyncio")
 
 from orchard_async import SandboxSpec  # noqa: E402
-from orchard_async import labels as names  # noqa: E402
 from orchard_async.adapters.kubernetes import KubernetesAdapter  # noqa: E402
 from orchard_async.adapters.kubernetes import pod_verdict as kube_pod_verdict  # noqa: E402
 from orchard_async.errors import ConfigError  # noqa: E402
+from orchard_async.kit import labels as names  # noqa: E402
 from tests.conftest import backend_missing, cluster_configured  # noqa: E402
 
 NAMESPACE = os.environ.get("ORCHARD_K8S_TEST_NAMESPACE", "orchard-test")

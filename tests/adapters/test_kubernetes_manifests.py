@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 import orchard_async as oa
-from orchard_async import labels as names
+from orchard_async.kit import labels as names
 
 pytest.importorskip("kubernetes_asyncio")
 

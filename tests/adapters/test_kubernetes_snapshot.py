@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 import orchard_async as oa
-from orchard_async import labels as names
 from orchard_async.adapters.kubernetes import KubernetesAdapter
 from orchard_async.adapters.kubernetes import containerd_image as images
 from orchard_async.adapters.kubernetes import containerd_layer as layers
 from orchard_async.adapters.kubernetes import snapshot as snaps
 from orchard_async.errors import ConfigError
+from orchard_async.kit import labels as names
 from tests.conftest import backend_missing, cluster_configured
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from orchard_async.apps.cli import main
 from orchard_async.bench.report import schema_problems
-from orchard_async.cli import main
 
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 

@@ -9,9 +9,9 @@ from collections import Counter
 
 import pytest
 
+from orchard_async.apps.cli import main
 from orchard_async.bench.compare import compare, ratios
 from orchard_async.bench.report import read_json, schema_problems
-from orchard_async.cli import main
 from tests.conftest import backend_missing
 
 

@@ -28,7 +28,7 @@ import anyio
 import pytest
 
 import orchard_async as oa
-from orchard_async.shell import quote
+from orchard_async.kit.shell import quote
 
 ATTACK_TIMEOUT = 60.0
 
@@ -471,7 +471,7 @@ async def test_huge_output_is_capped_and_never_spooled(make_adapter: Callable[..
 
 
 def oa_cut_marker(result: oa.ExecResult) -> bytes:
-    from orchard_async.shell import cut_marker
+    from orchard_async.kit.shell import cut_marker
 
     return cut_marker(result.stdout_cut)
 

@@ -54,7 +54,7 @@ async def test_quoting_survives_any_text(sandbox: oa.Sandbox) -> None:
 
 
 def oa_quote(text: str) -> str:
-    from orchard_async.shell import quote
+    from orchard_async.kit.shell import quote
 
     return quote(text)
 

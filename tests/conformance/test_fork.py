@@ -47,7 +47,7 @@ async def leftovers(adapter: oa.Adapter, ids: set[str]) -> list[str]:
 
 
 async def kubernetes_leftovers(adapter: Any, ids: set[str]) -> list[str]:
-    from orchard_async import labels as names
+    from orchard_async.kit import labels as names
 
     api = adapter.api
     pods = await api.list_all(api.path("pods"), names.SANDBOX, "pods left by the fork test")

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 import orchard_async as oa
-from orchard_async.streams import SandboxStream
+from orchard_async.kit.streams import SandboxStream
 from tests.conformance.test_attacks import CONNECT, run
 
 BIG = 100 * 1024 * 1024  # the byte-exact transfer

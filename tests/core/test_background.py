@@ -1,4 +1,4 @@
-"""An adapter's background work (orchard_async.background): hosted in the caller's task
+"""An adapter's background work (orchard_async.kit.background): hosted in the caller's task
 group under ``async with``, in a host task otherwise, and gone after ``close`` either way."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import logging
 import anyio
 import pytest
 
-from orchard_async.background import Background, BackgroundOwner
+from orchard_async.kit.background import Background, BackgroundOwner
 
 
 class Owner(BackgroundOwner):

@@ -12,12 +12,12 @@ import pytest
 
 import orchard_async as oa
 from orchard_async.adapters.local import _sandbox_processes
-from orchard_async.trajectory import read_run_header
+from orchard_async.records.trajectory import read_run_header
 
 
 def cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "orchard_async.cli", *args],
+        [sys.executable, "-m", "orchard_async.apps.cli", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -185,7 +185,7 @@ def test_ctrl_c_destroys_every_sandbox_and_resume_finishes(tmp_path: Path, local
     args = [
         sys.executable,
         "-m",
-        "orchard_async.cli",
+        "orchard_async.apps.cli",
         "run",
         "--episodes",
         "150",
@@ -221,8 +221,8 @@ def test_ctrl_c_destroys_every_sandbox_and_resume_finishes(tmp_path: Path, local
 def test_the_summary_shows_verifier_errors_and_model_outages_in_red() -> None:
     from rich.console import Console
 
-    from orchard_async.cli import print_summary
-    from orchard_async.summary import summarize
+    from orchard_async.apps.cli import print_summary
+    from orchard_async.records.summary import summarize
 
     def ended(reason: str, index: int) -> oa.Trajectory:
         status = "finished" if reason == "submitted" else "failed"

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 import orchard_async as oa
-from orchard_async import cli, runtime
-from orchard_async.trajectory import read_run_header
+from orchard_async import runtime
+from orchard_async.apps import cli
+from orchard_async.records.trajectory import read_run_header
 
 UNWRITABLE_DIR = "/proc/orchard-no-such-dir"  # no one can create files in /proc, not even root
 
@@ -302,7 +303,7 @@ def test_doctor_reports_every_adapter_when_one_doctor_has_a_bug(
 def test_images_build_without_the_images_module_is_one_line(
     work: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, "orchard_async.images", None)  # as if it were not installed
+    monkeypatch.setitem(sys.modules, "orchard_async.images.build", None)  # as if it were not installed
     code, lines = run_cli(capsys, "images", "build", "orchard/python:test")
     assert code == 2 and len(lines) == 1 and "image building is not available" in lines[0], lines
 
@@ -318,7 +319,7 @@ def test_images_build_calls_build_images(
             calls.append((names, adapter, force))
             return 3
 
-    monkeypatch.setitem(sys.modules, "orchard_async.images", FakeImages)
+    monkeypatch.setitem(sys.modules, "orchard_async.images.build", FakeImages)
     assert cli.main(["images", "build", "a", "b", "--adapter", "kubernetes", "--force"]) == 3
     assert cli.main(["images", "build"]) == 3
     assert calls == [(["a", "b"], "kubernetes", True), ([], "docker", False)]
@@ -338,7 +339,11 @@ def test_images_build_calls_build_images(
 )
 def test_the_installed_command_prints_one_line(tmp_path: Path, argv: list[str], message: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "orchard_async.cli", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "orchard_async.apps.cli", *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
     assert done.stdout == "" and not list(tmp_path.iterdir())

@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 
 import orchard_async as oa
-from orchard_async.episode import RecordingSandbox
-from orchard_async.sandbox import ShellSandbox, ShellSession
+from orchard_async.engine.episode import RecordingSandbox
+from orchard_async.kit.sandbox import ShellSandbox, ShellSession
 
 
 def test_a_shell_sandbox_takes_the_contracts_default_command_timeout() -> None:

@@ -1,4 +1,4 @@
-"""Rollout groups set up once and forked (orchard_async.groups), on the local adapter:
+"""Rollout groups set up once and forked (orchard_async.engine.groups), on the local adapter:
 setup runs once per group, every sample starts from the set-up state and none sees
 another's, the snapshot goes when the group ends (or the run is cancelled), an infra
 failure while making the base is retried, and an adapter without snapshots runs the
@@ -177,8 +177,8 @@ async def test_a_cancelled_run_drops_its_snapshot(root: Path) -> None:
 
 
 def test_forked_groups_first_samples_go_ahead_of_the_groups_before() -> None:
-    from orchard_async.groups import leaders_ahead
-    from orchard_async.rollout import plan
+    from orchard_async.engine.groups import leaders_ahead
+    from orchard_async.engine.rollout import plan
 
     plain = SetUpOnceTask(id="plain", fork_after_setup=False)
     tasks = [SetUpOnceTask(id="a"), plain, SetUpOnceTask(id="b"), SetUpOnceTask(id="c")]

@@ -1,4 +1,4 @@
-"""`orchard-async images build` (orchard_async/images.py): image specs as data, what gets
+"""`orchard-async images build` (orchard_async/images/build.py): image specs as data, what gets
 built for which names, one-line errors, and a real build where a Docker daemon answers."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 import orchard_async as oa
-from orchard_async import ConfigError, images
-from orchard_async.images import ImageSpec, build_images
+from orchard_async import ConfigError
+from orchard_async.images import build as images
+from orchard_async.images.build import ImageSpec, build_images
 from tests.conftest import backend_missing
 
 # -- specs and names ----------------------------------------------------------------------------
@@ -37,7 +38,7 @@ def test_image_specs_are_checked_data() -> None:
 
 
 def test_pip_packages_come_as_wheels_for_the_images_python(tmp_path: Path) -> None:
-    from orchard_async import image_wheels
+    from orchard_async.images import wheels as image_wheels
 
     plain = ImageSpec(tag="orchard/x:1", base="debian-minbase", apt_packages=("python3",))
     assert plain.digest == "80dd0969fd59ed06"  # as before pip_packages existed: no rebuild of such images

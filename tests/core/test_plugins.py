@@ -82,7 +82,7 @@ def third_party(tmp_path: Path) -> dict[str, str]:
 
 def cli(env: dict[str, str], cwd: Path, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "orchard_async.cli", *argv],
+        [sys.executable, "-m", "orchard_async.apps.cli", *argv],
         cwd=cwd,
         env=env,
         capture_output=True,

@@ -10,8 +10,8 @@ import pytest
 
 import orchard_async as oa
 from orchard_async.adapters.sim import SimAdapter
-from orchard_async.rollout import make_run_header
-from orchard_async.trajectory import (
+from orchard_async.engine.rollout import make_run_header
+from orchard_async.records.trajectory import (
     FORMAT_VERSION,
     check_trajectory_file,
     read_run_header,

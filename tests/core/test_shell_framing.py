@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import orchard_async as oa
 from orchard_async.adapters.local import LocalAdapter
-from orchard_async.shell import ShellClient, classify, quote
+from orchard_async.kit.shell import ShellClient, classify, quote
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -15,7 +15,7 @@ import pytest
 from anyio.streams.stapled import StapledByteStream
 
 import orchard_async as oa
-from orchard_async.shell import ShellClient, cut_marker, make_output_pipes
+from orchard_async.kit.shell import ShellClient, cut_marker, make_output_pipes
 
 
 def disk_usage(path: Path) -> int:

@@ -1,4 +1,4 @@
-"""orchard_async.streams without an adapter: a stand-in sandbox whose processes run on this
+"""orchard_async.kit.streams without an adapter: a stand-in sandbox whose processes run on this
 host exercises the wrapper, the cleanup, both relays (python3 and busybox nc), the httpx
 transport and the forward. tests/conformance/test_stream.py runs the same on every adapter."""
 
@@ -22,7 +22,7 @@ from anyio.streams.stapled import StapledByteStream
 
 import orchard_async as oa
 from orchard_async.adapters.sim import SimAdapter
-from orchard_async.streams import PipeStream, SandboxStream, start_stream, wrapped_argv
+from orchard_async.kit.streams import PipeStream, SandboxStream, start_stream, wrapped_argv
 
 
 class HostSandbox:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import orchard_async as oa
-from orchard_async.summary import summarize
+from orchard_async.records.summary import summarize
 
 
 def episode(task: str, sample: int, success: bool, status: str = "finished") -> oa.Trajectory:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import orchard_async as oa
-from orchard_async.trajectory import finished_ids
+from orchard_async.records.trajectory import finished_ids
 
 text = st.text(max_size=40)
 actions = st.builds(

@@ -1,4 +1,4 @@
-"""Warm pools (orchard_async.warm): pre-created sandboxes handed out by acquire, replenished,
+"""Warm pools (orchard_async.engine.warm): pre-created sandboxes handed out by acquire, replenished,
 checked, aged by their TTL, and all gone after close or cancellation."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import anyio
 import pytest
 
 import orchard_async as oa
-from orchard_async import labels as names
 from orchard_async.adapters.local import LocalAdapter, _sandbox_processes
 from orchard_async.adapters.sim import Latency, SimAdapter, SimConfig
-from orchard_async.warm import WarmAhead
+from orchard_async.engine.warm import WarmAhead
+from orchard_async.kit import labels as names
 from tests.conftest import backend_missing, cluster_configured
 from tests.core.test_rollout import CountTask, StepsPolicy, tasks
 

@@ -10,11 +10,11 @@ import json
 import anyio
 import msgspec
 
-from orchard_async.model_proxy import ModelCall
+from orchard_async.models.client import ModelConfig
+from orchard_async.models.proxy import ModelCall
 from orchard_async.recipes import claw
 from orchard_async.recipes.claw.export import training_samples
 from orchard_async.recipes.claw.harness import HarnessPolicy
-from orchard_async.recipes.swe.openai_policy import ModelConfig
 from tests.recipes.swe_support import run_rollout
 from tests.recipes.test_claw_openai import SCRIPT, text_reply
 

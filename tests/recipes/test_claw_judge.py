@@ -11,9 +11,9 @@ import anyio
 
 import orchard_async as oa
 from orchard_async.adapters.local import LocalAdapter
+from orchard_async.models.client import ModelConfig
 from orchard_async.recipes import claw
 from orchard_async.recipes.claw.judge import ClawJudge
-from orchard_async.recipes.swe.openai_policy import ModelConfig
 from tests.recipes.swe_support import Reply, chat_reply
 
 TASK = """\

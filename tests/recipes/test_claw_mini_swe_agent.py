@@ -18,10 +18,10 @@ import msgspec
 import pytest
 
 import orchard_async as oa
-from orchard_async.model_proxy import ModelCall
+from orchard_async.models.client import ModelConfig
+from orchard_async.models.proxy import ModelCall
 from orchard_async.recipes import claw
 from orchard_async.recipes.claw.harness import MINI_SWE_AGENT_IMAGE, HarnessPolicy
-from orchard_async.recipes.swe.openai_policy import ModelConfig
 from tests.conftest import backend_missing
 from tests.recipes.swe_support import Reply
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import anyio
 
+from orchard_async.models.client import ModelConfig
 from orchard_async.recipes import claw
 from orchard_async.recipes.claw.openai_policy import ToolCallingPolicy
-from orchard_async.recipes.swe.openai_policy import ModelConfig
 from tests.recipes.swe_support import Reply, run_rollout
 
 

@@ -11,7 +11,7 @@ import anyio
 
 import orchard_async as oa
 from orchard_async.adapters.local import LocalAdapter
-from orchard_async.model_proxy import Upstream
+from orchard_async.models.proxy import Upstream
 from orchard_async.recipes import claw
 from orchard_async.recipes.claw.sandbox import claw_user
 from orchard_async.recipes.claw.simulated_user import UserModel

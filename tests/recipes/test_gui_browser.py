@@ -19,11 +19,11 @@ import pytest
 
 import orchard_async as oa
 from orchard_async.adapters.local import LocalAdapter
+from orchard_async.models.client import ModelConfig
 from orchard_async.recipes import gui
 from orchard_async.recipes.gui import actions, checks, policies
 from orchard_async.recipes.gui.export import GuiChats, export
 from orchard_async.recipes.gui.openai_policy import GuiOpenAIPolicy
-from orchard_async.recipes.swe.openai_policy import ModelConfig
 from tests.conftest import backend_missing
 from tests.recipes.swe_support import ScriptPolicy, chat_reply, run_rollout
 

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 import orchard_async as oa
-from orchard_async.cli import main as cli_main
+from orchard_async.apps.cli import main as cli_main
 from orchard_async.recipes.gui import actions
 from orchard_async.recipes.gui.export import GuiChats, export
 

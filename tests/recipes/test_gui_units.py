@@ -19,10 +19,10 @@ import pytest
 
 import orchard_async as oa
 from orchard_async import ConfigError
+from orchard_async.models.client import ModelConfig
 from orchard_async.recipes import gui
 from orchard_async.recipes.gui import actions, checks, policies, task
 from orchard_async.recipes.gui.openai_policy import GuiOpenAIPolicy
-from orchard_async.recipes.swe.openai_policy import ModelConfig
 
 INSIDE = Path(task.__file__).parent / "inside"
 

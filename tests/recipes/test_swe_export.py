@@ -332,7 +332,7 @@ def test_export_command_line(runs, tmp_path, capsys):
 
 def test_orchard_async_export_prints_the_summary(runs, tmp_path, capsys):
     """The `orchard-async export` command reads the summary fields it prints."""
-    from orchard_async.cli import main as cli_main
+    from orchard_async.apps.cli import main as cli_main
 
     assert cli_main(["export", "rl", str(runs["a"]), "--out", str(tmp_path / "rl.jsonl")]) == 0
     printed = capsys.readouterr().err.replace("\n", "")  # the console wraps a long path anywhere

@@ -161,7 +161,7 @@ def test_a_missing_image_is_one_line_naming_it(tmp_path):
     (task,) = swe.load_tasks(tasks, pull="never")
     assert (task.spec.image, task.spec.pull) == ("swebench/sweb.eval.x86_64.orchard_1776_absent-1:latest", "never")
     done = subprocess.run(
-        [sys.executable, "-m", "orchard_async.cli", "run", "swe", "--tasks", tasks, "--adapter", "docker"]
+        [sys.executable, "-m", "orchard_async.apps.cli", "run", "swe", "--tasks", tasks, "--adapter", "docker"]
         + ["--policy", "empty", "--episodes", "1", "--out", str(tmp_path / "out.jsonl")],
         env={**os.environ, "ORCHARD_SWE_PULL": "never"},
         capture_output=True,

@@ -39,7 +39,7 @@ def instances_file(tmp_path: Path, test_command: str) -> Path:
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "ORCHARD_LOCAL_ROOT": str(cwd / "sandboxes")}
     return subprocess.run(
-        [sys.executable, "-m", "orchard_async.cli", *args],
+        [sys.executable, "-m", "orchard_async.apps.cli", *args],
         cwd=cwd,
         env=env,
         capture_output=True,

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 import orchard_async as oa
-from orchard_async.serve import KeyStore, create_app, hash_key, load_keys
+from orchard_async.apps.serve import KeyStore, create_app, hash_key, load_keys
 from tests.conftest import backend_missing
 
 KEY_A, KEY_B = "key-of-team-a-0123456789", "key-of-team-b-0123456789"

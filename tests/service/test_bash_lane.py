@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from orchard_async.serve.app import JOBS, REGISTRY
-from orchard_async.serve.lane import LaneClient
+from orchard_async.apps.serve.app import JOBS, REGISTRY
+from orchard_async.apps.serve.lane import LaneClient
 
 from .conftest import make_sandbox
 

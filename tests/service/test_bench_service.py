@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchard_async import cli
+from orchard_async.apps import cli
 
 WAYS = {"in-process", "in-process, Orchard's bash -c", "service, Orchard HTTP", "remote adapter (native)"}
 

@@ -17,12 +17,12 @@ import httpx
 import pytest
 
 import orchard_async as oa
-from orchard_async import cli
-from orchard_async.serve.cli import add_serve_command, serve_command
-from orchard_async.serve.keys import KeyStore, Tenant
+from orchard_async.apps import cli
+from orchard_async.apps.serve.cli import add_serve_command, serve_command
+from orchard_async.apps.serve.keys import KeyStore, Tenant
 
 # What the lead's entry point does, until pyproject registers it.
-REGISTER = ("orchard_async.serve.cli:add_serve_command", "run the environment service")
+REGISTER = ("orchard_async.apps.serve.cli:add_serve_command", "run the environment service")
 
 
 def parse(*argv: str) -> argparse.Namespace:

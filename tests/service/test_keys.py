@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 import orchard_async as oa
-from orchard_async.serve.keys import KeyStore, hash_key, load_keys, new_key
+from orchard_async.apps.serve.keys import KeyStore, hash_key, load_keys, new_key
 from tests.service.conftest import KEY_A, KEY_B, Service, make_sandbox
 from tests.service.test_contract import assert_json, exec_body
 

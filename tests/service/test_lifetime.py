@@ -13,8 +13,9 @@ import anyio
 import httpx
 
 import orchard_async as oa
-from orchard_async import cli, runtime
-from orchard_async.serve import app
+from orchard_async import runtime
+from orchard_async.apps import cli
+from orchard_async.apps.serve import app
 from tests.service.conftest import Service, make_sandbox
 from tests.service.test_contract import exec_body
 

@@ -1,4 +1,4 @@
-"""Load through the service with a ``kill -9`` in the middle (``python -m orchard_async.serve.load``):
+"""Load through the service with a ``kill -9`` in the middle (``python -m orchard_async.bench.service_load``):
 every command's output checked, nothing leaked, every error the client saw one it can retry.
 The default run's is small (seconds, local); the soak run's is the issue's 200 × 10 at 32, on
 local and docker, with and without the kill."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import orchard_async as oa
-from orchard_async.serve import load
+from orchard_async.bench import service_load as load
 from tests.conftest import backend_missing
 
 

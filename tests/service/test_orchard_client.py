@@ -9,7 +9,7 @@ import anyio
 import pytest
 import requests
 
-import orchard_async.serve.jobs as jobs_module
+import orchard_async.apps.serve.jobs as jobs_module
 from tests.service.conftest import KEY_A, Service
 from tests.service.orchard_sdk import AsyncSandboxClient, SandboxClient
 

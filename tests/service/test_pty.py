@@ -10,8 +10,8 @@ import aiohttp
 import httpx
 import pytest
 
-from orchard_async.serve.app import REGISTRY
-from orchard_async.serve.keys import ANONYMOUS
+from orchard_async.apps.serve.app import REGISTRY
+from orchard_async.apps.serve.keys import ANONYMOUS
 from tests.service.conftest import KEY_A, Service, make_sandbox
 
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 import orchard_async as oa
-from orchard_async.serve.bench import free_port
+from orchard_async.bench.service import free_port
 from tests.conftest import backend_missing
 from tests.service.cutting_proxy import CuttingProxy
 from tests.service.test_restart import IMAGE, Serve, containers

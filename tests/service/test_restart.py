@@ -18,12 +18,12 @@ import httpx
 import pytest
 
 import orchard_async as oa
-from orchard_async.serve.app import b64decode, b64encode
+from orchard_async.apps.serve.app import b64decode, b64encode
 from tests.conftest import backend_missing
 from tests.service.conftest import KEY_A, KEY_B, write_keys
 
 IMAGE = "orchard/busybox:test"
-REGISTER = ("orchard_async.serve.cli:add_serve_command", "run the environment service")
+REGISTER = ("orchard_async.apps.serve.cli:add_serve_command", "run the environment service")
 PROGRAM = (
     "import sys; from orchard_async import cli; "
     f"cli.OUTSIDE_COMMANDS['serve'] = {REGISTER!r}; sys.exit(cli.main(sys.argv[1:]))"

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 import orchard_async as oa
-from orchard_async.serve.app import b64decode, b64encode
+from orchard_async.apps.serve.app import b64decode, b64encode
 from tests.conftest import backend_missing, cluster_configured
 from tests.service.test_restart import Serve, make, run
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-import orchard_async.serve.jobs as jobs_module
+import orchard_async.apps.serve.jobs as jobs_module
 from tests.service.conftest import Service, make_sandbox
 from tests.service.test_contract import exec_body
 
@@ -125,9 +125,9 @@ class _Gone:
 
 
 async def test_create_retried_after_a_hang_up_gets_the_same_sandbox(service: Service) -> None:
-    from orchard_async.serve.app import REGISTRY
-    from orchard_async.serve.keys import ANONYMOUS
-    from orchard_async.serve.schema import CreateRequest
+    from orchard_async.apps.serve.app import REGISTRY
+    from orchard_async.apps.serve.keys import ANONYMOUS
+    from orchard_async.apps.serve.schema import CreateRequest
 
     registry = service.app[REGISTRY]
     request = CreateRequest(image="orchard/busybox:test")

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from orchard_async import cli
-from orchard_async.trajectory import Action, Retry, Step, Trajectory, TrajectoryWriter
+from orchard_async.apps import cli
+from orchard_async.records.trajectory import Action, Retry, Step, Trajectory, TrajectoryWriter
 
-VIEW_COMMAND = ("orchard_async.view.cli:add_view_command", "look at a run in the browser")
+VIEW_COMMAND = ("orchard_async.apps.view.cli:add_view_command", "look at a run in the browser")
 
 
 @pytest.fixture

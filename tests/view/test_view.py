@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from orchard_async import cli
-from orchard_async.passk import summarize_groups
-from orchard_async.trajectory import TrajectoryWriter, read_trajectories
-from orchard_async.view.app import create_app
-from orchard_async.view.index import RunIndex
+from orchard_async.apps import cli
+from orchard_async.apps.view.app import create_app
+from orchard_async.apps.view.index import RunIndex
+from orchard_async.records.passk import summarize_groups
+from orchard_async.records.trajectory import TrajectoryWriter, read_trajectories
 from tests.view.conftest import png
 
 
@@ -281,7 +281,7 @@ async def test_truncated_last_line_shows_the_good_ones(tmp_path: Path, runs: dic
 
 
 def test_set_of_marks_boxes_of_a_gui_observation_reach_the_page() -> None:
-    from orchard_async.view.query import screenshot_of
+    from orchard_async.apps.view.query import screenshot_of
 
     digest = "ab" * 32
     observation = (

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from orchard_async import cli
-from orchard_async.trajectory import read_trajectories
+from orchard_async.apps import cli
+from orchard_async.records.trajectory import read_trajectories
 from tests.conftest import backend_missing
 from tests.view.conftest import VIEW_COMMAND
 

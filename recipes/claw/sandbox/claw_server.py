@@ -34,7 +34,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 try:
-    from . import claw_tools as tools  # the controller imports this file as part of its package
+    from orchard_async.recipes.claw.sandbox import (
+        claw_tools as tools,  # the controller imports this file as part of its package
+    )
 except ImportError:
     import claw_tools as tools  # in the sandbox, next to this file
 

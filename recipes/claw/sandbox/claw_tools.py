@@ -12,7 +12,7 @@ the server and the controller read.
 import re
 
 try:
-    from . import claw_user  # the controller imports this file as part of its package
+    from orchard_async.recipes.claw.sandbox import claw_user  # the controller imports this file as part of its package
 except ImportError:
     import claw_user  # in the sandbox, next to this file
 

@@ -1,5 +1,5 @@
 import sys
 
-from .gen import main
+from orchard_async.recipes.swe.builtin.generator.gen import main
 
 sys.exit(main())

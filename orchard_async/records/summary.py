@@ -1,0 +1,90 @@
+"""Summaries of trajectory sets: what `demo`, `run` and `inspect` print."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+from orchard_async.records.passk import summarize_groups
+from orchard_async.records.trajectory import EndReason, Trajectory
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+class Summary(msgspec.Struct, kw_only=True):
+    episodes: int
+    finished: int
+    failed: int
+    success_rate: float  # 0..1 over all episodes
+    mean_reward: float
+    steps: int
+    exit_reasons: dict[str, int]  # why episodes ended: EndReason values, most common first
+    command_reasons: dict[str, int]  # ExitReason of every command
+    retries: int
+    exec_p50_ms: float
+    exec_p99_ms: float
+    wall_s: float | None = None
+    steps_per_s: float | None = None
+    episodes_per_s: float | None = None
+    time_share: dict[str, float] = {}  # fraction of episode time in create/setup/agent/exec/score/destroy
+    leaked: int | None = None
+    # Episodes nobody could judge (never a reward, never exported): counted apart so they stand out.
+    verifier_errors: int = 0
+    model_unavailable: int = 0
+    # Over tasks sampled more than once (groups): k -> mean over tasks, judged episodes only.
+    pass_at_k: dict[str, float] = {}  # at least one of k samples passes
+    pass_hat_k: dict[str, float] = {}  # all k samples pass
+
+
+def summarize(trajectories: Iterable[Trajectory], *, wall_s: float | None = None, leaked: int | None = None) -> Summary:
+    items = list(trajectories)
+    exec_times = [step.exec_s for t in items for step in t.steps if step.reason is not None]
+    steps = sum(len(t.steps) for t in items)
+    phase_totals: Counter[str] = Counter()
+    for t in items:
+        for phase, seconds in t.timings.items():
+            if phase != "total":
+                phase_totals[phase] += seconds
+    spent = sum(phase_totals.values()) or 1.0
+    finished = sum(t.status == "finished" for t in items)
+    groups = summarize_groups(items)
+    repeated = groups["group_size"] > 1
+    return Summary(
+        episodes=len(items),
+        finished=finished,
+        failed=len(items) - finished,
+        success_rate=sum(t.success for t in items) / len(items) if items else 0.0,
+        mean_reward=sum(t.reward for t in items) / len(items) if items else 0.0,
+        steps=steps,
+        exit_reasons=dict(Counter(str(t.end_reason) for t in items).most_common()),
+        command_reasons=dict(Counter(step.reason for t in items for step in t.steps if step.reason).most_common()),
+        retries=sum(len(t.retries) for t in items),
+        exec_p50_ms=percentile(exec_times, 50) * 1000,
+        exec_p99_ms=percentile(exec_times, 99) * 1000,
+        wall_s=wall_s,
+        steps_per_s=steps / wall_s if wall_s else None,
+        episodes_per_s=len(items) / wall_s if wall_s else None,
+        time_share={phase: round(total / spent, 4) for phase, total in phase_totals.items()},
+        leaked=leaked,
+        verifier_errors=sum(t.end_reason == EndReason.VERIFIER_ERROR for t in items),
+        model_unavailable=sum(t.end_reason == EndReason.MODEL_UNAVAILABLE for t in items),
+        pass_at_k={str(k): round(v, 4) for k, v in groups["pass_at_k"].items()} if repeated else {},
+        pass_hat_k={str(k): round(v, 4) for k, v in groups["pass_hat_k"].items()} if repeated else {},
+    )
+
+
+def to_json(summary: Summary) -> bytes:
+    """JSON with NaN (no data) as null, so any JSON reader takes it."""
+    data = msgspec.to_builtins(summary)
+    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in data.items()}
+    return msgspec.json.encode(clean)
