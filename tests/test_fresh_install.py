@@ -68,3 +68,42 @@ def test_readme_first_command_resolves_every_oracle_episode(fresh_venv: Path, tm
     assert summary["verifier_errors"] == 0 and summary["retries"] == 0
     left = list((tmp_path / "sandboxes").iterdir()) if (tmp_path / "sandboxes").exists() else []
     assert left == []
+
+
+SUBPACKAGES = """
+import importlib, json, pkgutil, sys
+import orchard_async
+names = ["orchard_async"]
+for info in pkgutil.walk_packages(orchard_async.__path__, "orchard_async."):
+    names.append(info.name)
+for top in ("adapters", "recipes", "bench"):
+    package = importlib.import_module(f"orchard_async.{top}")
+    names += [info.name for info in pkgutil.walk_packages(package.__path__, f"orchard_async.{top}.")]
+files = {}
+for name in names:
+    if name.endswith("__main__") or ".inside" in name or ".sandbox." in name or ".repos" in name or ".builtin." in name:
+        continue  # scripts that run inside sandboxes, and tasks' own repositories
+    files[name] = importlib.import_module(name).__file__
+print(json.dumps(files))
+"""
+
+
+def test_a_checkout_imports_every_module_from_itself(fresh_venv: Path, tmp_path: Path) -> None:
+    """The venv's editable install maps orchard_async to REPO; a second clone, run from its
+    root, still imports every orchard_async.* module (adapters, recipes, bench included) from
+    that clone, not from the checkout the venv was made from."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
+    done = subprocess.run(
+        [str(fresh_venv / "bin" / "python"), "-c", SUBPACKAGES],
+        cwd=clone,
+        env={"PATH": BARE_PATH, "HOME": str(tmp_path), "LANG": "C.UTF-8"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    files = json.loads(done.stdout)
+    assert {"orchard_async.adapters.local", "orchard_async.recipes.swe", "orchard_async.bench.cli"} <= set(files)
+    outside = {name: path for name, path in files.items() if not Path(path).resolve().is_relative_to(clone.resolve())}
+    assert outside == {}
