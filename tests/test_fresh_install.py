@@ -70,21 +70,19 @@ def test_readme_first_command_resolves_every_oracle_episode(fresh_venv: Path, tm
     assert left == []
 
 
+# Where each module would be loaded from (find_spec: an optional extra the bare venv lacks,
+# such as aiodocker, does not stop the look-up of a module that needs it).
 SUBPACKAGES = """
-import importlib, json, pkgutil, sys
+import importlib, importlib.util, json, pkgutil
 import orchard_async
 names = ["orchard_async"]
-for info in pkgutil.walk_packages(orchard_async.__path__, "orchard_async."):
+for info in pkgutil.walk_packages(orchard_async.__path__, "orchard_async.", onerror=lambda name: None):
     names.append(info.name)
 for top in ("adapters", "recipes", "bench"):
     package = importlib.import_module(f"orchard_async.{top}")
-    names += [info.name for info in pkgutil.walk_packages(package.__path__, f"orchard_async.{top}.")]
-files = {}
-for name in names:
-    if name.endswith("__main__") or ".inside" in name or ".sandbox." in name or ".repos" in name or ".builtin." in name:
-        continue  # scripts that run inside sandboxes, and tasks' own repositories
-    files[name] = importlib.import_module(name).__file__
-print(json.dumps(files))
+    names.append(package.__name__)
+    names += [i.name for i in pkgutil.walk_packages(package.__path__, f"orchard_async.{top}.", onerror=lambda n: None)]
+print(json.dumps({name: importlib.util.find_spec(name).origin for name in names}))
 """
 
 
