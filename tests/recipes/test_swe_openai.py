@@ -10,14 +10,9 @@ import anyio
 import pytest
 
 import orchard_async as oa
+from orchard_async.models.client import ChatClient, ModelConfig, is_context_error, parse_completion
 from orchard_async.recipes import swe
-from orchard_async.recipes.swe.openai_policy import (
-    ChatClient,
-    ModelConfig,
-    OpenAIPolicy,
-    is_context_error,
-    parse_completion,
-)
+from orchard_async.recipes.swe.openai_policy import OpenAIPolicy
 from tests.recipes.swe_support import Reply, assistant_turns, chat_reply, run_rollout
 
 REPRO = "python3 -c \"from textkit import slugify; print(slugify('Crème Brûlée'))\""

@@ -28,7 +28,7 @@ from tests.view.conftest import VIEW_COMMAND
 CHROMIUM = "/usr/bin/chromium"
 # The command as the installed package runs it (the entry point may predate this checkout's metadata).
 LAUNCHER = (
-    "import sys; from orchard_async import cli; "
+    "import sys; from orchard_async.apps import cli; "
     f"cli.OUTSIDE_COMMANDS.setdefault('view', {VIEW_COMMAND!r}); sys.exit(cli.main())"
 )
 
