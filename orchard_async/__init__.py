@@ -4,9 +4,10 @@ The public API. Everything not re-exported here is private.
 """
 
 from orchard_async import _checkout  # noqa: F401 - a checkout's adapters, recipes and bench are its own
-from orchard_async.engine.episode import Episode, render
+from orchard_async.engine.episode import render
+from orchard_async.engine.plan import Episode, plan
 from orchard_async.engine.pool import Pool
-from orchard_async.engine.rollout import collect, plan, rollout
+from orchard_async.engine.rollout import collect, rollout
 from orchard_async.errors import (
     AdapterUnavailable,
     BackendUnavailable,

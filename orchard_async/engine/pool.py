@@ -145,6 +145,11 @@ class Pool(BackgroundOwner):
         await self._warm.trim(specs)
 
     @property
+    def warming(self) -> bool:
+        """Whether any spec is being kept warm (a count above 0)."""
+        return any(shelf.target for shelf in self._warm.shelves.values())
+
+    @property
     def warm_stats(self) -> dict[str, int]:
         """hits, claimed (an acquire took over a warm create under way), misses, created,
         failed, expired (too old to hand out), dead (failed the check); and ``ready`` now."""
@@ -154,4 +159,4 @@ class Pool(BackgroundOwner):
     async def close(self) -> None:
         """Close the warm sandboxes and stop creating them (the handed-out ones are their
         holders' to close). The pool may be used again afterwards."""
-        await self._warm.aclose()
+        await self._warm.close()

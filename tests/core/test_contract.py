@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 
 import orchard_async as oa
-from orchard_async.engine.episode import RecordingSandbox
+from orchard_async.engine.recording import RecordingSandbox
 from orchard_async.kit.sandbox import ShellSandbox, ShellSession
 
 
