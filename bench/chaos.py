@@ -32,7 +32,7 @@ from typing import Any
 
 import anyio
 
-from orchard_async import Pool, SandboxSpec, collect, get_adapter, read_trajectories, rollout
+from orchard_async import EndReason, Pool, SandboxSpec, collect, get_adapter, read_trajectories, rollout
 from orchard_async.bench.common import TrackingAdapter, close_and_count, open_adapter
 from orchard_async.bench.report import Row
 from orchard_async.bench.scenario import Outcome
@@ -96,7 +96,7 @@ async def chaos_sim(
     faults = {
         "creates_attempted": inner.creates,
         "creates_failed": inner.creates - inner.created,
-        "sandboxes_died": retries.get("sandbox_lost", 0) + ends.get("sandbox_lost", 0),
+        "sandboxes_died": retries.get(EndReason.SANDBOX_LOST, 0) + ends.get(EndReason.SANDBOX_LOST, 0),
         "commands_timed_out": command_reasons.get("timeout", 0),
     }
     row("injected: failed creates (incl. outage)", faults["creates_failed"])

@@ -228,7 +228,7 @@ def sft_records(
         if not is_scored(trajectory):
             skipped[unscored_reason(trajectory)] += 1
         elif trajectory.end_reason == EndReason.PARSE_FAILURES:  # its chat ends in replies that are not actions
-            skipped["parse_failures"] += 1
+            skipped[EndReason.PARSE_FAILURES] += 1
         elif (min_reward is None or only_resolved) and not trajectory.success:
             skipped["unresolved"] += 1
         elif min_reward is not None and not trajectory.reward >= min_reward:
