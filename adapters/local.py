@@ -299,7 +299,7 @@ class LocalAdapter:
             await client.start(str(ctl))
             server.pid = _host_pid(process.pid, client.server_pid, nested=self.namespaces)
         except (SandboxLost, OSError, anyio.BrokenResourceError) as exc:
-            await client.aclose()
+            await client.close()
             await self._stop(process, base, cgroup)
             log_tail = _tail(log_reader)
             log_reader.close()
@@ -310,7 +310,7 @@ class LocalAdapter:
 
         async def teardown() -> None:
             self._live.pop(sandbox_id, None)
-            await client.aclose()
+            await client.close()
             await self._stop(process, base, cgroup)
 
         sandbox = ShellSandbox(

@@ -29,6 +29,7 @@ from collections import Counter
 import anyio
 
 from orchard_async import Pool, Trajectory, load_recipe, rollout, summarize
+from orchard_async.apps.cli import close_policy
 from orchard_async.bench.common import ForkingTrackingAdapter, TrackingAdapter, close_and_count, open_adapter
 from orchard_async.bench.report import Comparison, Row, ms_percentiles
 from orchard_async.bench.scenario import Outcome
@@ -137,10 +138,8 @@ async def run_episodes(
             await adapter.close()
         raise
     finally:
-        aclose = getattr(agent, "aclose", None)  # optional (Policy): a model policy's HTTP client
-        if aclose is not None:
-            with anyio.CancelScope(shield=True):
-                await aclose()
+        with anyio.CancelScope(shield=True):
+            await close_policy(agent)  # optional (Policy): a model policy's HTTP client
     ours = adapter.created + (forking.created if forking else [])
     leftovers = await close_and_count(adapter, adapter_name, adapter_options or {}, ours)
     if forking is not None:

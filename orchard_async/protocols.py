@@ -241,10 +241,11 @@ class Policy(Protocol):
     ``ContextExhausted`` ends it and scores what the agent left; any other exception ends
     it as ``policy_error``.
 
-    Optional: ``async def aclose(self) -> None``, for a policy that holds resources (a
+    Optional: ``async def close(self) -> None``, for a policy that holds resources (a
     model policy's HTTP client). Whoever made the policy calls it once when done with it
     (the CLI does, after the run); the rollout engine never does, since one policy serves
-    every episode."""
+    every episode. (A policy written when this was ``aclose`` is still closed by the CLI,
+    with a DeprecationWarning.)"""
 
     name: str
 

@@ -287,7 +287,7 @@ class KubernetesAdapter(BackgroundOwner):
             # The websockets' close handshakes (up to seconds while the kubelet is busy
             # killing the pod) are not the caller's to wait for: they run in the background,
             # and close() waits for them (they end by themselves: CLOSE_TIMEOUT bounds each).
-            self._background.start_soon(client.aclose, cancel_on_close=False)
+            self._background.start_soon(client.close, cancel_on_close=False)
             self._background.start_soon(close_streams, relays, cancel_on_close=False)
 
         opener = functools.partial(self._open_stream, PodRef(self.namespace, name))
@@ -548,14 +548,14 @@ class KubernetesAdapter(BackgroundOwner):
             for snapshot_id in list(self.forks.taken):
                 await self.drop_snapshot(snapshot_id)
             # the watch and the retrier are cancelled, the close handshakes waited for
-            await self._background.aclose()
+            await self._background.close()
             if self._unremoved and self.api.started:
                 await container_shell.concurrently(
                     *(functools.partial(self._remove_quietly, name, allow) for name, allow in self._unremoved.items())
                 )
             self.informer = None
             self._namespace_ready = False
-            await self.transport.aclose()
+            await self.transport.close()
             await self.api.close()
             self._started = False
 

@@ -60,7 +60,7 @@ class Transport(Protocol):
 
     async def run(self, pod: PodRef, command: list[str], timeout: float) -> tuple[int | None, bytes, bytes]: ...
 
-    async def aclose(self) -> None: ...
+    async def close(self) -> None: ...
 
 
 class WebSocketConnection:
@@ -178,7 +178,7 @@ class ExecTransport:
                 await connection.close()
         return exit_code(status), bytes(out), bytes(err)
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
             self._client = None

@@ -15,6 +15,7 @@ import contextlib
 import json
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -119,6 +120,20 @@ def make_adapter(name: str, options: str | dict[str, Any] | None) -> Adapter:
 # -- rollouts ------------------------------------------------------------------------------
 
 
+async def close_policy(policy: object) -> None:
+    """A policy's optional ``close`` (protocols.Policy: a model policy's HTTP client). One
+    written when the verb was ``aclose`` is closed too, with a DeprecationWarning."""
+    close = getattr(policy, "close", None)
+    if close is None:
+        close = getattr(policy, "aclose", None)
+        if close is None:
+            return
+        warnings.warn(
+            f"{type(policy).__name__}.aclose(): a policy's end verb is close() now", DeprecationWarning, stacklevel=2
+        )
+    await close()
+
+
 async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, replace: bool) -> int:
     """Everything that can be wrong is checked before the first sandbox: the --out path by
     the caller (kind, name, writable), then adapter options, recipe, tasks, the plan,
@@ -187,9 +202,7 @@ async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, re
             with anyio.CancelScope(shield=True):
                 if adapter is not None:
                     leaked = len(await adapter.list_owned())
-                aclose = getattr(policy, "aclose", None)  # optional (protocols.Policy): a model's HTTP client
-                if aclose is not None:
-                    await aclose()
+                await close_policy(policy)
     summary = summarize(finished, wall_s=time.perf_counter() - started, leaked=leaked)
     print_summary(summary, title=f"{args.recipe} · {policy.name} · {args.adapter}")
     if result.skipped:

@@ -289,7 +289,7 @@ class WarmStock:
         if keeper is not None:
             keeper.cancel()
         await self.trim()
-        await self._background.aclose()
+        await self._background.close()
 
 
 def _labelled(sandbox: Sandbox, spec: SandboxSpec) -> Sandbox:

@@ -251,7 +251,7 @@ class ChatClient:
             await anyio.sleep(wait)
         raise ModelUnavailable(f"{self.url}: gave up after {self.config.max_retries + 1} attempts; last error: {last}")
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         if self._client is not None:
             await self._client.aclose()
             self._client = None

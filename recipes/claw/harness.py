@@ -168,7 +168,7 @@ class HarnessPolicy:
         output = result.text + result.error_text
         return HarnessRun(calls, result.exit_code, result.reason.value, output[-OUTPUT_TAIL:])
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         if self.proxy is not None:
-            await self.proxy.aclose()
+            await self.proxy.close()
             self.proxy = None

@@ -72,7 +72,7 @@ class ClawJudge:
         except Exception as exc:  # the model's own error (a 4xx): no verdict either
             raise VerifierError(f"the llm_judge model failed: {type(exc).__name__}: {exc}") from exc
         finally:
-            await client.aclose()
+            await client.close()
         if completion.content is None:
             raise VerifierError(f"the llm_judge reply could not be read: {completion.error}")
         decided = verdict(completion.content)

@@ -209,8 +209,8 @@ class ToolCallingPolicy:
             await anyio.sleep(wait)
         raise ModelUnavailable(f"{url}: gave up after {attempt + 1} attempts; last error: {last}")
 
-    async def aclose(self) -> None:
-        await self.http.aclose()
+    async def close(self) -> None:
+        await self.http.close()
 
 
 def _first_message(reply: Any) -> dict[str, Any] | None:

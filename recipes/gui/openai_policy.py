@@ -99,8 +99,8 @@ class GuiOpenAIPolicy:
         urls = {digest: f"data:image/png;base64,{image}" if image else None for digest, image in cache.items()}
         return fill_images(messages, urls)
 
-    async def aclose(self) -> None:
-        await self.client.aclose()
+    async def close(self) -> None:
+        await self.client.close()
 
 
 async def _screenshot(observation: Observation, digest: str) -> bytes | None:

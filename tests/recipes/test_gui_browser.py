@@ -285,7 +285,7 @@ def test_a_model_over_http_sees_screenshots_and_the_tree_and_solves_a_task(tmp_p
         try:
             return await run_rollout([task], policy, tmp_path / "root")
         finally:
-            await policy.aclose()
+            await policy.close()
 
     run = anyio.run(episode)
     (trajectory,) = run.trajectories
@@ -318,7 +318,7 @@ def test_a_model_that_never_gives_an_action_ends_parse_failures_and_is_scored(tm
         try:
             return await run_rollout([task], policy, tmp_path / "root")
         finally:
-            await policy.aclose()
+            await policy.close()
 
     run = anyio.run(episode)
     (trajectory,) = run.trajectories
