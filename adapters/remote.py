@@ -43,11 +43,12 @@ from orchard_async.errors import (
     SandboxLost,
 )
 from orchard_async.kit.deadline import explained_deadline
+from orchard_async.kit.retry import Attempts, Backoff, retry_after
 from orchard_async.protocols import DEFAULT_EXEC_TIMEOUT
 from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec, check_env, check_timeout
 
 RETRY_FOR = 30.0  # seconds a call retries a service that does not answer, or answers 503
-FIRST_PAUSE, MAX_PAUSE = 0.25, 2.0  # between retries of a call that got no answer (doubling)
+NO_ANSWER_BACKOFF = Backoff(0.25, cap=2.0)  # between retries of a call that got no answer
 MAX_RETRY_AFTER = 30.0
 DOCTOR_RETRY_FOR = 2.0  # `doctor` says at once that no service answers
 WAIT_STEP = 300  # seconds per /wait call while a sandbox is being made
@@ -284,8 +285,10 @@ class RemoteAdapter:
         """The call's answer, after retrying connection errors and 503s until ``until`` (default:
         ``retry_for`` seconds from now). Every call the library makes is safe to repeat: reads,
         DELETEs, creates (they name their sandbox) and execs (``Idempotency-Key``)."""
-        give_up = anyio.current_time() + self.retry_for if until is None else until
-        pause, reached = FIRST_PAUSE, False
+        attempts = Attempts(
+            NO_ANSWER_BACKOFF, deadline=anyio.current_time() + self.retry_for if until is None else until
+        )
+        reached = False
         while True:
             sent = dict(headers or {})
             if reached and "Idempotency-Key" in sent:
@@ -295,14 +298,16 @@ class RemoteAdapter:
             except TRANSPORT_ERRORS as exc:
                 # a refused connection reached nothing; any other failure may have come after the request
                 reached = reached or not isinstance(exc, aiohttp.ClientConnectorError)
-                if anyio.current_time() + pause > give_up:
+                pause = attempts.next_pause()
+                if pause is None:
                     raise BackendUnavailable(f"the service at {self.url} did not answer: {exc!r}") from None
                 await anyio.sleep(pause)
-                pause = min(pause * 2, MAX_PAUSE)
                 continue
             if response.status_code == 503:
-                wait = min(float(response.headers.get("Retry-After", 1)), MAX_RETRY_AFTER)
-                if anyio.current_time() + wait <= give_up:
+                # the service answered: its Retry-After paces the next try, not the backoff
+                asked = retry_after(response.headers.get("Retry-After"))
+                wait = min(1.0 if asked is None else asked, MAX_RETRY_AFTER)
+                if attempts.fits(wait):
                     await anyio.sleep(wait)
                     continue
             return response

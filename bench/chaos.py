@@ -37,6 +37,7 @@ from orchard_async.bench.common import TrackingAdapter, close_and_count, open_ad
 from orchard_async.bench.report import Row
 from orchard_async.bench.scenario import Outcome
 from orchard_async.bench.tasks import RepeatPolicy, steps_tasks
+from orchard_async.kit import procfs
 
 SIM_FAULTS: dict[str, Any] = {
     "seed": 7,
@@ -160,16 +161,7 @@ class LocalProbe(Probe):
         # Every process of a local sandbox inherits variables pointing into its directory
         # (HOME, the adapter's sandbox variable): match on the value, not a variable's name.
         marker = b"=" + str(self.root).encode() + b"/"
-        processes = 0
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                environ = Path(entry.path, "environ").read_bytes()
-            except OSError:
-                continue
-            if marker in environ:
-                processes += 1
+        processes = sum(marker in environ for pid, environ in procfs.environs() if pid != os.getpid())
         return {"sandboxes": len(dirs), "processes": processes}
 
 

@@ -21,6 +21,7 @@ from orchard_async.errors import (
     SandboxLost,
     VerifierError,
 )
+from orchard_async.kit.labels import episode_label
 from orchard_async.kit.streams import SandboxStream, SandboxTransport, connect, forward
 from orchard_async.protocols import (
     DEFAULT_EXEC_TIMEOUT,
@@ -94,6 +95,7 @@ __all__ = [
     "check_trajectory_file",
     "collect",
     "connect",
+    "episode_label",
     "forward",
     "get_adapter",
     "load_recipe",

@@ -49,6 +49,7 @@ from orchard_async.kit import labels as names
 from orchard_async.kit.background import Background, BackgroundOwner
 from orchard_async.kit.deadline import explained_deadline
 from orchard_async.kit.exec_streams import OutputStream, close_streams
+from orchard_async.kit.retry import Backoff
 from orchard_async.kit.sandbox import ShellSandbox
 from orchard_async.kit.shell import CgroupShellClient, ShellClient
 from orchard_async.protocols import Sandbox
@@ -57,6 +58,7 @@ from orchard_async.types import SandboxSpec
 DEFAULT_NAMESPACE = "orchard"
 DEFAULT_IMAGE = "local/busybox:1"
 INTERRUPT_TIMEOUT = 10.0
+DELETION_BACKOFF = Backoff(1.0, cap=15.0)  # between background sweeps of unconfirmed deletions
 IMAGE_HINT = (
     "check the image name; on a cluster without a registry import it into the node's runtime "
     "(`orchard-async images build --adapter kubernetes` on a one-node cluster)"
@@ -493,13 +495,13 @@ class KubernetesAdapter(BackgroundOwner):
         stopped = self._retrying = anyio.Event()
 
         async def retry() -> None:
-            delay = 1.0
+            sweeps = 0
             try:
                 while self._unremoved:
-                    await anyio.sleep(delay)
+                    await anyio.sleep(DELETION_BACKOFF.delay(sweeps))
                     for name, allow in list(self._unremoved.items()):
                         await self._remove_quietly(name, allow)
-                    delay = min(delay * 2, 15.0)
+                    sweeps += 1
             finally:
                 stopped.set()
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from orchard_async import Action, ModelUnavailable, Observation
+from orchard_async import Action, ModelUnavailable, Observation, episode_label
 from orchard_async.images import ImageSpec
 from orchard_async.models.client import ModelConfig
 from orchard_async.models.proxy import ModelCall, ModelProxy, Upstream, serve_into
@@ -66,14 +65,6 @@ PRESETS: dict[str, tuple[str, dict[str, Path]]] = {
 HARNESS_ENV = "ORCHARD_CLAW_HARNESS"
 OUTPUT_TAIL = 4000  # characters of the harness's output kept in the last step
 SCORING_MARGIN = 0.9  # of the agent's remaining time the harness may use: the replay steps need the rest
-
-_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
-
-
-def episode_label(episode_id: str) -> str:
-    """The ``orchard.episode`` label the episode loop gives the sandbox (see orchard_async.engine.episode)."""
-    cleaned = _LABEL_UNSAFE.sub("-", episode_id)
-    return cleaned[-63:].strip("-_.") or "episode"
 
 
 @dataclass

@@ -39,7 +39,16 @@ from typing import Any
 
 import msgspec
 
-from orchard_async import ConfigError, CreateFailed, Reward, Sandbox, SandboxLost, SandboxSpec, VerifierError
+from orchard_async import (
+    ConfigError,
+    CreateFailed,
+    Reward,
+    Sandbox,
+    SandboxLost,
+    SandboxSpec,
+    VerifierError,
+    episode_label,
+)
 from orchard_async.images import ImageSpec
 from orchard_async.models.client import judge_config
 from orchard_async.recipes.gui import actions
@@ -110,13 +119,6 @@ class _Live:
     sandbox: Sandbox
     key: bytes
     page: str = ""
-
-
-def _label_safe(value: str) -> str:
-    """The episode label the rollout engine gives a sandbox (orchard.episode), to find an
-    episode's sandbox from its id (same rule as the core's)."""
-    cleaned = re.sub(r"[^A-Za-z0-9_.\-]", "-", value)
-    return cleaned[-63:].strip("-_.") or "episode"
 
 
 @dataclass
@@ -200,7 +202,7 @@ class GuiTask:
 
     async def screenshot(self, episode_id: str, digest: str) -> bytes | None:
         """A screenshot of a live episode by its hash (what a model policy shows its model)."""
-        live = self._by_episode.get(_label_safe(episode_id))
+        live = self._by_episode.get(episode_label(episode_id))
         if live is None or not re.fullmatch(r"[0-9a-f]{64}", digest):
             return None
         try:
