@@ -17,7 +17,6 @@ Everything the engine decides before it touches a sandbox is here, and only here
 
 from __future__ import annotations
 
-import re
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -90,7 +89,11 @@ def agent_spec(episode: Episode, attempt: int) -> SandboxSpec:
     return msgspec.structs.replace(
         task.spec,
         ttl=task.deadline + TTL_MARGIN,
-        labels={**task.spec.labels, names.EPISODE: _label_safe(episode.episode_id), names.ATTEMPT: str(attempt)},
+        labels={
+            **task.spec.labels,
+            names.EPISODE: names.episode_label(episode.episode_id),
+            names.ATTEMPT: str(attempt),
+        },
     )
 
 
@@ -126,14 +129,6 @@ def episode_specs(task: Task, *, forked: bool = False, leader: bool = False) -> 
 
 def _in_role(spec: SandboxSpec, role: str) -> SandboxSpec:
     return msgspec.structs.replace(spec, labels={**spec.labels, names.ROLE: role})
-
-
-_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
-
-
-def _label_safe(value: str) -> str:
-    cleaned = _LABEL_UNSAFE.sub("-", value)
-    return cleaned[-63:].strip("-_.") or "episode"
 
 
 # -- groups set up once and forked -----------------------------------------------------------

@@ -21,7 +21,6 @@ the pool's own task group (``orchard_async.kit.background``) under the same admi
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -31,6 +30,7 @@ import anyio
 from orchard_async.engine.warm import DEFAULT_MAX_IDLE, WARM_STATS, WarmStock
 from orchard_async.errors import BackendUnavailable, ConfigError, CreateFailed
 from orchard_async.kit.background import Background, BackgroundOwner
+from orchard_async.kit.retry import Backoff
 from orchard_async.protocols import Adapter, Sandbox
 from orchard_async.types import SandboxSpec
 
@@ -114,7 +114,7 @@ class Pool(BackgroundOwner):
 
     def _backend_failed(self) -> None:
         self._failures += 1
-        pause = min(self.max_backoff, 0.05 * 2 ** min(self._failures, 20)) * random.uniform(0.5, 1.0)
+        pause = Backoff(0.05, cap=self.max_backoff, jitter=(0.5, 1.0)).delay(self._failures)
         self._resume_at = max(self._resume_at, time.monotonic() + pause)
 
     async def close_sandbox(self, sandbox: Sandbox) -> None:

@@ -13,7 +13,6 @@ policy's mistakes are not retried.
 
 from __future__ import annotations
 
-import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -28,6 +27,7 @@ from orchard_async.engine.groups import GroupSetups, group_setups
 from orchard_async.engine.plan import Episode, episode_count, leaders_ahead, plan, warm_ahead
 from orchard_async.engine.pool import Pool
 from orchard_async.errors import ConfigError, InfraError
+from orchard_async.kit.retry import Backoff
 from orchard_async.protocols import Adapter
 from orchard_async.records.paths import check_output_file
 from orchard_async.records.trajectory import (
@@ -73,7 +73,7 @@ async def run_with_retries(
                 )
             )
             if attempt < max_retries:
-                await anyio.sleep(retry_backoff * 2**attempt * random.uniform(0.5, 1.0))
+                await anyio.sleep(Backoff(retry_backoff, jitter=(0.5, 1.0)).delay(attempt))
             continue
         trajectory.retries = retries
         return trajectory
