@@ -45,7 +45,15 @@ from orchard_async.records.trajectory import (
     read_run_header,
     read_trajectories,
 )
-from orchard_async.runtime import get_adapter, load_recipe, loop_choice, recipe_names, run
+from orchard_async.runtime import (
+    RecipeOptions,
+    get_adapter,
+    load_recipe,
+    loop_choice,
+    recipe_names,
+    recipe_option,
+    run,
+)
 from orchard_async.task import Observation, Reward
 from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec
 
@@ -75,6 +83,7 @@ __all__ = [
     "Policy",
     "Pool",
     "Recipe",
+    "RecipeOptions",
     "Retry",
     "Reward",
     "Sandbox",
@@ -102,6 +111,7 @@ __all__ = [
     "read_run_header",
     "read_trajectories",
     "recipe_names",
+    "recipe_option",
     "render",
     "rollout",
     "run",
