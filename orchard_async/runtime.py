@@ -322,7 +322,7 @@ class RecipeOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
         raw: dict[str, str] = {}
         variable: dict[str, str] = {}
         for info in cls.fields():
-            value = env.get(info.env) if info.env else None
+            value = env.get(info.env) if info.env and info.name not in given else None  # given: not even read
             if value is None or (not value.strip() and not info.empty_is_value):
                 continue
             value = value.strip()
