@@ -162,8 +162,9 @@ async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, re
                 "task_source": args.tasks,
                 "adapter_options": {k: v for k, v in sorted(options.items()) if k not in OPERATIONAL_OPTIONS},
             }
-            if in_force is not None and in_force.run_header(given):  # only when given: older runs still resume
-                header["recipe_options"] = in_force.run_header(given)
+            recorded = in_force.run_header(given) if in_force is not None else {}
+            if recorded:  # only the options given, and only then: a run from before options still resumes
+                header["recipe_options"] = recorded
             if isinstance(getattr(adapter, "image", None), str):  # the image in force, default or not
                 header["image"] = adapter.image  # type: ignore[attr-defined]
             started = time.perf_counter()
