@@ -47,7 +47,15 @@ from orchard_async.records.trajectory import (
     read_run_header,
     read_trajectories,
 )
-from orchard_async.runtime import get_adapter, load_recipe, loop_choice, recipe_names, run
+from orchard_async.runtime import (
+    RecipeOptions,
+    get_adapter,
+    load_recipe,
+    loop_choice,
+    recipe_names,
+    recipe_option,
+    run,
+)
 from orchard_async.task import Observation, Reward
 from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec
 
@@ -77,6 +85,7 @@ __all__ = [
     "Policy",
     "Pool",
     "Recipe",
+    "RecipeOptions",
     "Retry",
     "Reward",
     "Sandbox",
@@ -105,6 +114,7 @@ __all__ = [
     "read_run_header",
     "read_trajectories",
     "recipe_names",
+    "recipe_option",
     "render",
     "rollout",
     "run",

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from orchard_async.types import ExecResult, FileInfo, SandboxSpec
 
@@ -263,10 +263,15 @@ class Recipe(Protocol):
         [project.entry-points."orchard_async.recipes"]
         swe = "orchard_async.recipes.swe"
 
-    * ``load_tasks(source)``: the tasks for ``--tasks SOURCE`` (``"builtin"`` by default);
-      a source it does not know is a ``ConfigError``.
-    * ``make_policy(name)``: the policy for ``--policy NAME``; an unknown one is a ``ConfigError``.
+    * ``load_tasks(source, options=None)``: the tasks for ``--tasks SOURCE`` (``"builtin"``
+      by default); a source it does not know is a ``ConfigError``.
+    * ``make_policy(name, options=None)``: the policy for ``--policy NAME``; an unknown one is
+      a ``ConfigError``.
     * ``POLICIES``: the policy names ``make_policy`` takes.
+    * optional ``OPTIONS``: its options, a ``RecipeOptions`` struct (``--recipe-options JSON``).
+      Both functions take ``options``: the struct, or a mapping of its fields (keywords too),
+      checked against it; an ``ORCHARD_*`` variable is only an option's default. A recipe
+      without ``OPTIONS`` takes none and is called without ``options``.
     * optional ``IMAGES``: the ``ImageSpec``s of the images its sandboxes run
       (``orchard-async images build`` builds them).
 
@@ -282,6 +287,6 @@ class Recipe(Protocol):
 
     POLICIES: Collection[str]
 
-    def load_tasks(self, source: str) -> Sequence[Task]: ...
+    def load_tasks(self, source: str, options: Any = None) -> Sequence[Task]: ...
 
-    def make_policy(self, name: str) -> Policy: ...
+    def make_policy(self, name: str, options: Any = None) -> Policy: ...

@@ -2,16 +2,36 @@
 
 Five small shell chores with programmatic scoring, each in a few seeded variants, and two
 scripted policies: ``oracle`` (solves every task in a few steps) and ``random`` (plausible
-commands, usually wrong). Built only on the public core API, like every recipe.
+commands, usually wrong). Options (``ToyOptions``): how many variants, the random policy's
+seed. Built only on the public core API, like every recipe.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar
 
-from orchard_async import Action, ConfigError, Observation, Reward, Sandbox, SandboxSpec
+from orchard_async import (
+    Action,
+    ConfigError,
+    Observation,
+    RecipeOptions,
+    Reward,
+    Sandbox,
+    SandboxSpec,
+    recipe_option,
+)
+
+
+class ToyOptions(RecipeOptions):
+    """The toy recipe's options (``--recipe-options``, or keywords of ``load_tasks`` and ``make_policy``)."""
+
+    RECIPE: ClassVar[str] = "toy"
+
+    variants: Annotated[int, recipe_option("seeded variants of each of the five chores", ge=1)] = 2
+    seed: Annotated[int, recipe_option("the random policy's seed")] = 0
 
 
 @dataclass
@@ -163,17 +183,26 @@ class RandomPolicy:
         return Action(command=rng.choice(self.COMMANDS))
 
 
-POLICIES = {"oracle": OraclePolicy, "random": RandomPolicy}
+POLICIES = ("oracle", "random")
+OPTIONS = ToyOptions  # what `--recipe-options` takes
 
 
-def load_tasks(source: str = "builtin") -> list[ShellTask]:
+def load_tasks(
+    source: str = "builtin", options: ToyOptions | Mapping[str, Any] | None = None, **keywords: Any
+) -> list[ShellTask]:
     """The recipe's task loader (`--tasks`): only the built-in set exists for the toy recipe."""
+    opts = ToyOptions.resolve(options, **keywords)
     if source != "builtin":
         raise ConfigError(f"the toy recipe has only built-in tasks; got --tasks {source!r}")
-    return builtin_tasks()
+    return builtin_tasks(opts.variants)
 
 
-def make_policy(name: str) -> OraclePolicy | RandomPolicy:
-    if name not in POLICIES:
-        raise ConfigError(f"unknown policy {name!r} for the toy recipe; choose one of: {', '.join(POLICIES)}")
-    return POLICIES[name]()
+def make_policy(
+    name: str, options: ToyOptions | Mapping[str, Any] | None = None, **keywords: Any
+) -> OraclePolicy | RandomPolicy:
+    opts = ToyOptions.resolve(options, **keywords)
+    if name == "oracle":
+        return OraclePolicy()
+    if name == "random":
+        return RandomPolicy(opts.seed)
+    raise ConfigError(f"unknown policy {name!r} for the toy recipe; choose one of: {', '.join(POLICIES)}")

@@ -29,7 +29,7 @@ from rich.table import Table
 
 from orchard_async.engine.rollout import collect, plan
 from orchard_async.errors import AdapterUnavailable, ConfigError, OrchardError
-from orchard_async.protocols import Adapter
+from orchard_async.protocols import Adapter, Recipe
 from orchard_async.records.paths import check_output_dir, check_output_file
 from orchard_async.records.summary import Summary, summarize, to_json
 from orchard_async.records.trajectory import (
@@ -48,6 +48,7 @@ from orchard_async.runtime import (
     recipe_commands,
     recipe_names,
     recipe_of,
+    recipe_options,
     run,
 )
 
@@ -112,6 +113,24 @@ def parse_adapter_options(options: str | None) -> dict[str, Any]:
     return parsed
 
 
+def parse_recipe_options(options: str | None, name: str, recipe: Recipe) -> dict[str, Any]:
+    """``--recipe-options`` as a dict; what is not a JSON object is a ConfigError that names the
+    recipe's options (their types are checked by ``recipe_options``)."""
+    options_class = getattr(recipe, "OPTIONS", None)
+    known = (
+        f"the {name} recipe's options are: {options_class.names()}"
+        if options_class
+        else f"the {name} recipe takes none"
+    )
+    try:
+        parsed = json.loads(options) if options else {}
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--recipe-options is not valid JSON ({exc}); {known}") from None
+    if not isinstance(parsed, dict):
+        raise ConfigError(f"--recipe-options must be a JSON object like '{{\"key\": value}}', got {options}; {known}")
+    return parsed
+
+
 def make_adapter(name: str, options: str | dict[str, Any] | None) -> Adapter:
     parsed = options if isinstance(options, dict) else parse_adapter_options(options)
     return get_adapter(name, **parsed)
@@ -136,13 +155,16 @@ async def close_policy(policy: object) -> None:
 
 async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, replace: bool) -> int:
     """Everything that can be wrong is checked before the first sandbox: the --out path by
-    the caller (kind, name, writable), then adapter options, recipe, tasks, the plan,
-    policy, the adapter, and in ``collect`` the existing file (on resume: the same run)."""
+    the caller (kind, name, writable), then adapter options, recipe, its options, tasks, the
+    plan, policy, the adapter, and in ``collect`` the existing file (on resume: the same run)."""
     options = parse_adapter_options(args.adapter_options)
     recipe = load_recipe(args.recipe)
-    tasks = recipe.load_tasks(args.tasks)
+    given = parse_recipe_options(args.recipe_options, args.recipe, recipe)
+    in_force = recipe_options(args.recipe, recipe, given)
+    with_options = {} if in_force is None else {"options": in_force}  # a recipe without OPTIONS is called as before
+    tasks = recipe.load_tasks(args.tasks, **with_options)
     plan(tasks, args.episodes, args.group_size)
-    policy = recipe.make_policy(args.policy)
+    policy = recipe.make_policy(args.policy, **with_options)
     adapter: Adapter | None = None
     finished: list[Trajectory] = []
     leaked: int | None = None
@@ -155,6 +177,9 @@ async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, re
                 "task_source": args.tasks,
                 "adapter_options": {k: v for k, v in sorted(options.items()) if k not in OPERATIONAL_OPTIONS},
             }
+            recorded = in_force.run_header(given) if in_force is not None else {}
+            if recorded:  # only the options given, and only then: a run from before options still resumes
+                header["recipe_options"] = recorded
             if isinstance(getattr(adapter, "image", None), str):  # the image in force, default or not
                 header["image"] = adapter.image  # type: ignore[attr-defined]
             started = time.perf_counter()
@@ -403,6 +428,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     def rollout_options(p: argparse.ArgumentParser, *, episodes: int, concurrency: int) -> None:
         p.add_argument("--adapter", default="local", help=f"one of {', '.join(ADAPTERS)} (default local)")
         p.add_argument("--adapter-options", help="JSON object of adapter options")
+        p.add_argument(
+            "--recipe-options",
+            help="JSON object of the recipe's options (docs/variables.md; its ORCHARD_* variables are their defaults)",
+        )
         p.add_argument("--episodes", type=_at_least(1), default=episodes, help=f"episodes to run (default {episodes})")
         p.add_argument(
             "--concurrency", type=_at_least(1), default=concurrency, help=f"episodes at once (default {concurrency})"

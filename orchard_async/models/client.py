@@ -11,7 +11,7 @@
   error: never a reward;
 * any other rejected request -> ``ModelError``: the episode ends as ``policy_error``.
 
-Variables (``ModelConfig.from_env``):
+Variables (``ModelConfig.from_env``; ``ENVIRONMENT`` below declares them for docs/variables.md):
 
     OPENAI_BASE_URL            endpoint root, e.g. http://127.0.0.1:8000/v1 (default https://api.openai.com/v1)
     OPENAI_API_KEY             bearer token (optional for local servers)
@@ -23,6 +23,10 @@ Variables (``ModelConfig.from_env``):
     ORCHARD_MAX_TOKENS         completion tokens per reply (default: the server's)
     ORCHARD_TOKEN_BUDGET       total tokens per episode before it is submitted (default 1000000; 0 = none)
     ORCHARD_EXTRA_BODY         JSON object merged into every request body (e.g. {"top_p": 0.95})
+
+Model settings are not recipe options: one model client serves every recipe's policy, its
+judges and the recording proxy, and an endpoint's key does not belong on a command line. From
+Python, a ``ModelConfig`` built by hand is the typed way to give them.
 """
 
 from __future__ import annotations
@@ -74,6 +78,22 @@ class Completion:
     usage: dict[str, int] = field(default_factory=dict)
     error: str = ""
     finish_reason: str = ""
+
+
+# The variables read here (docs/variables.md): name -> (default, meaning).
+ENVIRONMENT = {
+    "ORCHARD_MODEL": ("(required)", "the model's name as the server knows it (OPENAI_MODEL is accepted too)"),
+    "ORCHARD_MODEL_CONCURRENCY": ("16", "model requests in flight at once, over all episodes"),
+    "ORCHARD_MODEL_RETRIES": ("6", "retries of 408/409/425/429/5xx answers and connection errors"),
+    "ORCHARD_MODEL_TIMEOUT": ("600", "seconds per model request (never past the episode's deadline)"),
+    "ORCHARD_TEMPERATURE": ("(the server's)", "sampling temperature"),
+    "ORCHARD_MAX_TOKENS": ("(the server's)", "completion tokens per reply"),
+    "ORCHARD_TOKEN_BUDGET": ("1000000", "total tokens per episode before it is submitted (0: no budget)"),
+    "ORCHARD_EXTRA_BODY": ("{}", 'JSON object merged into every request body, e.g. {"top_p": 0.95}'),
+    "ORCHARD_JUDGE_MODEL": ("(none: no judge)", "the model of the LLM judges (GUI and Claw llm_judge checks)"),
+    "ORCHARD_JUDGE_BASE_URL": ("$OPENAI_BASE_URL", "the judge model's endpoint"),
+    "ORCHARD_JUDGE_API_KEY": ("$OPENAI_API_KEY", "the judge model's bearer token"),
+}
 
 
 @dataclass
@@ -267,6 +287,7 @@ class ChatClient:
 
 
 def judge_config(environ: Mapping[str, str] | None = None) -> ModelConfig:
+    """The LLM judges' model: ``ORCHARD_JUDGE_*``, the rest as ``ModelConfig.from_env``."""
     env = os.environ if environ is None else environ
     model = env.get("ORCHARD_JUDGE_MODEL", "")
     if not model:
@@ -280,3 +301,9 @@ def judge_config(environ: Mapping[str, str] | None = None) -> ModelConfig:
         "OPENAI_API_KEY": env.get("ORCHARD_JUDGE_API_KEY") or env.get("OPENAI_API_KEY", ""),
     }
     return ModelConfig.from_env(mapped)
+
+
+def judge_config_if_set(environ: Mapping[str, str] | None = None) -> ModelConfig | None:
+    """``judge_config``, or None when no judge model is set (for checks that are skipped without one)."""
+    env = os.environ if environ is None else environ
+    return judge_config(env) if env.get("ORCHARD_JUDGE_MODEL") else None

@@ -11,7 +11,7 @@ sample its advantage within its run-prefixed group. What differs:
   ``{"type": "text"}`` then ``{"type": "image_url", "image_url": {"url": ...}}``, for the
   latest ``screenshots`` observations the model had seen when it gave its last reply
   (older ones say the image was omitted): the conversation as it saw it then;
-* images come from the folder the run kept them in (``ORCHARD_GUI_SCREENSHOTS=DIR``), by
+* images come from the folder the run kept them in (its ``screenshot_dir`` option), by
   hash: ``image_urls="inline"`` (default) puts each in as a ``data:image/png;base64`` URL
   (self-contained records, as an OpenAI-compatible server takes them), ``"file"`` as a
   ``file://`` URL of the PNG (small records; the trainer reads the files). A screenshot the
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -45,7 +44,7 @@ from orchard_async.recipes.gui.conversation import (
     observation_text,
     system_prompt,
 )
-from orchard_async.recipes.gui.openai_policy import DEFAULT_SCREENSHOTS
+from orchard_async.recipes.gui.task import DEFAULT_SCREENSHOTS, GuiOptions
 from orchard_async.records import export as training_data
 
 ImageUrls = Literal["inline", "file"]
@@ -67,7 +66,7 @@ class GuiChats:
         if not self.folder.is_dir():
             raise ConfigError(
                 f"--screenshots {self.folder}: no such folder; give the folder the run kept its screenshots in "
-                "(ORCHARD_GUI_SCREENSHOTS=DIR during `orchard-async run gui`)"
+                "(the screenshot_dir option of `orchard-async run gui`)"
             )
         if addressing not in ("element", "coordinates"):
             raise ConfigError(f"--addressing must be element or coordinates, got {addressing!r}")
@@ -102,7 +101,7 @@ class GuiChats:
         if not path.is_file():
             raise ConfigError(
                 f"screenshot {digest[:12]}… is not in {self.folder}; export from the folder the run kept its "
-                "screenshots in (ORCHARD_GUI_SCREENSHOTS=DIR)"
+                "screenshots in (the run's screenshot_dir option)"
             )
         if self.image_urls == "file":
             return path.resolve().as_uri()
@@ -138,8 +137,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gui = parser.add_argument_group("gui")
     gui.add_argument(
         "--screenshots",
-        default=os.environ.get("ORCHARD_GUI_SCREENSHOTS"),
-        help="the folder the run kept its screenshots in (default: $ORCHARD_GUI_SCREENSHOTS)",
+        help="the folder the run kept its screenshots in (default: the screenshot_dir option's variable, "
+        "docs/variables.md)",
     )
     gui.add_argument(
         "--last-screenshots",
@@ -158,10 +157,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_export(args: argparse.Namespace) -> training_data.ExportSummary:
-    if not args.screenshots:
+    screenshots = args.screenshots or GuiOptions.from_env().screenshot_dir
+    if not screenshots:
         raise ConfigError("--screenshots DIR is required: the folder the run kept its screenshots in")
     chats = GuiChats(
-        args.screenshots,
+        screenshots,
         screenshots=args.last_screenshots,
         addressing=args.addressing,
         marks=args.marks,

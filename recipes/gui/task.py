@@ -26,7 +26,6 @@ import hashlib
 import hmac
 import io
 import json
-import os
 import re
 import secrets
 import tarfile
@@ -35,19 +34,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
 from orchard_async import (
     ConfigError,
     CreateFailed,
+    RecipeOptions,
     Reward,
     Sandbox,
     SandboxLost,
     SandboxSpec,
     VerifierError,
     episode_label,
+    recipe_option,
 )
 from orchard_async.images import ImageSpec
 from orchard_async.models.client import judge_config
@@ -67,6 +68,53 @@ IMAGE = ImageSpec(
     apt_packages=("chromium", "python3", "fonts-dejavu-core"),
 )
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
+CHROMIUM_ENV = "ORCHARD_CHROMIUM"  # the driver's (inside/browserd.py) chromium, when the recipe names one
+DEFAULT_SCREENSHOTS = 3
+
+
+class GuiOptions(RecipeOptions):
+    """The GUI recipe's options (``--recipe-options``, or keywords of ``load_tasks`` and ``make_policy``)."""
+
+    RECIPE: ClassVar[str] = "gui"
+    OPERATIONAL: ClassVar[frozenset[str]] = frozenset({"screenshot_dir", "chromium"})
+
+    screenshot_dir: Annotated[
+        str | None,
+        recipe_option(
+            "keep every episode's screenshots in this folder, by hash (what export-gui and view read)",
+            "ORCHARD_GUI_SCREENSHOTS",
+        ),
+    ] = None
+    marks: Annotated[
+        bool,
+        recipe_option(
+            "set-of-marks observations: numbered boxes on the screenshot, listed with the tree "
+            "(the openai policy's prompt says how to read them)",
+            "ORCHARD_GUI_MARKS",
+        ),
+    ] = False
+    addressing: Annotated[
+        Literal["element", "coordinates"],
+        recipe_option(
+            "how the openai policy's model points at the page: element ids from the accessibility tree, or coordinates",
+            "ORCHARD_GUI_ADDRESSING",
+        ),
+    ] = "element"
+    last_screenshots: Annotated[
+        int,
+        recipe_option(
+            "how many of the latest screenshots the openai policy's model sees (0: text only)",
+            "ORCHARD_GUI_LAST_SCREENSHOTS",
+            ge=0,
+        ),
+    ] = DEFAULT_SCREENSHOTS
+    chromium: Annotated[
+        str | None,
+        recipe_option(
+            "the chromium the browser driver starts in a sandbox (default: Debian's, found on the PATH)",
+            CHROMIUM_ENV,
+        ),
+    ] = None
 
 
 class TaskLine(msgspec.Struct, forbid_unknown_fields=True):
@@ -80,6 +128,12 @@ class TaskLine(msgspec.Struct, forbid_unknown_fields=True):
     max_steps: int = 16
     solution: list[dict[str, Any]] = []
     network: str = "none"  # "on": a live site, judged by an LLM (not bundled)
+
+
+def sandbox_spec(chromium: str | None = None) -> SandboxSpec:
+    """The sandbox of a GUI task; ``chromium`` (the option) reaches the driver as its variable."""
+    env = {**SANDBOX_ENV, CHROMIUM_ENV: chromium} if chromium else SANDBOX_ENV
+    return SandboxSpec(image=IMAGE.tag, env=env, labels={"orchard.recipe": "gui"})
 
 
 def inside_files() -> dict[str, bytes]:
@@ -127,9 +181,7 @@ class GuiTask:
     width: int = 1280
     height: int = 720
     screenshot_dir: Path | None = None  # where episode screenshots are kept by hash (None: not kept)
-    spec: SandboxSpec = field(
-        default_factory=lambda: SandboxSpec(image=IMAGE.tag, env=SANDBOX_ENV, labels={"orchard.recipe": "gui"})
-    )
+    spec: SandboxSpec = field(default_factory=sandbox_spec)
     judge: Any = None  # a judge.Judge, for tasks with an llm_judge check
     deadline: float = 240.0
     score_timeout: float = 30.0
@@ -345,13 +397,17 @@ def builtin_path() -> Path:
     return Path(str(resources.files(__package__).joinpath("tasks", "builtin.jsonl")))
 
 
-def load_tasks(source: str = "builtin") -> list[GuiTask]:
+def load_tasks(
+    source: str = "builtin", options: GuiOptions | Mapping[str, Any] | None = None, **keywords: Any
+) -> list[GuiTask]:
     """``builtin``, ``builtin:ID,ID`` (a subset by id or site), a .jsonl file of tasks, or
     live-site tasks: ``webvoyager:FILE`` / ``mind2web:FILE`` (see ``live``; judged by a model).
-    ``ORCHARD_GUI_SCREENSHOTS=DIR`` keeps every episode's screenshots in DIR by hash;
-    ``ORCHARD_GUI_MARKS=1`` gives set-of-marks observations."""
+    ``options`` (``GuiOptions``, a mapping or keywords): ``screenshot_dir`` keeps every
+    episode's screenshots there by hash; ``marks`` gives set-of-marks observations;
+    ``chromium`` names the browser the driver starts."""
     from orchard_async.recipes.gui import live  # it builds TaskLines: imported here, not at the top (a cycle)
 
+    opts = GuiOptions.resolve(options, **keywords)
     kind, _, rest = source.partition(":")
     if kind in live.FORMATS:
         lines = live.read_live_tasks(kind, Path(rest))
@@ -367,18 +423,8 @@ def load_tasks(source: str = "builtin") -> list[GuiTask]:
         if not path.is_file():
             raise ConfigError(f"--tasks {source!r}: not 'builtin' and not a file of GUI tasks (.jsonl)")
         lines = read_task_file(path)
-    shots = os.environ.get("ORCHARD_GUI_SCREENSHOTS")
     judged = any(check["type"] == "llm_judge" for line in lines for check in line.eval)
     judge = Judge(judge_config()) if judged else None  # ConfigError now, not at the first score
-    marks = marks_enabled()
-    return [GuiTask(line, screenshot_dir=Path(shots) if shots else None, judge=judge, marks=marks) for line in lines]
-
-
-def marks_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``ORCHARD_GUI_MARKS`` asks for set-of-marks observations (tasks and the model's prompt)."""
-    value = (os.environ if environ is None else environ).get("ORCHARD_GUI_MARKS", "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
-        return False
-    if value in ("1", "true", "yes", "on"):
-        return True
-    raise ConfigError(f"ORCHARD_GUI_MARKS must be 1 or 0, got {value!r}")
+    shots = Path(opts.screenshot_dir) if opts.screenshot_dir else None
+    spec = sandbox_spec(opts.chromium)
+    return [GuiTask(line, screenshot_dir=shots, judge=judge, marks=opts.marks, spec=spec) for line in lines]

@@ -28,7 +28,7 @@ def child():
     process = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stdin.read()"],
         stdin=subprocess.PIPE,
-        env={**os.environ, "ORCHARD_PROCFS_TEST": "marker-42"},
+        env={**os.environ, "PROCFS_TEST_MARKER": "marker-42"},
     )
     yield process
     process.stdin.close()
@@ -46,8 +46,8 @@ def test_procfs_reads_a_child_process(child: subprocess.Popen) -> None:
     assert procfs.cmdline(child.pid)[:2] == [sys.executable.encode(), b"-c"]
     assert procfs.ns_pids(child.pid)[0] == child.pid
     environs = dict(procfs.environs())
-    assert b"ORCHARD_PROCFS_TEST=marker-42\0" in environs[child.pid]
-    assert b"ORCHARD_PROCFS_TEST=" not in environs[os.getpid()]
+    assert b"PROCFS_TEST_MARKER=marker-42\0" in environs[child.pid]
+    assert b"PROCFS_TEST_MARKER=" not in environs[os.getpid()]
     # a child starts after its parent: start times are ticks since boot
     assert int(procfs.start_ticks(child.pid)) >= int(procfs.start_ticks(os.getpid()))
 
