@@ -253,6 +253,28 @@ def _yaml():
     return yaml
 
 
+def comments_after_text(text: str) -> list[tuple[int, str, str]]:
+    """(line number, value, comment) of every unquoted scalar that a comment follows on its
+    line. YAML ends a plain scalar at `` #``, so ``prompt: ask in #planning`` loads as
+    "ask in": the rest of the sentence is a comment, and no parser complains."""
+    yaml = _yaml()
+    found = []
+    root = yaml.compose(text)
+    pending = [] if root is None else [root]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, yaml.MappingNode):
+            pending += [part for pair in node.value for part in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            pending += node.value
+        elif isinstance(node, yaml.ScalarNode) and node.style is None:
+            end = node.end_mark.index
+            rest = text[end : text.find("\n", end) if "\n" in text[end:] else len(text)]
+            if rest.lstrip(" \t").startswith("#") and rest[:1] in (" ", "\t"):
+                found.append((node.end_mark.line + 1, node.value, rest.strip()))
+    return sorted(found)
+
+
 class _Where:
     """Error messages that name the file and the field."""
 
