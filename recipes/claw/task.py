@@ -269,10 +269,23 @@ def comments_after_text(text: str) -> list[tuple[int, str, str]]:
             pending += node.value
         elif isinstance(node, yaml.ScalarNode) and node.style is None:
             end = node.end_mark.index
-            rest = text[end : text.find("\n", end) if "\n" in text[end:] else len(text)]
-            if rest.lstrip(" \t").startswith("#") and rest[:1] in (" ", "\t"):
+            line_end = text.find("\n", end)
+            rest = text[end:] if line_end < 0 else text[end:line_end]
+            if rest[:1] in (" ", "\t") and rest.lstrip(" \t").startswith("#"):
                 found.append((node.end_mark.line + 1, node.value, rest.strip()))
     return sorted(found)
+
+
+def _refuse_cut_text(path: Path, text: str) -> None:
+    """A comment glued to its word (``#planning``, ``#ff0000``) after an unquoted value is text
+    that YAML dropped; one set apart (``10  # seconds``) is the author's comment."""
+    for line, value, comment in comments_after_text(text):
+        if comment[1:2] and not comment[1].isspace():
+            shown = comment if len(comment) <= 24 else comment[:24] + "..."
+            raise ConfigError(
+                f"{path}: line {line}: the value stops at {value[-24:]!r}, since YAML reads ' {shown}' "
+                "as a comment: quote the whole value"
+            )
 
 
 class _Where:
@@ -300,9 +313,11 @@ def _fixture(where: _Where, value: Any, name: str) -> dict[str, Any]:
         if not fixture.is_file():
             where.fail(name, f"fixture file {value!r} not found (looked at {fixture})")
         try:
-            value = _yaml().safe_load(fixture.read_text())
+            text = fixture.read_text()
+            value = _yaml().safe_load(text)
         except Exception as exc:  # a YAML error of the fixture file, whatever its kind
             where.fail(name, f"fixture file {value!r} is not valid YAML/JSON: {exc}")
+        _refuse_cut_text(fixture, text)
     return _mapping(where, value, name)
 
 
@@ -408,6 +423,7 @@ def load_task(path: Path, *, image: str | None = None) -> ClawTask:
     except Exception as exc:  # yaml.YAMLError, without importing yaml at module level
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     data = _mapping(where, data, "the file")
+    _refuse_cut_text(path, path.read_text())
     unknown = set(data) - TOP_LEVEL
     if unknown:
         where.fail(sorted(unknown)[0], f"unknown field (known: {', '.join(sorted(TOP_LEVEL))})")

@@ -58,7 +58,7 @@ def finished(text: str) -> bool:
 
 
 def test_the_checks_catch_what_they_are_for() -> None:
-    cut = "id: t\nprompt: Ask in the #planning channel.\noracle:\n  - claw answer \"Posted in #ops.\"\n"
+    cut = 'id: t\nprompt: Ask in the #planning channel.\noracle:\n  - claw answer "Posted in #ops."\n'
     assert comments_after_text(cut) == [
         (2, "Ask in the", "#planning channel."),
         (4, 'claw answer "Posted in', '#ops."'),
@@ -68,6 +68,30 @@ def test_the_checks_catch_what_they_are_for() -> None:
     assert comments_after_text("a: 10  # why\n") == [(1, "10", "# why")]
     assert not finished("Someone asked in the") and not finished("Post it in the channel")
     assert finished('Say "done."') and finished("Is it (2.3)?") and finished("Keep `width`.\n")
+
+
+TASK = """\
+id: t
+prompt: {prompt}
+services: {{notes: {{notes: [{{id: n1, title: x, body: y}}]}}}}
+limits: {{max_turns: 5}}  # a comment of the author's, set apart
+checks: [{{type: answer, match: {{contains: x}}}}]
+oracle: [claw answer x]
+"""
+
+
+def test_a_user_task_whose_text_yaml_cut_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "task.yaml"
+    path.write_text(TASK.format(prompt="Summarise the #design channel."))
+    with pytest.raises(oa.ConfigError) as caught:
+        claw.load_tasks(str(path), user_model=None)
+    assert str(caught.value) == (
+        f"{path}: line 2: the value stops at 'Summarise the', since YAML reads ' #design channel.' as a comment: "
+        "quote the whole value"
+    )
+    path.write_text(TASK.format(prompt="'Summarise the #design channel.'"))
+    (task,) = claw.load_tasks(str(path), user_model=None)
+    assert task.prompt == "Summarise the #design channel." and task.max_steps == 5
 
 
 # -- every recipe's oracle, with every step checked ---------------------------------------------
