@@ -50,7 +50,9 @@ def stand_in_site():
 
 
 def task_file(path: Path, site_url: str) -> Path:
-    (tote,) = [json.loads(line) for line in gui.task.builtin_path().read_text().splitlines() if '"shop-add-tote"' in line]
+    (tote,) = [
+        json.loads(line) for line in gui.task.builtin_path().read_text().splitlines() if '"shop-add-tote"' in line
+    ]
     live = {
         "id": "tides-live",
         "site": "tides.example",
