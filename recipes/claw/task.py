@@ -32,7 +32,9 @@ The schema (every field but ``id``, ``prompt``, ``checks`` and ``oracle`` is opt
       - mail read --id m1
       - {retry: "mail send --to dana@example.com --subject Re --body ok", attempts: 6}
 
-Any mistake in a file is one ConfigError naming the file and the field.
+Any mistake in a file is one ConfigError naming the file and the field. Quote a text that
+holds `` #`` (``prompt: 'Ask in the #planning channel.'``): unquoted, YAML reads the rest of the
+line as a comment, and the loader refuses a value cut that way (``comments_after_text``).
 """
 
 from __future__ import annotations
