@@ -109,7 +109,7 @@ async def run_episodes(
                     steps=summary.steps,
                     episodes_per_s=round(summary.episodes_per_s or 0.0, 2),
                     steps_per_s=round(summary.steps_per_s or 0.0, 1),
-                    success_rate=round(summary.success_rate, 4),
+                    success_rate=None if summary.success_rate is None else round(summary.success_rate, 4),
                     errors=summary.failed,
                     wall_s=round(wall, 3),
                     time_share=_with_test_share(summary.time_share, finished),
@@ -189,5 +189,5 @@ def _with_test_share(shares: dict[str, float], finished: list[Trajectory]) -> di
     return {**shares, "score": round(shares["score"] - share, 4), "tests": share}
 
 
-def _round(value: float) -> float | None:
-    return None if value != value else round(value, 3)  # NaN (no commands) -> None
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)  # None: no commands

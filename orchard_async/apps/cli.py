@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 import time
 import warnings
@@ -236,6 +237,11 @@ async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, re
     return 0 if leaked == 0 else 1
 
 
+def _shown(value: float | None, form: str, nothing: str = "-") -> str:
+    """A number of the summary, or ``nothing`` where there was nothing to measure (never "nan")."""
+    return nothing if value is None or math.isnan(value) else form.format(value)
+
+
 def print_summary(summary: Summary, title: str, out: Console | None = None) -> None:
     table = Table(title=title, show_header=False)
     table.add_column(style="bold")
@@ -243,8 +249,8 @@ def print_summary(summary: Summary, title: str, out: Console | None = None) -> N
     rows: list[tuple[str, str]] = [
         ("episodes", str(summary.episodes)),
         ("finished / failed", f"{summary.finished} / {summary.failed}"),
-        ("success rate", f"{summary.success_rate:.1%}"),
-        ("reward mean", f"{summary.mean_reward:.3f}"),
+        ("success rate", _shown(summary.success_rate, "{:.1%}")),
+        ("reward mean", _shown(summary.mean_reward, "{:.3f}")),
         ("steps", str(summary.steps)),
     ]
     if summary.steps_per_s is not None:
@@ -256,7 +262,7 @@ def print_summary(summary: Summary, title: str, out: Console | None = None) -> N
         count = getattr(summary, field, 0)
         rows.append((f"[red]{label}[/]", f"[red]{count}[/]") if count else (label, str(count)))
     rows += [
-        ("exec p50 / p99", f"{summary.exec_p50_ms:.1f} ms / {summary.exec_p99_ms:.1f} ms"),
+        ("exec p50 / p99", _shown(summary.exec_p50_ms, "{:.1f} ms") + _shown(summary.exec_p99_ms, " / {:.1f} ms", "")),
         ("episode end reasons", ", ".join(f"{k} {v}" for k, v in summary.exit_reasons.items()) or "-"),
         ("command exit reasons", ", ".join(f"{k} {v}" for k, v in summary.command_reasons.items()) or "-"),
         ("infra retries", str(summary.retries)),

@@ -21,18 +21,29 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def percentile_ms(seconds: Sequence[float], q: float) -> float | None:
+    """A percentile of durations in seconds, in milliseconds; None when nothing was timed."""
+    return percentile(seconds, q) * 1000 if seconds else None
+
+
+def share(part: float, whole: int) -> float | None:
+    """``part / whole``; None when there is nothing to divide by (no episodes: no rate at all)."""
+    return part / whole if whole else None
+
+
 class Summary(msgspec.Struct, kw_only=True):
     episodes: int
     finished: int
     failed: int
-    success_rate: float  # 0..1 over all episodes
-    mean_reward: float
+    # Over all episodes; None (printed "-") when there are none: never a rate of nothing.
+    success_rate: float | None
+    mean_reward: float | None
     steps: int
     exit_reasons: dict[str, int]  # why episodes ended: EndReason values, most common first
     command_reasons: dict[str, int]  # ExitReason of every command
     retries: int
-    exec_p50_ms: float
-    exec_p99_ms: float
+    exec_p50_ms: float | None  # None when no command ran
+    exec_p99_ms: float | None
     wall_s: float | None = None
     steps_per_s: float | None = None
     episodes_per_s: float | None = None
@@ -63,14 +74,14 @@ def summarize(trajectories: Iterable[Trajectory], *, wall_s: float | None = None
         episodes=len(items),
         finished=finished,
         failed=len(items) - finished,
-        success_rate=sum(t.success for t in items) / len(items) if items else 0.0,
-        mean_reward=sum(t.reward for t in items) / len(items) if items else 0.0,
+        success_rate=share(sum(t.success for t in items), len(items)),
+        mean_reward=share(sum(t.reward for t in items), len(items)),
         steps=steps,
         exit_reasons=dict(Counter(str(t.end_reason) for t in items).most_common()),
         command_reasons=dict(Counter(step.reason for t in items for step in t.steps if step.reason).most_common()),
         retries=sum(len(t.retries) for t in items),
-        exec_p50_ms=percentile(exec_times, 50) * 1000,
-        exec_p99_ms=percentile(exec_times, 99) * 1000,
+        exec_p50_ms=percentile_ms(exec_times, 50),
+        exec_p99_ms=percentile_ms(exec_times, 99),
         wall_s=wall_s,
         steps_per_s=steps / wall_s if wall_s else None,
         episodes_per_s=len(items) / wall_s if wall_s else None,
@@ -84,7 +95,5 @@ def summarize(trajectories: Iterable[Trajectory], *, wall_s: float | None = None
 
 
 def to_json(summary: Summary) -> bytes:
-    """JSON with NaN (no data) as null, so any JSON reader takes it."""
-    data = msgspec.to_builtins(summary)
-    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in data.items()}
-    return msgspec.json.encode(clean)
+    """JSON, no data as null (msgspec writes a NaN as null too, so any JSON reader takes it)."""
+    return msgspec.json.encode(summary)

@@ -32,7 +32,9 @@ The schema (every field but ``id``, ``prompt``, ``checks`` and ``oracle`` is opt
       - mail read --id m1
       - {retry: "mail send --to dana@example.com --subject Re --body ok", attempts: 6}
 
-Any mistake in a file is one ConfigError naming the file and the field.
+Any mistake in a file is one ConfigError naming the file and the field. Quote a text that
+holds `` #`` (``prompt: 'Ask in the #planning channel.'``): unquoted, YAML reads the rest of the
+line as a comment, and the loader refuses a value cut that way (``comments_after_text``).
 """
 
 from __future__ import annotations
@@ -289,6 +291,41 @@ def _yaml():
     return yaml
 
 
+def comments_after_text(text: str) -> list[tuple[int, str, str]]:
+    """(line number, value, comment) of every unquoted scalar that a comment follows on its
+    line. YAML ends a plain scalar at `` #``, so ``prompt: ask in #planning`` loads as
+    "ask in": the rest of the sentence is a comment, and no parser complains."""
+    yaml = _yaml()
+    found = []
+    root = yaml.compose(text)
+    pending = [] if root is None else [root]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, yaml.MappingNode):
+            pending += [part for pair in node.value for part in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            pending += node.value
+        elif isinstance(node, yaml.ScalarNode) and node.style is None:
+            end = node.end_mark.index
+            line_end = text.find("\n", end)
+            rest = text[end:] if line_end < 0 else text[end:line_end]
+            if rest[:1] in (" ", "\t") and rest.lstrip(" \t").startswith("#"):
+                found.append((node.end_mark.line + 1, node.value, rest.strip()))
+    return sorted(found)
+
+
+def _refuse_cut_text(path: Path, text: str) -> None:
+    """A comment glued to its word (``#planning``, ``#ff0000``) after an unquoted value is text
+    that YAML dropped; one set apart (``10  # seconds``) is the author's comment."""
+    for line, value, comment in comments_after_text(text):
+        if comment[1:2] and not comment[1].isspace():
+            shown = comment if len(comment) <= 24 else comment[:24] + "..."
+            raise ConfigError(
+                f"{path}: line {line}: the value stops at {value[-24:]!r}, since YAML reads ' {shown}' "
+                "as a comment: quote the whole value"
+            )
+
+
 class _Where:
     """Error messages that name the file and the field."""
 
@@ -314,9 +351,11 @@ def _fixture(where: _Where, value: Any, name: str) -> dict[str, Any]:
         if not fixture.is_file():
             where.fail(name, f"fixture file {value!r} not found (looked at {fixture})")
         try:
-            value = _yaml().safe_load(fixture.read_text())
+            text = fixture.read_text()
+            value = _yaml().safe_load(text)
         except Exception as exc:  # a YAML error of the fixture file, whatever its kind
             where.fail(name, f"fixture file {value!r} is not valid YAML/JSON: {exc}")
+        _refuse_cut_text(fixture, text)
     return _mapping(where, value, name)
 
 
@@ -423,6 +462,7 @@ def load_task(path: Path, *, image: str | None = None) -> ClawTask:
     except Exception as exc:  # yaml.YAMLError, without importing yaml at module level
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     data = _mapping(where, data, "the file")
+    _refuse_cut_text(path, path.read_text())
     unknown = set(data) - TOP_LEVEL
     if unknown:
         where.fail(sorted(unknown)[0], f"unknown field (known: {', '.join(sorted(TOP_LEVEL))})")

@@ -29,6 +29,7 @@ import json
 import re
 import secrets
 import tarfile
+import urllib.parse
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -57,7 +58,10 @@ from orchard_async.recipes.gui.checks import Final, score, validate_check
 from orchard_async.recipes.gui.judge import SCREENSHOTS as JUDGE_SCREENSHOTS
 from orchard_async.recipes.gui.judge import Judge
 
-SITES = {"shop": 7101, "booking": 7102, "forum": 7103}  # ports on the sandbox's loopback (inside/start.py)
+# The ports the tasks are written for, on the sandbox's loopback (inside/start.py). A sandbox
+# that shares its network with others may get other ports (see _Live.ports).
+SITES = {"shop": 7101, "booking": 7102, "forum": 7103}
+PORTS_LINE = re.compile(r"^ports: (\{.*\})$", re.MULTILINE)
 INSIDE = ".gui"  # where the driver and the sites live in the sandbox (relative to its work dir)
 PAGE_MARKER = "The browser shows:"
 # The browser image for container adapters: Debian's chromium, fonts, python3 (the site pack
@@ -168,11 +172,33 @@ def inside_archive() -> bytes:
 
 @dataclass
 class _Live:
-    """What one episode of a task holds: its sandbox and the key its daemons got."""
+    """What one episode of a task holds: its sandbox, the key its daemons got, and the ports
+    its sites listen on (those of SITES, unless the sandbox shares its network with another
+    that holds them: the local adapter's sandboxes with the network on)."""
 
     sandbox: Sandbox
     key: bytes
+    ports: dict[str, int]
     page: str = ""
+
+    def url_in_sandbox(self, url: str) -> str:
+        """A URL on a site's usual port, moved to the port the site has in this sandbox."""
+        return _move_port(url, {SITES[site]: port for site, port in self.ports.items()})
+
+    def url_as_written(self, url: str) -> str:
+        """A URL of this sandbox's sites, on the port the tasks are written for (for checks)."""
+        return _move_port(url, {port: SITES[site] for site, port in self.ports.items()})
+
+
+def _move_port(url: str, moves: dict[int, int]) -> str:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:  # not a URL urllib reads, or no number for a port: none of our sites
+        return url
+    if parts.hostname not in ("127.0.0.1", "localhost") or port not in moves or moves[port] == port:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.hostname}:{moves[port]}"))
 
 
 @dataclass
@@ -228,13 +254,16 @@ class GuiTask:
                     "(local adapter) or build the browser image (`orchard-async images build`)"
                 )
             raise CreateFailed(f"the browser or the sites did not come up: {text[-1500:]}")
-        live = _Live(sandbox, key)
+        ports = PORTS_LINE.search(result.text)
+        if ports is None:
+            raise CreateFailed(f"the sites came up without saying their ports: {result.text[-500:]!r}")
+        live = _Live(sandbox, key, json.loads(ports.group(1)))
         sandbox._orchard_gui = live  # type: ignore[attr-defined]  # lives as long as the sandbox object
         self._live[sandbox.id] = live
         label = sandbox.labels.get("orchard.episode")
         if label:
             self._by_episode[label] = live
-        page = await self._run(sandbox, {"action": "goto", "url": self.line.start_url})
+        page = await self._run(sandbox, {"action": "goto", "url": live.url_in_sandbox(self.line.start_url)})
         if page.startswith("error") or page.startswith("feedback: error"):
             raise CreateFailed(f"the start page {self.line.start_url} did not open: {page[:500]}")
         live.page = page
@@ -276,7 +305,8 @@ class GuiTask:
             "nonce": nonce,
             "js": [check["js"] for check in js_checks],
             "state": {
-                site: {"port": SITES[site], "sig": _request_signature(live.key, "state", nonce)} for site in state_sites
+                site: {"port": live.ports[site], "sig": _request_signature(live.key, "state", nonce)}
+                for site in state_sites
             },
         }
         result = await sandbox.exec(actions.command(request), timeout=self.score_timeout / 2)
@@ -307,7 +337,10 @@ class GuiTask:
         if driver.get("crashed"):
             raise SandboxLost(f"the browser crashed during the episode: {driver['crashed']}")
         final = Final(
-            answer=driver.get("answer"), url=driver.get("url", ""), js=driver.get("js", []), states=final_state
+            answer=driver.get("answer"),
+            url=live.url_as_written(driver.get("url", "")),
+            js=driver.get("js", []),
+            states=final_state,
         )
         js_index = {id(check): index for index, check in enumerate(js_checks)}
         value, results = 1.0, []
