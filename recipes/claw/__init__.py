@@ -11,13 +11,17 @@ to-do, notes, documents, helpdesk, finance, chat, web search), in the spirit of 
   (``grading``): ``safety x (0.8 completion + 0.2 robustness)``, passed at 0.75;
 * policies: ``oracle`` (each task's scripted solution), ``empty`` (does nothing), ``openai``
   (function calling over an OpenAI-compatible endpoint, see ``openai_policy``), ``harness``
-  (an agent harness run inside the sandbox, its model calls recorded through a proxy, see ``harness``);
+  (an agent harness run inside the sandbox, its model calls recorded through a proxy, see ``harness``),
+  ``noisy-oracle:P`` (the oracle with probability P, else empty);
+* training data: ``orchard-async export sft|rl`` in this recipe's chat (``export.training_chats``);
 * reports: ``pass_at_k`` and ``pass_hat_k`` per task group (``orchard_async.records.passk``, also in every run summary).
 """
 
 from __future__ import annotations
 
 from orchard_async import ConfigError, Policy
+from orchard_async.recipes import noisy_oracle
+from orchard_async.recipes.claw.export import training_chats
 from orchard_async.recipes.claw.grading import PASS_THRESHOLD, score
 from orchard_async.recipes.claw.harness import MINI_SWE_AGENT_IMAGE
 from orchard_async.recipes.claw.policies import EmptyPolicy, OraclePolicy
@@ -26,13 +30,20 @@ from orchard_async.records.passk import pass_at_k, pass_hat_k, summarize_groups
 
 IMAGES = [IMAGE, MINI_SWE_AGENT_IMAGE]  # what `orchard-async images build` builds for this recipe
 
-POLICIES = ("oracle", "empty", "openai", "harness")
+POLICIES = ("oracle", "empty", "openai", "harness", "noisy-oracle:P")
+# What the adapter's sandboxes must do for this recipe (an adapter's facts, e.g. the sim adapter's
+# runs_commands = False): `run` and `demo` refuse an adapter without them before the first sandbox.
+ADAPTER_NEEDS = frozenset({"runs_commands"})
 
 
 def make_policy(name: str) -> Policy:
-    """The recipe's policies by name (``--policy``); ``openai`` reads its settings from the environment."""
+    """The recipe's policies by name (``--policy``); ``openai`` reads its settings from the environment,
+    ``noisy-oracle:P`` solves with probability P (see ``orchard_async.recipes``)."""
     if name == "oracle":
         return OraclePolicy()
+    noisy = noisy_oracle(name, OraclePolicy(), EmptyPolicy())  # solves with probability P, else the empty policy
+    if noisy is not None:
+        return noisy
     if name == "empty":
         return EmptyPolicy()
     if name == "openai":
@@ -47,6 +58,7 @@ def make_policy(name: str) -> Policy:
 
 
 __all__ = [
+    "ADAPTER_NEEDS",
     "IMAGES",
     "PASS_THRESHOLD",
     "POLICIES",
@@ -60,4 +72,5 @@ __all__ = [
     "pass_hat_k",
     "score",
     "summarize_groups",
+    "training_chats",
 ]
