@@ -456,10 +456,8 @@ def export(
         groups = {"groups": result.groups, "groups_degenerate": result.degenerate, "groups_partial": result.partial}
     if finish is not None:
         records = [finish(record, by_episode[(record["run_id"], record["episode_id"])]) for record in records]
-    if not records and not write_empty:
-        summary = write_records(None, records, samples, skipped, **groups)
-        return summary
-    return write_records(path, records, samples, skipped, **groups)
+    written = path if records or write_empty else None
+    return write_records(written, records, samples, skipped, **groups)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
