@@ -11,7 +11,6 @@ import msgspec
 from orchard_async.records.passk import summarize_groups
 from orchard_async.records.trajectory import EndReason, Trajectory
 
-
 # The ends the scorer judged (a reward means something): every other end is never in a rate.
 SCORED_END_REASONS = frozenset(reason for reason in EndReason if reason.scored)
 
