@@ -15,6 +15,9 @@ than running the command a second time. Connection errors and 503s are retried f
 ``retry_for`` seconds (default 30: a service's restart fits; a 503's ``Retry-After`` is
 honoured), a create's within its deadline too.
 
+Entering the adapter (``async with``) checks that something answers at ``url`` within a few
+seconds (``REACH_FOR``): a wrong URL is one clear error, not minutes of retried creates.
+
 Defaults: ``url`` from ``ORCHARD_REMOTE_URL`` (else ``SANDBOX_BASE_URL``, else
 ``http://127.0.0.1:8000``), ``api_key`` from ``ORCHARD_REMOTE_KEY`` (else ``SANDBOX_API_KEY``).
 """
@@ -51,6 +54,10 @@ RETRY_FOR = 30.0  # seconds a call retries a service that does not answer, or an
 NO_ANSWER_BACKOFF = Backoff(0.25, cap=2.0)  # between retries of a call that got no answer
 MAX_RETRY_AFTER = 30.0
 DOCTOR_RETRY_FOR = 2.0  # `doctor` says at once that no service answers
+# Entering the adapter: how long a service that does not answer at all may take to start
+# (one that answers anything, even an error, is there). Seconds, not retry_for: a wrong URL is
+# the user's mistake, said at once, before the first sandbox.
+REACH_FOR = 3.0
 WAIT_STEP = 300  # seconds per /wait call while a sandbox is being made
 HTTP_MARGIN = 60.0  # beyond a command's own timeout before the HTTP call gives up
 CONNECT_TIMEOUT = 10.0
@@ -453,7 +460,26 @@ class RemoteAdapter:
             await self._session.close()
 
     async def __aenter__(self) -> RemoteAdapter:
+        await self.check_reachable()
         return self
+
+    async def check_reachable(self, within: float = REACH_FOR) -> None:
+        """AdapterUnavailable, naming the URL, when nothing answers there within ``within``
+        seconds. Any HTTP answer will do (a key, a sandbox, are each call's to check)."""
+        give_up, pause = anyio.current_time() + within, FIRST_PAUSE
+        while True:
+            try:
+                await self._request("GET", "/health", timeout=within)
+                return
+            except TRANSPORT_ERRORS as exc:
+                if anyio.current_time() + pause > give_up:
+                    await self.close()  # the caller's `async with` never entered: nothing else closes it
+                    raise AdapterUnavailable(
+                        f"no orchard-async service answers at {self.url} ({exc or type(exc).__name__}); start one "
+                        "with `orchard-async serve`, or give its url (adapter option url, or ORCHARD_REMOTE_URL)"
+                    ) from None
+                await anyio.sleep(pause)
+                pause = min(pause * 2, MAX_PAUSE)
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()

@@ -218,6 +218,8 @@ class SimSandbox:
 
 class SimAdapter:
     name = "sim"
+    # A fact recipes read (their ADAPTER_NEEDS): commands here only pretend to run.
+    runs_commands = False
 
     def __init__(self, config: SimConfig | None = None, **options: object):
         self.config = config or msgspec.convert(options, SimConfig)

@@ -282,7 +282,7 @@ class Recipe(Protocol):
     anything, and imports the function only when that command runs::
 
         [project.entry-points."orchard_async.commands"]
-        export = "orchard_async.recipes.swe.cli:add_export_command"
+        export-gui = "orchard_async.recipes.gui.cli:add_export_command"
     """
 
     POLICIES: Collection[str]

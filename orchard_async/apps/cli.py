@@ -61,6 +61,7 @@ OUTSIDE_COMMANDS = {
     "bench": ("orchard_async.bench.cli:add_command", "measure sandbox latency and throughput against baselines"),
     "serve": ("orchard_async.apps.serve.cli:add_serve_command", "run the environment service (Orchard Env's HTTP API)"),
     "view": ("orchard_async.apps.view.cli:add_view_command", "look at a run in the browser"),
+    "export": ("orchard_async.records.export:add_command", "trajectories -> training data, in the recipe's own chat"),
 }
 
 # Adapter options that say where and how to reach the backend, not what an episode sees:
@@ -172,7 +173,7 @@ async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, re
     # exited last: the adapter (its sandboxes, its task group) is closed after the count of leftovers
     async with contextlib.AsyncExitStack() as adapters:
         try:
-            adapter = await adapters.enter_async_context(make_adapter(args.adapter, options))
+            adapter = await adapters.enter_async_context(check_runs_on(make_adapter(args.adapter, options), args))
             header = {
                 "recipe": args.recipe,
                 "task_source": args.tasks,
@@ -234,12 +235,36 @@ async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, re
     if result.skipped:
         console.print(f"resumed: {result.skipped} episodes were already in {out}")
     console.print(f"trajectories: {out}")
+    bar = getattr(args, "min_judged", 0.0)
+    if summary.episodes and (summary.judged == 0 or summary.judged / summary.episodes + 1e-9 < bar):
+        console.print(
+            f"[red]error:[/] {summary.judged} of {summary.episodes} episodes were judged, below --min-judged {bar:g} "
+            f"(end reasons: {', '.join(f'{k} {v}' for k, v in summary.exit_reasons.items())})",
+            soft_wrap=True,
+            highlight=False,
+        )
+        return 1
     return 0 if leaked == 0 else 1
 
 
 def _shown(value: float | None, form: str, nothing: str = "-") -> str:
     """A number of the summary, or ``nothing`` where there was nothing to measure (never "nan")."""
     return nothing if value is None or math.isnan(value) else form.format(value)
+
+
+def check_runs_on(adapter: Adapter, args: argparse.Namespace) -> Adapter:
+    """The adapter, when it has what the recipe needs (its ``ADAPTER_NEEDS``: names of facts
+    the adapter must have true, e.g. ``runs_commands``, which the sim adapter has false); else
+    a ConfigError before the first sandbox."""
+    recipe = load_recipe(args.recipe)
+    lacking = sorted(need for need in getattr(recipe, "ADAPTER_NEEDS", ()) if not getattr(adapter, need, True))
+    if lacking:
+        raise ConfigError(
+            f"the {args.recipe} recipe cannot run on the {args.adapter} adapter: it needs an adapter with "
+            f"{', '.join(lacking)}, and the {args.adapter} adapter's is false; use another --adapter "
+            "(local, docker, kubernetes, remote)"
+        )
+    return adapter
 
 
 def print_summary(summary: Summary, title: str, out: Console | None = None) -> None:
@@ -249,7 +274,9 @@ def print_summary(summary: Summary, title: str, out: Console | None = None) -> N
     rows: list[tuple[str, str]] = [
         ("episodes", str(summary.episodes)),
         ("finished / failed", f"{summary.finished} / {summary.failed}"),
-        ("success rate", _shown(summary.success_rate, "{:.1%}")),
+        ("judged", str(summary.judged)),
+        # over the judged episodes: with none judged there is no rate to show
+        ("success rate", _shown(summary.success_rate, "{:.1%}", "- (none judged)")),
         ("reward mean", _shown(summary.mean_reward, "{:.3f}")),
         ("steps", str(summary.steps)),
     ]
@@ -403,6 +430,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction from 0 to 1, got {text}")
+    return value
+
+
 def _command_in(argv: Sequence[str]) -> str | None:
     """The command named on the command line: its first word that is not an option (the
     top level takes no option but --help)."""
@@ -442,6 +479,14 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         p.add_argument(
             "--concurrency", type=_at_least(1), default=concurrency, help=f"episodes at once (default {concurrency})"
         )
+        p.add_argument(
+            "--min-judged",
+            type=_fraction,
+            default=0.0,
+            metavar="FRACTION",
+            help="exit 1 unless more than none and at least this fraction of the episodes were judged "
+            "(default 0: at least one)",
+        )
 
     demo = sub.add_parser("demo", help="the main job: the bundled SWE tasks solved by the oracle policy")
     rollout_options(demo, episodes=32, concurrency=8)
@@ -457,7 +502,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         help="task source for the recipe (default builtin; swe: builtin[:IDS] or a .jsonl/.json file)",
     )
     run_p.add_argument(
-        "--policy", default="oracle", help="toy: oracle|random; swe: oracle|empty|openai (default oracle)"
+        "--policy",
+        default="oracle",
+        help="oracle|empty|noisy-oracle:P on every recipe; toy: random; swe, gui, claw: openai; claw: harness "
+        "(default oracle)",
     )
     rollout_options(run_p, episodes=32, concurrency=8)
     run_p.add_argument("--group-size", type=_at_least(1), default=1, help="samples per task (GRPO groups)")

@@ -11,6 +11,9 @@ import msgspec
 from orchard_async.records.passk import summarize_groups
 from orchard_async.records.trajectory import EndReason, Trajectory
 
+# The ends the scorer judged (a reward means something): every other end is never in a rate.
+SCORED_END_REASONS = frozenset(reason for reason in EndReason if reason.scored)
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100); NaN for no values."""
@@ -35,7 +38,8 @@ class Summary(msgspec.Struct, kw_only=True):
     episodes: int
     finished: int
     failed: int
-    # Over all episodes; None (printed "-") when there are none: never a rate of nothing.
+    # Over the judged episodes only (finished with a scored end: the only ones a reward means
+    # something for); None (printed "-") when none was judged: a rate over episodes nobody judged is no rate.
     success_rate: float | None
     mean_reward: float | None
     steps: int
@@ -55,6 +59,7 @@ class Summary(msgspec.Struct, kw_only=True):
     # Over tasks sampled more than once (groups): k -> mean over tasks, judged episodes only.
     pass_at_k: dict[str, float] = {}  # at least one of k samples passes
     pass_hat_k: dict[str, float] = {}  # all k samples pass
+    judged: int = 0  # episodes the scorer judged: what success_rate and mean_reward are over
 
 
 def summarize(trajectories: Iterable[Trajectory], *, wall_s: float | None = None, leaked: int | None = None) -> Summary:
@@ -68,14 +73,15 @@ def summarize(trajectories: Iterable[Trajectory], *, wall_s: float | None = None
                 phase_totals[phase] += seconds
     spent = sum(phase_totals.values()) or 1.0
     finished = sum(t.status == "finished" for t in items)
+    judged = [t for t in items if t.status == "finished" and t.end_reason in SCORED_END_REASONS]
     groups = summarize_groups(items)
     repeated = groups["group_size"] > 1
     return Summary(
         episodes=len(items),
         finished=finished,
         failed=len(items) - finished,
-        success_rate=share(sum(t.success for t in items), len(items)),
-        mean_reward=share(sum(t.reward for t in items), len(items)),
+        success_rate=share(sum(t.success for t in judged), len(judged)),
+        mean_reward=share(sum(t.reward for t in judged), len(judged)),
         steps=steps,
         exit_reasons=dict(Counter(str(t.end_reason) for t in items).most_common()),
         command_reasons=dict(Counter(step.reason for t in items for step in t.steps if step.reason).most_common()),
@@ -91,6 +97,7 @@ def summarize(trajectories: Iterable[Trajectory], *, wall_s: float | None = None
         model_unavailable=sum(t.end_reason == EndReason.MODEL_UNAVAILABLE for t in items),
         pass_at_k={str(k): round(v, 4) for k, v in groups["pass_at_k"].items()} if repeated else {},
         pass_hat_k={str(k): round(v, 4) for k, v in groups["pass_hat_k"].items()} if repeated else {},
+        judged=len(judged),
     )
 
 

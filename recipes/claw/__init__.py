@@ -14,7 +14,9 @@ to-do, notes, documents, helpdesk, finance, chat, web search), in the spirit of 
   docs/variables.md lists them;
 * policies: ``oracle`` (each task's scripted solution), ``empty`` (does nothing), ``openai``
   (function calling over an OpenAI-compatible endpoint, see ``openai_policy``), ``harness``
-  (an agent harness run inside the sandbox, its model calls recorded through a proxy, see ``harness``);
+  (an agent harness run inside the sandbox, its model calls recorded through a proxy, see ``harness``),
+  ``noisy-oracle:P`` (the oracle with probability P, else empty);
+* training data: ``orchard-async export sft|rl`` in this recipe's chat (``export.training_chats``);
 * reports: ``pass_at_k`` and ``pass_hat_k`` per task group (``orchard_async.records.passk``, also in every run summary).
 """
 
@@ -24,6 +26,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchard_async import ConfigError, Policy
+from orchard_async.recipes import noisy_oracle
+from orchard_async.recipes.claw.export import training_chats
 from orchard_async.recipes.claw.grading import PASS_THRESHOLD, score
 from orchard_async.recipes.claw.harness import MINI_SWE_AGENT_IMAGE
 from orchard_async.recipes.claw.policies import EmptyPolicy, OraclePolicy
@@ -33,15 +37,22 @@ from orchard_async.records.passk import pass_at_k, pass_hat_k, summarize_groups
 IMAGES = [IMAGE, MINI_SWE_AGENT_IMAGE]  # what `orchard-async images build` builds for this recipe
 OPTIONS = ClawOptions  # what `--recipe-options` takes
 
-POLICIES = ("oracle", "empty", "openai", "harness")
+POLICIES = ("oracle", "empty", "openai", "harness", "noisy-oracle:P")
+# What the adapter's sandboxes must do for this recipe (an adapter's facts, e.g. the sim adapter's
+# runs_commands = False): `run` and `demo` refuse an adapter without them before the first sandbox.
+ADAPTER_NEEDS = frozenset({"runs_commands"})
 
 
 def make_policy(name: str, options: ClawOptions | Mapping[str, Any] | None = None, **keywords: Any) -> Policy:
-    """The recipe's policies by name (``--policy``); ``openai`` and ``harness`` take their model
+    """The recipe's policies by name (``--policy``; ``noisy-oracle:P`` solves with probability P, see
+    ``orchard_async.recipes``); ``openai`` and ``harness`` take their model
     from ``ModelConfig`` (the environment), ``harness`` its agent from the ``harness`` option."""
     opts = ClawOptions.resolve(options, **keywords)
     if name == "oracle":
         return OraclePolicy()
+    noisy = noisy_oracle(name, OraclePolicy(), EmptyPolicy())  # solves with probability P, else the empty policy
+    if noisy is not None:
+        return noisy
     if name == "empty":
         return EmptyPolicy()
     if name == "openai":
@@ -57,6 +68,7 @@ def make_policy(name: str, options: ClawOptions | Mapping[str, Any] | None = Non
 
 
 __all__ = [
+    "ADAPTER_NEEDS",
     "IMAGES",
     "OPTIONS",
     "PASS_THRESHOLD",
@@ -72,4 +84,5 @@ __all__ = [
     "pass_hat_k",
     "score",
     "summarize_groups",
+    "training_chats",
 ]
