@@ -466,20 +466,20 @@ class RemoteAdapter:
     async def check_reachable(self, within: float = REACH_FOR) -> None:
         """AdapterUnavailable, naming the URL, when nothing answers there within ``within``
         seconds. Any HTTP answer will do (a key, a sandbox, are each call's to check)."""
-        give_up, pause = anyio.current_time() + within, FIRST_PAUSE
+        attempts = Attempts(NO_ANSWER_BACKOFF, deadline=anyio.current_time() + within)
         while True:
             try:
                 await self._request("GET", "/health", timeout=within)
                 return
             except TRANSPORT_ERRORS as exc:
-                if anyio.current_time() + pause > give_up:
+                pause = attempts.next_pause()
+                if pause is None:
                     await self.close()  # the caller's `async with` never entered: nothing else closes it
                     raise AdapterUnavailable(
                         f"no orchard-async service answers at {self.url} ({exc or type(exc).__name__}); start one "
                         "with `orchard-async serve`, or give its url (adapter option url, or ORCHARD_REMOTE_URL)"
                     ) from None
                 await anyio.sleep(pause)
-                pause = min(pause * 2, MAX_PAUSE)
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
