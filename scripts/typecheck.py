@@ -103,7 +103,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write-baseline", action="store_true", help="rewrite the baseline (never to allow more)")
     args = parser.parse_args()
-    from mypy.version import __version__ as mypy_version
+    try:
+        from mypy.version import __version__ as mypy_version
+    except ImportError:
+        print("typecheck: mypy is not installed; pip install -e '.[dev]'")
+        return 2
 
     os.chdir(ROOT)  # pyproject's [tool.mypy], and the baseline's paths are relative to the root
     lines = run_mypy()
