@@ -1,7 +1,6 @@
 """What a task returns and what a policy sees: ``Reward`` and ``Observation``.
 
-The ``Task``, ``GradedApart`` and ``Policy`` protocols are part of the contract in
-``protocols``; they are re-exported here for code that imports them from this module.
+The ``Task``, ``GradedApart`` and ``Policy`` protocols that use them are in ``protocols``.
 """
 
 from __future__ import annotations
@@ -11,12 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from orchard_async.protocols import GradedApart, Policy, Task
-
-if TYPE_CHECKING:  # a record type: the contract does not import the records layer when it runs
+if TYPE_CHECKING:  # annotations only: protocols names these types, and Step is a record
+    from orchard_async.protocols import Task
     from orchard_async.records.trajectory import Step
 
-__all__ = ["GradedApart", "Observation", "Policy", "Reward", "Task"]
+__all__ = ["Observation", "Reward"]
 
 
 class Reward(msgspec.Struct, kw_only=True):

@@ -28,7 +28,7 @@ from orchard_async.engine.plan import Episode, episode_count, leaders_ahead, pla
 from orchard_async.engine.pool import Pool
 from orchard_async.errors import ConfigError, InfraError
 from orchard_async.kit.retry import Backoff
-from orchard_async.protocols import Adapter
+from orchard_async.protocols import Adapter, Policy, Task
 from orchard_async.records.paths import check_output_file
 from orchard_async.records.trajectory import (
     FORMAT_VERSION,
@@ -43,7 +43,6 @@ from orchard_async.records.trajectory import (
     read_trajectories,
     run_header_differences,
 )
-from orchard_async.task import Policy, Task
 
 RETRY_BACKOFF = 0.2  # seconds before the first retry; doubles each time
 

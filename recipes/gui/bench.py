@@ -22,8 +22,9 @@ import anyio
 
 import orchard_async as oa
 from orchard_async.recipes.gui import actions
+from orchard_async.recipes.gui.lines import SITES, TaskLine
 from orchard_async.recipes.gui.policies import resolve
-from orchard_async.recipes.gui.task import SITES, GuiTask, TaskLine
+from orchard_async.recipes.gui.task import GuiTask
 
 PRODUCT = "http://127.0.0.1:{port}/product/{n}"
 PLAYWRIGHT_CDP_PORT = 9333

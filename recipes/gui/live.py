@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard_async import ConfigError
-from orchard_async.recipes.gui.task import SITES, TaskLine, parse_task_line
+from orchard_async.recipes.gui.lines import SITES, TaskLine, parse_task_line
 
 JUDGED = [{"type": "llm_judge"}]
 FORMATS = ("webvoyager", "mind2web", "deepshop")

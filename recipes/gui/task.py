@@ -53,14 +53,14 @@ from orchard_async import (
 )
 from orchard_async.images import ImageSpec
 from orchard_async.models.client import judge_config
-from orchard_async.recipes.gui import actions
-from orchard_async.recipes.gui.checks import Final, score, validate_check
+from orchard_async.recipes.gui import actions, live
+from orchard_async.recipes.gui.checks import Final, score
 from orchard_async.recipes.gui.judge import SCREENSHOTS as JUDGE_SCREENSHOTS
 from orchard_async.recipes.gui.judge import Judge
+from orchard_async.recipes.gui.lines import SITES, TaskLine, builtin_path, read_task_file
 
 # The ports the tasks are written for, on the sandbox's loopback (inside/start.py). A sandbox
 # that shares its network with others may get other ports (see _Live.ports).
-SITES = {"shop": 7101, "booking": 7102, "forum": 7103}
 PORTS_LINE = re.compile(r"^ports: (\{.*\})$", re.MULTILINE)
 INSIDE = ".gui"  # where the driver and the sites live in the sandbox (relative to its work dir)
 PAGE_MARKER = "The browser shows:"
@@ -119,19 +119,6 @@ class GuiOptions(RecipeOptions):
             CHROMIUM_ENV,
         ),
     ] = None
-
-
-class TaskLine(msgspec.Struct, forbid_unknown_fields=True):
-    id: str
-    site: str
-    start_url: str
-    intent: str
-    eval: list[dict[str, Any]]
-    seed: int = 0
-    difficulty: str = "medium"
-    max_steps: int = 16
-    solution: list[dict[str, Any]] = []
-    network: str = "none"  # "on": a live site, judged by an LLM (not bundled)
 
 
 def sandbox_spec(chromium: str | None = None) -> SandboxSpec:
@@ -396,40 +383,6 @@ def _signed(key: bytes, nonce: str, body: bytes, signature: Any) -> bool:
     return isinstance(signature, str) and hmac.compare_digest(expected, signature)
 
 
-def parse_task_line(text: str, where: str) -> TaskLine:
-    try:
-        line = msgspec.json.decode(text, type=TaskLine)
-    except msgspec.DecodeError as exc:
-        raise ConfigError(f"{where}: not a valid GUI task ({exc})") from None
-    if line.site not in SITES and line.network != "on":
-        raise ConfigError(f"{where}: unknown site {line.site!r}; bundled sites: {', '.join(SITES)}")
-    if line.max_steps < 1:
-        raise ConfigError(f"{where}: max_steps must be at least 1")
-    if not line.eval:
-        raise ConfigError(f"{where}: a task needs at least one eval check")
-    for index, check in enumerate(line.eval):
-        validate_check(check, f"{where} eval[{index}]")
-    return line
-
-
-def read_task_file(path: Path) -> list[TaskLine]:
-    lines = []
-    seen: set[str] = set()
-    for number, text in enumerate(path.read_text().splitlines(), start=1):
-        if not text.strip() or text.lstrip().startswith("//"):
-            continue
-        line = parse_task_line(text, f"{path.name}:{number}")
-        if line.id in seen:
-            raise ConfigError(f"{path.name}:{number}: task id {line.id!r} appears twice")
-        seen.add(line.id)
-        lines.append(line)
-    return lines
-
-
-def builtin_path() -> Path:
-    return Path(str(resources.files(__package__).joinpath("tasks", "builtin.jsonl")))
-
-
 def load_tasks(
     source: str = "builtin", options: GuiOptions | Mapping[str, Any] | None = None, **keywords: Any
 ) -> list[GuiTask]:
@@ -438,8 +391,6 @@ def load_tasks(
     ``options`` (``GuiOptions``, a mapping or keywords): ``screenshot_dir`` keeps every
     episode's screenshots there by hash; ``marks`` gives set-of-marks observations;
     ``chromium`` names the browser the driver starts."""
-    from orchard_async.recipes.gui import live  # it builds TaskLines: imported here, not at the top (a cycle)
-
     opts = GuiOptions.resolve(options, **keywords)
     kind, _, rest = source.partition(":")
     if kind in live.FORMATS:
