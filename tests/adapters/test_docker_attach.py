@@ -8,6 +8,7 @@ import time
 import pytest
 
 import orchard_async as oa
+from orchard_async.kit import labels as names
 from orchard_async.kit.container_reattach import attach_check_command, parse_attach_check
 from orchard_async.kit.container_shell import is_abandoned, relay_command
 from tests.adapters.test_docker import containers, docker_cli, docker_daemon, eventually, make_adapter  # noqa: F401 - fixtures
@@ -33,7 +34,7 @@ async def test_attach_takes_over_a_sandbox_whose_controller_went(make_adapter) -
     # the old session's processes are gone (its background sleep too): nothing writes on
     assert b"sleep 1000" not in (await taken.exec("ps -o args")).stdout
     assert taken.workdir == box.workdir and int(taken.expires_at) == int(box.expires_at)
-    assert taken.labels[oa.labels.RUN] == first.run_id
+    assert taken.labels[names.RUN] == first.run_id
     assert (await taken.exec("echo again")).stdout == b"again\n"
     await taken.close()
     assert await containers(first.run_id) == []
@@ -88,8 +89,8 @@ async def test_attach_leaves_alone_a_sandbox_still_in_use(make_adapter) -> None:
 
 
 def test_reap_leaves_a_sandbox_with_a_grace_to_end_itself() -> None:
-    labels = {oa.labels.EXPIRES: str(int(time.time()) + 300)}
+    labels = {names.EXPIRES: str(int(time.time()) + 300)}
     dead = dict(ended=False, controller_alive=False, now=time.time(), older_than=0)
     assert is_abandoned(labels, **dead)
-    assert not is_abandoned({**labels, oa.labels.REATTACH: "60"}, **dead)
-    assert is_abandoned({**labels, oa.labels.REATTACH: "60"}, **{**dead, "ended": True})
+    assert not is_abandoned({**labels, names.REATTACH: "60"}, **dead)
+    assert is_abandoned({**labels, names.REATTACH: "60"}, **{**dead, "ended": True})

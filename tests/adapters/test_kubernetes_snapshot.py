@@ -35,7 +35,7 @@ def dead_identity() -> dict[str, str]:
         [
             sys.executable,
             "-c",
-            "import json; from orchard_async import labels; print(json.dumps(labels.controller_identity()))",
+            "import json; from orchard_async.kit import labels; print(json.dumps(labels.controller_identity()))",
         ],
         capture_output=True,
         text=True,
