@@ -34,6 +34,7 @@ import aiohttp
 import anyio
 import msgspec
 
+from orchard_async.capabilities import Doctor, FileRoot
 from orchard_async.errors import (
     AdapterUnavailable,
     BackendUnavailable,
@@ -89,6 +90,8 @@ class RemoteSession:
 
 
 class RemoteSandbox:
+    capabilities = frozenset({FileRoot})
+
     def __init__(self, adapter: RemoteAdapter, info: dict[str, Any]):
         self._adapter = adapter
         self.id: str = info["sandbox_id"]
@@ -218,6 +221,7 @@ class RemoteSandbox:
 
 class RemoteAdapter:
     name = "remote"
+    capabilities = frozenset({Doctor})
 
     def __init__(
         self,

@@ -44,6 +44,7 @@ from orchard_async.adapters.kubernetes.reap import reap
 from orchard_async.adapters.kubernetes.relay import new_secret
 from orchard_async.adapters.kubernetes.transport import ExecTransport, Outputs, PodRef, PodRelays, Streams, Transport
 from orchard_async.adapters.kubernetes.watch import PodInformer, pod_state, pod_verdict
+from orchard_async.capabilities import AdapterFacts, Doctor, Facts, Reattach, Snapshots
 from orchard_async.errors import ConfigError, CreateFailed, OrchardError, SandboxLost
 from orchard_async.images import ImageMissing, missing_image_hint
 from orchard_async.kit import container_reattach, container_shell
@@ -75,6 +76,7 @@ class KubernetesAdapter(BackgroundOwner):
     (orchard_async.kit.background)."""
 
     name = "kubernetes"
+    capabilities = frozenset({Snapshots, Reattach, Doctor, Facts})
 
     def __init__(self, config: KubernetesConfig | None = None, *, transport: Transport | None = None, **options: Any):
         try:
@@ -133,6 +135,10 @@ class KubernetesAdapter(BackgroundOwner):
         self.forks = Forks(config)
         self.snapshot_dir = self.forks.store
         self._pod_images: dict[str, str] = {}  # live sandbox -> its image (its forks' default)
+
+    @property
+    def facts(self) -> AdapterFacts:
+        return AdapterFacts(image=self.image, max_creating=self.config.max_creating)
 
     @property
     def stats(self) -> dict[str, int]:
