@@ -37,12 +37,14 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class Snapshots(Protocol):
-    """Forks: ``snapshot`` freezes a sandbox's file system (not its processes) and returns an id;
-    a sandbox created from ``msgspec.structs.replace(spec, snapshot=id)`` starts with that file
-    system, and every such fork is independent. ``drop_snapshot`` removes it (idempotent). A
-    snapshot carries the run's lease labels, so ``reap`` removes it after a crash like a sandbox;
-    an adapter that cannot snapshot here raises ``ConfigError`` saying why. The rollout engine
-    uses it for groups of a task that opts in (``Task.fork_after_setup = True``)."""
+    """Forks: ``snapshot`` freezes a sandbox's file system (not its processes) and returns a
+    snapshot id; a sandbox created from ``msgspec.structs.replace(spec, snapshot=id)`` starts
+    with that file system, and every such fork is independent (a write in one is never seen in
+    another or in the snapshot). ``drop_snapshot`` removes it (idempotent). A snapshot carries
+    the run's lease labels, so ``reap`` removes it after a crash like a sandbox; an adapter that
+    cannot snapshot here raises ``ConfigError`` saying why. The rollout engine uses it for groups
+    of a task that opts in (``Task.fork_after_setup = True``): set up once, ``group_size``
+    samples started from the snapshot."""
 
     async def snapshot(self, sandbox: Sandbox) -> str: ...
 
