@@ -431,7 +431,7 @@ class RemoteAdapter:
         give_up, pause = anyio.current_time() + self.retry_for, FIRST_PAUSE
         said = ""  # what the service's error frame said before it closed the socket
         try:
-            with anyio.fail_after(CONNECT_TIMEOUT + streams.START_TIMEOUT):
+            with anyio.fail_after(self.retry_for + CONNECT_TIMEOUT + streams.START_TIMEOUT):
                 while True:
                     try:
                         ws = await self._http().ws_connect(url)
@@ -460,7 +460,7 @@ class RemoteAdapter:
                 f"no stream into {sandbox.id}: the service at {self.url} did not answer ({exc!r})"
             ) from None
         await ws.close()
-        code = message.data if message.type is aiohttp.WSMsgType.CLOSE else None
+        code = message.data if message.type is aiohttp.WSMsgType.CLOSE else 0
         why = said or message.extra or f"the socket ended ({message.type.name})"
         raise REFUSED.get(code, BackendUnavailable)(f"no stream into {sandbox.id}: {why}")
 
