@@ -50,6 +50,7 @@ from orchard_async.adapters.local_reap import (
 from orchard_async.capabilities import AdapterFacts, Doctor, Facts, Snapshots
 from orchard_async.errors import ConfigError, CreateFailed, SandboxLost
 from orchard_async.kit import labels as names
+from orchard_async.kit import procfs
 from orchard_async.kit.sandbox import ShellSandbox
 from orchard_async.kit.shell import ShellClient, make_output_pipes, quote
 from orchard_async.kit.streams import PipeStream
@@ -305,7 +306,7 @@ class LocalAdapter:
             await client.start(str(ctl))
             server.pid = _host_pid(process.pid, client.server_pid, nested=self.namespaces)
         except (SandboxLost, OSError, anyio.BrokenResourceError) as exc:
-            await client.aclose()
+            await client.close()
             await self._stop(process, base, cgroup)
             log_tail = _tail(log_reader)
             log_reader.close()
@@ -316,7 +317,7 @@ class LocalAdapter:
 
         async def teardown() -> None:
             self._live.pop(sandbox_id, None)
-            await client.aclose()
+            await client.close()
             await self._stop(process, base, cgroup)
 
         sandbox = ShellSandbox(
@@ -460,11 +461,10 @@ def _host_pid(launcher: int, sandbox_pid: int, *, nested: bool) -> int:
     while queue:
         pid = queue.pop()
         try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                fields = line.split()
-                if fields[:1] == ["NSpid:"] and int(fields[-1]) == sandbox_pid and (len(fields) > 2) == nested:
-                    return pid
-            queue += [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-        except (OSError, ValueError):
+            ns_pids = procfs.ns_pids(pid)
+            if ns_pids and ns_pids[-1] == sandbox_pid and (len(ns_pids) > 1) == nested:
+                return pid
+            queue += procfs.children(pid)
+        except ValueError:
             continue
     return 0

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchard_async.errors import ConfigError
+from orchard_async.kit import procfs
 
 MODES = ("auto", "bwrap", "unshare", "none")
 NOBODY = 65534
@@ -346,9 +347,8 @@ def per_namespace_nproc() -> bool:
 
 def _own_cgroup(controller: str) -> tuple[str, str] | None:
     """This process's cgroup for a controller: (hierarchy mount, path), v1 first, then v2."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
+    lines = procfs.own_cgroups()
+    if lines is None:
         return None
     for line in lines:
         _, controllers, path = line.split(":", 2)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from orchard_async.adapters import local_snapshot as snaps
 from orchard_async.kit import labels as names
+from orchard_async.kit import procfs
 
 SANDBOX_ENV = "ORCHARD_SANDBOX"  # the sandbox dir: names the sandbox and the root it lives in
 
@@ -27,16 +28,10 @@ def _sandbox_processes() -> dict[str, list[int]]:
     """Every process on the host that belongs to some local sandbox, by sandbox dir."""
     marker = SANDBOX_ENV.encode() + b"="
     found: dict[str, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = Path(entry.path, "environ").read_bytes()
-        except OSError:
-            continue
+    for pid, environ in procfs.environs():
         for var in environ.split(b"\0"):
             if var.startswith(marker):
-                found.setdefault(var[len(marker) :].decode(), []).append(int(entry.name))
+                found.setdefault(var[len(marker) :].decode(), []).append(pid)
                 break
     return found
 

@@ -21,6 +21,9 @@ service's sandbox through that sandbox's own ``open_stream``, started by the sam
 every adapter's (``kit.streams``), so its pid, a missing program and ``connect``'s relay behave
 as they do there; its stderr is dropped, as everywhere.
 
+Entering the adapter (``async with``) checks that something answers at ``url`` within a few
+seconds (``REACH_FOR``): a wrong URL is one clear error, not minutes of retried creates.
+
 Defaults: ``url`` from ``ORCHARD_REMOTE_URL`` (else ``SANDBOX_BASE_URL``, else
 ``http://127.0.0.1:8000``), ``api_key`` from ``ORCHARD_REMOTE_KEY`` (else ``SANDBOX_API_KEY``).
 """
@@ -52,13 +55,18 @@ from orchard_async.errors import (
 )
 from orchard_async.kit import streams
 from orchard_async.kit.deadline import explained_deadline
+from orchard_async.kit.retry import Attempts, Backoff, retry_after
 from orchard_async.protocols import DEFAULT_EXEC_TIMEOUT
 from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec, check_env, check_timeout
 
 RETRY_FOR = 30.0  # seconds a call retries a service that does not answer, or answers 503
-FIRST_PAUSE, MAX_PAUSE = 0.25, 2.0  # between retries of a call that got no answer (doubling)
+NO_ANSWER_BACKOFF = Backoff(0.25, cap=2.0)  # between retries of a call that got no answer
 MAX_RETRY_AFTER = 30.0
 DOCTOR_RETRY_FOR = 2.0  # `doctor` says at once that no service answers
+# Entering the adapter: how long a service that does not answer at all may take to start
+# (one that answers anything, even an error, is there). Seconds, not retry_for: a wrong URL is
+# the user's mistake, said at once, before the first sandbox.
+REACH_FOR = 3.0
 WAIT_STEP = 300  # seconds per /wait call while a sandbox is being made
 HTTP_MARGIN = 60.0  # beyond a command's own timeout before the HTTP call gives up
 CONNECT_TIMEOUT = 10.0
@@ -369,8 +377,10 @@ class RemoteAdapter:
         """The call's answer, after retrying connection errors and 503s until ``until`` (default:
         ``retry_for`` seconds from now). Every call the library makes is safe to repeat: reads,
         DELETEs, creates (they name their sandbox) and execs (``Idempotency-Key``)."""
-        give_up = anyio.current_time() + self.retry_for if until is None else until
-        pause, reached = FIRST_PAUSE, False
+        attempts = Attempts(
+            NO_ANSWER_BACKOFF, deadline=anyio.current_time() + self.retry_for if until is None else until
+        )
+        reached = False
         while True:
             sent = dict(headers or {})
             if reached and "Idempotency-Key" in sent:
@@ -380,14 +390,16 @@ class RemoteAdapter:
             except TRANSPORT_ERRORS as exc:
                 # a refused connection reached nothing; any other failure may have come after the request
                 reached = reached or not isinstance(exc, aiohttp.ClientConnectorError)
-                if anyio.current_time() + pause > give_up:
+                pause = attempts.next_pause()
+                if pause is None:
                     raise BackendUnavailable(f"the service at {self.url} did not answer: {exc!r}") from None
                 await anyio.sleep(pause)
-                pause = min(pause * 2, MAX_PAUSE)
                 continue
             if response.status_code == 503:
-                wait = min(float(response.headers.get("Retry-After", 1)), MAX_RETRY_AFTER)
-                if anyio.current_time() + wait <= give_up:
+                # the service answered: its Retry-After paces the next try, not the backoff
+                asked = retry_after(response.headers.get("Retry-After"))
+                wait = min(1.0 if asked is None else asked, MAX_RETRY_AFTER)
+                if attempts.fits(wait):
                     await anyio.sleep(wait)
                     continue
             return response
@@ -428,7 +440,7 @@ class RemoteAdapter:
         (nothing started); anything later is not retried: the process may have started."""
         url = f"{self.url}{sandbox._path}/exec/pty"
         init = {"type": "init", "cmd": ["sh", "-c", 'exec "$@" 2>/dev/null', "orchard-stream", *command]}
-        give_up, pause = anyio.current_time() + self.retry_for, FIRST_PAUSE
+        attempts = Attempts(NO_ANSWER_BACKOFF, deadline=anyio.current_time() + self.retry_for)
         said = ""  # what the service's error frame said before it closed the socket
         try:
             with anyio.fail_after(self.retry_for + CONNECT_TIMEOUT + streams.START_TIMEOUT):
@@ -437,10 +449,10 @@ class RemoteAdapter:
                         ws = await self._http().ws_connect(url)
                         break
                     except aiohttp.ClientConnectorError:
-                        if anyio.current_time() + pause > give_up:
+                        pause = attempts.next_pause()
+                        if pause is None:
                             raise
                         await anyio.sleep(pause)
-                        pause = min(pause * 2, MAX_PAUSE)
                 try:
                     await ws.send_str(msgspec.json.encode(init).decode())
                     while True:
@@ -578,7 +590,26 @@ class RemoteAdapter:
             await self._session.close()
 
     async def __aenter__(self) -> RemoteAdapter:
+        await self.check_reachable()
         return self
+
+    async def check_reachable(self, within: float = REACH_FOR) -> None:
+        """AdapterUnavailable, naming the URL, when nothing answers there within ``within``
+        seconds. Any HTTP answer will do (a key, a sandbox, are each call's to check)."""
+        attempts = Attempts(NO_ANSWER_BACKOFF, deadline=anyio.current_time() + within)
+        while True:
+            try:
+                await self._request("GET", "/health", timeout=within)
+                return
+            except TRANSPORT_ERRORS as exc:
+                pause = attempts.next_pause()
+                if pause is None:
+                    await self.close()  # the caller's `async with` never entered: nothing else closes it
+                    raise AdapterUnavailable(
+                        f"no orchard-async service answers at {self.url} ({exc or type(exc).__name__}); start one "
+                        "with `orchard-async serve`, or give its url (adapter option url, or ORCHARD_REMOTE_URL)"
+                    ) from None
+                await anyio.sleep(pause)
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()

@@ -32,11 +32,12 @@ from typing import Any
 
 import anyio
 
-from orchard_async import Pool, SandboxSpec, collect, get_adapter, read_trajectories, rollout
+from orchard_async import EndReason, Pool, SandboxSpec, collect, get_adapter, read_trajectories, rollout
 from orchard_async.bench.common import TrackingAdapter, close_and_count, open_adapter
 from orchard_async.bench.report import Row
 from orchard_async.bench.scenario import Outcome
 from orchard_async.bench.tasks import RepeatPolicy, steps_tasks
+from orchard_async.kit import procfs
 
 SIM_FAULTS: dict[str, Any] = {
     "seed": 7,
@@ -96,7 +97,7 @@ async def chaos_sim(
     faults = {
         "creates_attempted": inner.creates,
         "creates_failed": inner.creates - inner.created,
-        "sandboxes_died": retries.get("sandbox_lost", 0) + ends.get("sandbox_lost", 0),
+        "sandboxes_died": retries.get(EndReason.SANDBOX_LOST, 0) + ends.get(EndReason.SANDBOX_LOST, 0),
         "commands_timed_out": command_reasons.get("timeout", 0),
     }
     row("injected: failed creates (incl. outage)", faults["creates_failed"])
@@ -160,16 +161,7 @@ class LocalProbe(Probe):
         # Every process of a local sandbox inherits variables pointing into its directory
         # (HOME, the adapter's sandbox variable): match on the value, not a variable's name.
         marker = b"=" + str(self.root).encode() + b"/"
-        processes = 0
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                environ = Path(entry.path, "environ").read_bytes()
-            except OSError:
-                continue
-            if marker in environ:
-                processes += 1
+        processes = sum(marker in environ for pid, environ in procfs.environs() if pid != os.getpid())
         return {"sandboxes": len(dirs), "processes": processes}
 
 

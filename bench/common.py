@@ -13,6 +13,7 @@ import anyio
 
 from orchard_async import Adapter, get_adapter, percentile
 from orchard_async.capabilities import Doctor
+from orchard_async.kit import procfs
 
 Op = Callable[[], Awaitable[object]]
 
@@ -75,23 +76,15 @@ def peak_rss_mb() -> float:
     """This process's peak resident set size: ``VmHWM``, the high-water mark of this
     process image. (``ru_maxrss`` is not used: Linux carries it across exec, so a child
     would report its parent's size at fork time when that was larger.)"""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    peak = procfs.status_kib("VmHWM")
+    if peak is None:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / 1024, 1)
 
 
 def current_rss_mb() -> float:
-    try:
-        with open("/proc/self/statm") as fh:
-            pages = int(fh.read().split()[1])
-        return round(pages * resource.getpagesize() / 1024**2, 1)
-    except OSError:
-        return peak_rss_mb()
+    resident = procfs.status_kib("VmRSS")
+    return peak_rss_mb() if resident is None else round(resident / 1024, 1)
 
 
 async def open_adapter(name: str, options: dict[str, Any] | None = None) -> tuple[Adapter, str | None]:

@@ -39,8 +39,8 @@ import anyio
 from orchard_async import Pool, load_recipe, rollout, summarize
 from orchard_async.adapters.docker import DockerAdapter
 from orchard_async.bench.common import ForkingTrackingAdapter, TrackingAdapter
+from orchard_async.kit import procfs
 
-TICK = os.sysconf("SC_CLK_TCK")
 SAMPLE_EVERY = 0.2  # seconds between looks at the shims (they go with their container)
 
 # What a command is, by a piece of its script (the recipe's own scripts; the oracle's commands).
@@ -67,41 +67,11 @@ def phase_of(command: str) -> str:
 # -- reading CPU ---------------------------------------------------------------------------
 
 
-def proc_times(pid: int) -> tuple[float, float] | None:
-    """(own, reaped children's) CPU seconds of a process, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
-    return (utime + stime) / TICK, (cutime + cstime) / TICK
-
-
 def pids_named(name: str, parent: int | None = None) -> list[int]:
     """Processes called ``name`` (children of ``parent`` only, when given)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/comm") as fh:
-                    if fh.read().strip() != name:
-                        continue
-                with open(f"/proc/{entry}/stat") as fh:
-                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-                if parent is None or ppid == parent:
-                    found.append(int(entry))
-            except OSError:
-                pass
-    return found
-
-
-def machine_busy() -> float:
-    """CPU seconds every core spent not idle since boot (/proc/stat)."""
-    with open("/proc/stat") as fh:
-        fields = [int(x) for x in fh.readline().split()[1:]]
-    idle = fields[3] + fields[4]  # idle, iowait
-    return (sum(fields[:8]) - idle) / TICK
+    return [
+        pid for pid in procfs.pids() if procfs.comm(pid) == name and (parent is None or procfs.parent(pid) == parent)
+    ]
 
 
 def cgroup_usage_file(container_id: str) -> str | None:
@@ -164,23 +134,21 @@ class ShimWatch:
         # Each new pid's name is read once: reading every process's comm each time cost more
         # CPU than the shims spend.
         # (pids are reused: one gone from /proc is forgotten, and read again when it is back)
-        present = {int(entry) for entry in os.listdir("/proc") if entry.isdigit()}
+        present = set(procfs.pids())
         self._seen &= present
         for pid in present - self._seen:
             self._seen.add(pid)
+            if procfs.comm(pid) != "containerd-shim":
+                continue
+            argv = procfs.cmdline(pid) or []
             try:
-                with open(f"/proc/{pid}/comm") as fh:
-                    if fh.read().strip() != "containerd-shim":
-                        continue
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    argv = fh.read().split(b"\0")
                 self.by_container[argv[argv.index(b"-id") + 1].decode()] = pid
-            except (OSError, ValueError, IndexError):
+            except (ValueError, IndexError):
                 pass
         for container_id, pid in list(self.by_container.items()):
             if container_id in self.ended:
                 continue
-            times = proc_times(pid)
+            times = procfs.cpu_seconds(pid)
             if times is None:
                 self.ended.add(container_id)
             else:
@@ -260,7 +228,7 @@ class MeteredSandbox:
         total = cgroup_seconds(self._cgroup)
         self._shims.look()
         pid = self._shims.by_container.get(self._container_id)
-        times = proc_times(pid) if pid else None
+        times = procfs.cpu_seconds(pid) if pid else None
         await self._inner.close()
         kind = self.kind()
         account = self._account
@@ -314,13 +282,13 @@ async def metered_run(args: argparse.Namespace, fork: bool, warm: bool, **option
     daemons = {"dockerd": dockerd, "containerd": [p for d in dockerd for p in pids_named("containerd", d)]}
 
     def daemon_cpu() -> dict[str, float]:
-        return {name: sum((proc_times(p) or (0.0, 0.0))[0] for p in pids) for name, pids in daemons.items()}
+        return {name: sum((procfs.cpu_seconds(p) or (0.0, 0.0))[0] for p in pids) for name, pids in daemons.items()}
 
     tasks = module.load_tasks("builtin")
     n = -(-args.episodes // args.group_size) * args.group_size
     shims.start()
     load_before = os.getloadavg()[0]
-    usage0, daemons0, machine0 = resource.getrusage(resource.RUSAGE_SELF), daemon_cpu(), machine_busy()
+    usage0, daemons0, machine0 = resource.getrusage(resource.RUSAGE_SELF), daemon_cpu(), procfs.machine_busy_seconds()
     watch0 = shims.cpu
     children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
@@ -341,7 +309,11 @@ async def metered_run(args: argparse.Namespace, fork: bool, warm: bool, **option
                 finished.append(trajectory)
     finally:
         wall = time.perf_counter() - started
-        usage1, daemons1, machine1 = resource.getrusage(resource.RUSAGE_SELF), daemon_cpu(), machine_busy()
+        usage1, daemons1, machine1 = (
+            resource.getrusage(resource.RUSAGE_SELF),
+            daemon_cpu(),
+            procfs.machine_busy_seconds(),
+        )
         watch1 = shims.cpu
         children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         load_after = os.getloadavg()[0]

@@ -29,6 +29,7 @@ from collections import Counter
 import anyio
 
 from orchard_async import Pool, Trajectory, load_recipe, rollout, summarize
+from orchard_async.apps.cli import close_policy
 from orchard_async.bench.common import ForkingTrackingAdapter, TrackingAdapter, close_and_count, open_adapter
 from orchard_async.bench.report import Comparison, Row, ms_percentiles
 from orchard_async.bench.scenario import Outcome
@@ -108,7 +109,7 @@ async def run_episodes(
                     steps=summary.steps,
                     episodes_per_s=round(summary.episodes_per_s or 0.0, 2),
                     steps_per_s=round(summary.steps_per_s or 0.0, 1),
-                    success_rate=round(summary.success_rate, 4),
+                    success_rate=None if summary.success_rate is None else round(summary.success_rate, 4),
                     errors=summary.failed,
                     wall_s=round(wall, 3),
                     time_share=_with_test_share(summary.time_share, finished),
@@ -137,10 +138,8 @@ async def run_episodes(
             await adapter.close()
         raise
     finally:
-        aclose = getattr(agent, "aclose", None)  # optional (Policy): a model policy's HTTP client
-        if aclose is not None:
-            with anyio.CancelScope(shield=True):
-                await aclose()
+        with anyio.CancelScope(shield=True):
+            await close_policy(agent)  # optional (Policy): a model policy's HTTP client
     ours = adapter.created + (forking.created if forking else [])
     leftovers = await close_and_count(adapter, adapter_name, adapter_options or {}, ours)
     if forking is not None:
@@ -190,5 +189,5 @@ def _with_test_share(shares: dict[str, float], finished: list[Trajectory]) -> di
     return {**shares, "score": round(shares["score"] - share, 4), "tests": share}
 
 
-def _round(value: float) -> float | None:
-    return None if value != value else round(value, 3)  # NaN (no commands) -> None
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)  # None: no commands

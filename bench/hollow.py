@@ -37,6 +37,7 @@ from orchard_async.bench.common import close_and_count, open_adapter, peak_rss_m
 from orchard_async.bench.report import Row, latency_row
 from orchard_async.bench.scenario import Outcome
 from orchard_async.kit import labels as names
+from orchard_async.kit import procfs
 
 SUBJECT = "kubernetes[control-plane-only]"
 CLUSTER_PROCESSES = ("apiserver", "etcd", "sched", "kcm")
@@ -44,11 +45,8 @@ CLUSTER_PROCESSES = ("apiserver", "etcd", "sched", "kcm")
 
 def process_cpu_s(pid: int) -> float | None:
     """User + system CPU seconds of a process (None when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    times = procfs.cpu_seconds(pid)
+    return None if times is None else times[0]
 
 
 def cluster_pids() -> dict[str, list[int]]:
@@ -295,11 +293,11 @@ def dead_controller() -> dict[str, str]:
         identity = {
             **names.controller_identity(),
             "pid": str(child.pid),
-            "start": names.process_start_time(child.pid) or "",
+            "start": procfs.start_ticks(child.pid) or "",
         }
     finally:
         child.wait()
-    if names.process_start_time(child.pid) == identity["start"] or not identity["start"]:
+    if procfs.start_ticks(child.pid) == identity["start"] or not identity["start"]:
         raise RuntimeError("could not make a dead controller's identity (the child's start time was not read)")
     return identity
 

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchard_async import loop_choice, percentile
+from orchard_async.kit import procfs
 
 # Version 1: `bench exec` of the foundation. Version 2 adds p95/wall/error fields, time
 # shares, comparisons, details and the burst/episodes/scale/chaos scenarios; every field
@@ -134,16 +135,10 @@ def load_average() -> float:
 
 
 def machine_info() -> dict[str, Any]:
-    memory_gib = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                memory_gib = round(int(line.split()[1]) / 1024**2, 1)
-    except OSError:
-        pass
+    memory_kib = procfs.memory_total_kib()
     return {
         "cores": os.cpu_count(),
-        "memory_gib": memory_gib,
+        "memory_gib": None if memory_kib is None else round(memory_kib / 1024**2, 1),
         "kernel": platform.release(),
         "python": platform.python_version(),
         "loop": loop_choice(),

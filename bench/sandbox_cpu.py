@@ -17,10 +17,9 @@ from orchard_async.bench.episode_cpu import (
     ShimWatch,
     cgroup_seconds,
     cgroup_usage_file,
-    machine_busy,
     pids_named,
-    proc_times,
 )
+from orchard_async.kit import procfs
 
 # -- pytest taken apart ------------------------------------------------------------------------
 
@@ -97,14 +96,14 @@ async def lifecycles(count: int, extra_execs: int = 0, network_both: bool = Fals
     containerd = [p for d in dockerd for p in pids_named("containerd", d)]
 
     def daemon(pids: list[int]) -> float:
-        return sum((proc_times(p) or (0.0, 0.0))[0] for p in pids)
+        return sum((procfs.cpu_seconds(p) or (0.0, 0.0))[0] for p in pids)
 
     samples: defaultdict[str, list[float]] = defaultdict(list)
     try:
         for index in range(count):
             account = Account()
             usage0, watch0 = resource.getrusage(resource.RUSAGE_SELF), shims.cpu
-            d0, c0, m0 = daemon(dockerd), daemon(containerd), machine_busy()
+            d0, c0, m0 = daemon(dockerd), daemon(containerd), procfs.machine_busy_seconds()
             adapter = adapters[index % len(adapters)]
             raw = await adapter.create(spec)
             cid = adapter.container_ids[raw.id]
@@ -127,7 +126,7 @@ async def lifecycles(count: int, extra_execs: int = 0, network_both: bool = Fals
                 "runc (create, start, exec)": account.runc_before_close,
                 "in the container": sum(account.sandbox_cpu.values()),
             }
-            row["machine (all cores, everyone)"] = machine_busy() - m0
+            row["machine (all cores, everyone)"] = procfs.machine_busy_seconds() - m0
             for key, value in row.items():
                 variant = f" +{extra_execs} execs" if extra_execs and index % 2 else ""
                 variant += (" (light_network off)" if index % 2 else "") if network_both else ""

@@ -39,6 +39,7 @@ import httpx
 
 import orchard_async as oa
 from orchard_async.bench.service import IMAGE, ServiceProcess, free_port
+from orchard_async.kit import procfs
 
 
 class Load:
@@ -172,15 +173,7 @@ def backend_leaks(name: str, root: Path | None) -> dict:
 def sandbox_processes(root: Path) -> int:
     """Processes whose environment names a sandbox dir under ``root``."""
     needle = f"ORCHARD_SANDBOX={root}/".encode()
-    count = 0
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                if needle in Path(f"/proc/{pid}/environ").read_bytes():
-                    count += 1
-            except OSError:
-                pass
-    return count
+    return sum(needle in environ for _, environ in procfs.environs())
 
 
 async def settle(service: ServiceProcess, root: Path | None, within: float = 90.0) -> dict:

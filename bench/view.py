@@ -35,6 +35,8 @@ from typing import Any
 
 import httpx
 
+from orchard_async.kit import procfs
+
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -62,19 +64,20 @@ def make_run(path: Path, episodes: int) -> None:
 
 
 def memory_mb(pid: int) -> tuple[float, float]:
-    """(resident, peak resident) of a process, in MB."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        fields[name] = value.strip()
-    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+    """(resident, peak resident) of a live process, in MB."""
+    resident, peak = procfs.status_kib("VmRSS", pid), procfs.status_kib("VmHWM", pid)
+    if resident is None or peak is None:
+        raise RuntimeError(f"no memory figures for process {pid}: it has ended")
+    return resident / 1024, peak / 1024
 
 
 def cpu_s(pid: int) -> float:
     """User and system CPU seconds a process has used (load on the machine does not inflate
-    them as it does wall-clock times)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    them as it does wall-clock times) of a live process."""
+    times = procfs.cpu_seconds(pid)
+    if times is None:
+        raise RuntimeError(f"no CPU time for process {pid}: it has ended")
+    return times[0]
 
 
 def start_view(path: Path) -> tuple[subprocess.Popen[str], str, float, float]:

@@ -4,9 +4,10 @@ The public API. Everything not re-exported here is private.
 """
 
 from orchard_async import _checkout  # noqa: F401 - a checkout's adapters, recipes and bench are its own
-from orchard_async.engine.episode import Episode, render
+from orchard_async.engine.episode import render
+from orchard_async.engine.plan import Episode, plan
 from orchard_async.engine.pool import Pool
-from orchard_async.engine.rollout import collect, plan, rollout
+from orchard_async.engine.rollout import collect, rollout
 from orchard_async.errors import (
     AdapterUnavailable,
     BackendUnavailable,
@@ -20,6 +21,7 @@ from orchard_async.errors import (
     SandboxLost,
     VerifierError,
 )
+from orchard_async.kit.labels import episode_label
 from orchard_async.kit.streams import SandboxStream, SandboxTransport, connect, forward
 from orchard_async.protocols import (
     DEFAULT_EXEC_TIMEOUT,
@@ -45,7 +47,15 @@ from orchard_async.records.trajectory import (
     read_run_header,
     read_trajectories,
 )
-from orchard_async.runtime import get_adapter, load_recipe, loop_choice, recipe_names, run
+from orchard_async.runtime import (
+    RecipeOptions,
+    get_adapter,
+    load_recipe,
+    loop_choice,
+    recipe_names,
+    recipe_option,
+    run,
+)
 from orchard_async.task import Observation, Reward
 from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec
 
@@ -75,6 +85,7 @@ __all__ = [
     "Policy",
     "Pool",
     "Recipe",
+    "RecipeOptions",
     "Retry",
     "Reward",
     "Sandbox",
@@ -93,6 +104,7 @@ __all__ = [
     "check_trajectory_file",
     "collect",
     "connect",
+    "episode_label",
     "forward",
     "get_adapter",
     "load_recipe",
@@ -102,6 +114,7 @@ __all__ = [
     "read_run_header",
     "read_trajectories",
     "recipe_names",
+    "recipe_option",
     "render",
     "rollout",
     "run",

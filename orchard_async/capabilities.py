@@ -81,6 +81,7 @@ class AdapterFacts(msgspec.Struct, frozen=True, kw_only=True):
     image: str | None = None  # the image a spec without one runs (None: the backend has no images)
     host_dir: str | None = None  # each sandbox's own directory is under this one, on this machine
     max_creating: int | None = None  # creates it runs at once (its own gate), where it has one
+    runs_commands: bool = True  # False: commands only pretend to run (sim); recipes' ADAPTER_NEEDS name it
 
 
 @runtime_checkable

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from orchard_async.types import ExecResult, FileInfo, SandboxSpec
 
@@ -227,10 +227,11 @@ class Policy(Protocol):
     ``ContextExhausted`` ends it and scores what the agent left; any other exception ends
     it as ``policy_error``.
 
-    Optional: ``async def aclose(self) -> None``, for a policy that holds resources (a
+    Optional: ``async def close(self) -> None``, for a policy that holds resources (a
     model policy's HTTP client). Whoever made the policy calls it once when done with it
     (the CLI does, after the run); the rollout engine never does, since one policy serves
-    every episode."""
+    every episode. (A policy written when this was ``aclose`` is still closed by the CLI,
+    with a DeprecationWarning.)"""
 
     name: str
 
@@ -248,10 +249,15 @@ class Recipe(Protocol):
         [project.entry-points."orchard_async.recipes"]
         swe = "orchard_async.recipes.swe"
 
-    * ``load_tasks(source)``: the tasks for ``--tasks SOURCE`` (``"builtin"`` by default);
-      a source it does not know is a ``ConfigError``.
-    * ``make_policy(name)``: the policy for ``--policy NAME``; an unknown one is a ``ConfigError``.
+    * ``load_tasks(source, options=None)``: the tasks for ``--tasks SOURCE`` (``"builtin"``
+      by default); a source it does not know is a ``ConfigError``.
+    * ``make_policy(name, options=None)``: the policy for ``--policy NAME``; an unknown one is
+      a ``ConfigError``.
     * ``POLICIES``: the policy names ``make_policy`` takes.
+    * optional ``OPTIONS``: its options, a ``RecipeOptions`` struct (``--recipe-options JSON``).
+      Both functions take ``options``: the struct, or a mapping of its fields (keywords too),
+      checked against it; an ``ORCHARD_*`` variable is only an option's default. A recipe
+      without ``OPTIONS`` takes none and is called without ``options``.
     * optional ``IMAGES``: the ``ImageSpec``s of the images its sandboxes run
       (``orchard-async images build`` builds them).
 
@@ -262,11 +268,11 @@ class Recipe(Protocol):
     anything, and imports the function only when that command runs::
 
         [project.entry-points."orchard_async.commands"]
-        export = "orchard_async.recipes.swe.cli:add_export_command"
+        export-gui = "orchard_async.recipes.gui.cli:add_export_command"
     """
 
     POLICIES: Collection[str]
 
-    def load_tasks(self, source: str) -> Sequence[Task]: ...
+    def load_tasks(self, source: str, options: Any = None) -> Sequence[Task]: ...
 
-    def make_policy(self, name: str) -> Policy: ...
+    def make_policy(self, name: str, options: Any = None) -> Policy: ...

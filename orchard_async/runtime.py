@@ -1,8 +1,13 @@
-"""Choosing the event loop, the adapter and the recipe by name.
+"""Choosing the event loop, the adapter and the recipe by name, and checking their options.
 
 Recipes and their commands are plugins: entry points in the ``orchard_async.recipes``
 and ``orchard_async.commands`` groups (see ``protocols.Recipe``). Only their names are read
 until one is used, so listing them imports no recipe.
+
+A recipe's settings are its options (``RecipeOptions``): a typed struct per recipe, given as
+``--recipe-options JSON`` or as keywords from Python, checked as adapter options are. An
+``ORCHARD_*`` variable is only the default of one option, read in one place
+(``RecipeOptions.from_env``).
 
 The loop: ``ORCHARD_LOOP`` = ``asyncio`` | ``uvloop`` | ``auto`` (uvloop when installed).
 The default is ``asyncio``. Measured on the 2-core reference machine: uvloop spawns child
@@ -14,17 +19,21 @@ up for that (see README, "Event loop").
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import importlib.metadata
 import inspect
 import os
+import re
 import signal
+import types
 import typing
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, ClassVar, NamedTuple, Self, TypeVar
 
 import anyio
 import msgspec
+import msgspec.inspect
 
 from orchard_async.errors import AdapterUnavailable, ConfigError
 from orchard_async.protocols import Adapter, Recipe
@@ -41,6 +50,10 @@ ADAPTERS = {
 }
 RECIPE_GROUP = "orchard_async.recipes"  # entry point: name = recipe, value = its module
 COMMAND_GROUP = "orchard_async.commands"  # entry point: name = command, value = "module:add_command"
+
+
+# The variables this module reads (docs/variables.md): name -> (default, meaning).
+ENVIRONMENT = {"ORCHARD_LOOP": (DEFAULT_LOOP, "the event loop: asyncio, uvloop or auto (uvloop when installed)")}
 
 
 def loop_choice(loop: str | None = None) -> str:
@@ -219,3 +232,173 @@ def load_recipe(name: str) -> Recipe:
             f"the {name} recipe ({points[name].value}) has no {' or '.join(missing)}; see orchard_async.Recipe"
         )
     return module
+
+
+def recipe_options(name: str, recipe: Recipe, given: Mapping[str, Any] | None) -> RecipeOptions | None:
+    """The options in force for a recipe: ``given`` (``--recipe-options``) over its variables'
+    defaults, checked against its ``OPTIONS`` struct. None for a recipe that declares no
+    ``OPTIONS``: it takes none, and any given is a ConfigError."""
+    options_class = getattr(recipe, "OPTIONS", None)
+    if options_class is None:
+        if given:
+            raise ConfigError(f"the {name} recipe takes no options; got {', '.join(map(repr, sorted(given)))}")
+        return None
+    return options_class.resolve(given)
+
+
+# -- recipe options --------------------------------------------------------------------------
+
+
+def recipe_option(
+    meaning: str, env: str | None = None, *, empty_is_value: bool = False, **constraints: Any
+) -> msgspec.Meta:
+    """One recipe option's declaration, as ``Annotated[type, recipe_option(...)]`` on a field of a
+    ``RecipeOptions`` struct: what it means, the environment variable that gives its default
+    (an empty value counts as unset, unless ``empty_is_value``), and msgspec's constraints
+    (``ge=0``, ...)."""
+    extra = {"env": env, "empty_is_value": empty_is_value} if env else {}
+    return msgspec.Meta(description=meaning, extra=extra, **constraints)
+
+
+class OptionInfo(NamedTuple):
+    """One field of a ``RecipeOptions`` struct, as the docs and the error messages show it."""
+
+    name: str
+    kind: str  # the type, as a person reads it: "int", "str | None", "auto|swebench|pytest"
+    default: Any
+    meaning: str
+    env: str | None  # the variable that gives its default
+    empty_is_value: bool
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+class RecipeOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """The base of a recipe's options: subclass it, one field per option, each annotated with
+    ``recipe_option(...)``. ``RECIPE`` names the recipe in messages; ``OPERATIONAL`` are the fields that
+    say where or how (a folder, a key), not what an episode does: they are left out of a run's
+    header, so a ``--resume`` may change them.
+
+    Three ways to get the options in force, all checked against the struct's types:
+
+    * ``resolve(None | mapping | struct, **keywords)``: what a recipe's ``load_tasks`` and
+      ``make_policy`` do with what they are given. A mapping (or keywords) is laid over the
+      variables' defaults (``from_env``); a struct is taken as it is (its unset fields are the
+      struct's defaults, not the environment's: an embedding trainer that builds one gets the
+      same options in any environment), keywords replacing its fields.
+    * ``from_env(environ=None, **given)``: every option from its variable when that is set,
+      else the struct's default, then ``given`` over them.
+    * the constructor: the struct's defaults only; checked when a recipe resolves it.
+    """
+
+    RECIPE: ClassVar[str] = "this"
+    OPERATIONAL: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    @functools.cache
+    def fields(cls) -> tuple[OptionInfo, ...]:
+        hints = typing.get_type_hints(cls)
+        found = []
+        for field in msgspec.inspect.type_info(cls).fields:  # type: ignore[attr-defined]
+            meta = field.type if isinstance(field.type, msgspec.inspect.Metadata) else None
+            extra = (meta.extra or {}) if meta else {}
+            meaning = ((meta.extra_json_schema or {}) if meta else {}).get("description", "")
+            default = field.default if field.default is not msgspec.NODEFAULT else field.default_factory()
+            kind = _kind(hints[field.name])
+            found.append(
+                OptionInfo(field.name, kind, default, meaning, extra.get("env"), extra.get("empty_is_value", False))
+            )
+        return tuple(found)
+
+    @classmethod
+    def names(cls) -> str:
+        """The options' names, for messages: "a, b, c"."""
+        return ", ".join(cls.__struct_fields__)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, /, **given: Any) -> Self:
+        env = os.environ if environ is None else environ
+        raw: dict[str, str] = {}
+        variable: dict[str, str] = {}
+        for info in cls.fields():
+            value = env.get(info.env) if info.env and info.name not in given else None  # given: not even read
+            if value is None or (not value.strip() and not info.empty_is_value):
+                continue
+            value = value.strip()
+            if info.kind in ("bool", "bool | None") and value.lower() in _TRUE + _FALSE:
+                value = "true" if value.lower() in _TRUE else "false"
+            raw[info.name], variable[info.name] = value, info.env  # type: ignore[assignment]
+        try:
+            defaults = msgspec.convert(raw, cls, strict=False)  # the variables' text: "3" is an int here
+        except msgspec.ValidationError as exc:
+            field = _field_of(exc)
+            name = variable.get(field or "", "a variable")
+            raise ConfigError(
+                f"{name}={raw.get(field or '', '')!r} is not a valid {field} option of the {cls.RECIPE} recipe: "
+                f"{cls._explain(exc)}"
+            ) from None
+        return cls._checked({**{name: getattr(defaults, name) for name in raw}, **given})
+
+    @classmethod
+    def resolve(cls, options: Self | Mapping[str, Any] | None = None, /, **keywords: Any) -> Self:
+        if isinstance(options, cls):
+            return cls._checked({**msgspec.structs.asdict(options), **keywords})
+        if options is None:
+            options = {}
+        if not isinstance(options, Mapping):
+            raise ConfigError(
+                f"the {cls.RECIPE} recipe's options are a {cls.__name__} or a mapping of its fields, "
+                f"got {type(options).__name__}"
+            )
+        return cls.from_env(**{**options, **keywords})
+
+    @classmethod
+    def _checked(cls, values: dict[str, Any]) -> Self:
+        unknown = sorted(set(values) - set(cls.__struct_fields__), key=str)
+        if unknown:
+            raise ConfigError(
+                f"the {cls.RECIPE} recipe has no option {', '.join(map(repr, unknown))}; its options are: {cls.names()}"
+            )
+        try:
+            return msgspec.convert(values, cls)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(
+                f"bad option for the {cls.RECIPE} recipe: {cls._explain(exc)}; its options are: {cls.names()}"
+            ) from None
+
+    @classmethod
+    def _explain(cls, exc: msgspec.ValidationError) -> str:
+        """msgspec's message, with the choices named when a value is not one of them."""
+        field = _field_of(exc)
+        info = next((i for i in cls.fields() if i.name == field), None)
+        if info is not None and str(exc).startswith("Invalid enum value"):
+            got = str(exc).removeprefix("Invalid enum value ").split(" - at ")[0]
+            return f"{field} must be one of {info.kind.replace('|', ', ')}, got {got}"
+        return str(exc)
+
+    @classmethod
+    def run_header(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Of the options ``given``, those a run's header records: all but the operational ones."""
+        return {key: value for key, value in sorted(given.items()) if key not in cls.OPERATIONAL}
+
+
+def _field_of(exc: msgspec.ValidationError) -> str | None:
+    """The field a msgspec error is about (its "at `$.name`")."""
+    _, found, where = str(exc).rpartition(" - at `$.")
+    return re.split(r"[`.\[]", where)[0] or None if found else None
+
+
+def _kind(annotation: Any) -> str:
+    """A type as a person reads it in a table of options."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _kind(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) is typing.Literal:
+        return "|".join(str(value) for value in typing.get_args(annotation))
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return " | ".join(_kind(member) for member in typing.get_args(annotation))
+    if annotation is type(None):
+        return "None"
+    if typing.get_origin(annotation) is not None:
+        return str(annotation).replace("typing.", "")
+    return getattr(annotation, "__name__", str(annotation))

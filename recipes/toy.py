@@ -1,17 +1,55 @@
 """A built-in toy task set, so the main job runs with nothing else installed.
 
-Five small shell chores with programmatic scoring, each in a few seeded variants, and two
-scripted policies: ``oracle`` (solves every task in a few steps) and ``random`` (plausible
-commands, usually wrong). Built only on the public core API, like every recipe.
+Five small shell chores with programmatic scoring, each in a few seeded variants, and
+scripted policies: ``oracle`` (solves every task in a few steps), ``random`` (plausible
+commands, usually wrong), ``empty`` (submits at once) and ``noisy-oracle:P`` (the oracle
+with probability P per episode, else empty; see ``orchard_async.recipes``). Built only on
+the public core API, like every recipe. Options (``ToyOptions``): how many variants, the
+random policy's seed.
+
+Its training data (``orchard-async export``) is a shell agent's chat (``toy_messages``): the
+recipe's system prompt, the task, each command as a reply in a ``bash`` block and its
+output, then ``submit``.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar
 
-from orchard_async import Action, ConfigError, Observation, Reward, Sandbox, SandboxSpec
+from orchard_async import (
+    Action,
+    ConfigError,
+    Observation,
+    Policy,
+    RecipeOptions,
+    Reward,
+    Sandbox,
+    SandboxSpec,
+    Trajectory,
+    recipe_option,
+)
+from orchard_async.recipes import noisy_oracle
+from orchard_async.records.export import Chats
+
+
+class ToyOptions(RecipeOptions):
+    """The toy recipe's options (``--recipe-options``, or keywords of ``load_tasks`` and ``make_policy``)."""
+
+    RECIPE: ClassVar[str] = "toy"
+
+    variants: Annotated[int, recipe_option("seeded variants of each of the five chores", ge=1)] = 2
+    seed: Annotated[int, recipe_option("the random policy's seed")] = 0
+
+
+SYSTEM_PROMPT = (
+    "You are an agent in a Linux shell. Do the task you are given with shell commands: reply with exactly "
+    "one command in a ```bash block, and you see its output. When the task is done, reply with `submit` in a "
+    "```bash block."
+)
+OBSERVATION_CHARS = 10_000
 
 
 @dataclass
@@ -163,17 +201,55 @@ class RandomPolicy:
         return Action(command=rng.choice(self.COMMANDS))
 
 
-POLICIES = {"oracle": OraclePolicy, "random": RandomPolicy}
+class EmptyPolicy:
+    """Submits at once: every task scores 0."""
+
+    name = "empty"
+
+    async def act(self, observation: Observation) -> Action:
+        return Action(kind="submit")
 
 
-def load_tasks(source: str = "builtin") -> list[ShellTask]:
+POLICIES = {"oracle": OraclePolicy, "random": RandomPolicy, "empty": EmptyPolicy}
+OPTIONS = ToyOptions  # what `--recipe-options` takes
+
+
+def load_tasks(
+    source: str = "builtin", options: ToyOptions | Mapping[str, Any] | None = None, **keywords: Any
+) -> list[ShellTask]:
     """The recipe's task loader (`--tasks`): only the built-in set exists for the toy recipe."""
+    opts = ToyOptions.resolve(options, **keywords)
     if source != "builtin":
         raise ConfigError(f"the toy recipe has only built-in tasks; got --tasks {source!r}")
-    return builtin_tasks()
+    return builtin_tasks(opts.variants)
 
 
-def make_policy(name: str) -> OraclePolicy | RandomPolicy:
+def make_policy(name: str, options: ToyOptions | Mapping[str, Any] | None = None, **keywords: Any) -> Policy:
+    opts = ToyOptions.resolve(options, **keywords)
+    if name == "random":
+        return RandomPolicy(opts.seed)
+    noisy = noisy_oracle(name, OraclePolicy(), EmptyPolicy())
+    if noisy is not None:
+        return noisy
     if name not in POLICIES:
-        raise ConfigError(f"unknown policy {name!r} for the toy recipe; choose one of: {', '.join(POLICIES)}")
+        choices = ", ".join([*POLICIES, "noisy-oracle:P"])
+        raise ConfigError(f"unknown policy {name!r} for the toy recipe; choose one of: {choices}")
     return POLICIES[name]()
+
+
+def toy_messages(trajectory: Trajectory) -> list[dict[str, Any]]:
+    """An episode as a shell agent's chat: what a model acting through this recipe would see."""
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": trajectory.instruction}]
+    for step in trajectory.steps:
+        if step.action.kind == "submit":
+            messages.append({"role": "assistant", "content": "```bash\nsubmit\n```"})
+        elif step.action.kind == "exec":
+            messages.append({"role": "assistant", "content": f"```bash\n{step.action.command}\n```"})
+            output = step.observation or f"(no output; exit status {step.exit_code})"
+            messages.append({"role": "user", "content": output[:OBSERVATION_CHARS]})
+    return messages
+
+
+def training_chats(options: dict[str, Any]) -> Chats:
+    """The toy recipe's chat for ``orchard-async export``."""
+    return Chats(toy_messages)

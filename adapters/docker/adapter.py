@@ -130,7 +130,7 @@ class DockerAdapter(BackgroundOwner):
             # Remove first: closing the stream first would make the container end itself
             # (exit_with_shell) and race our removal with AutoRemove's.
             await self._remove(name)
-            await client.aclose()
+            await client.close()
             await close_streams(relays)
 
         opener = functools.partial(self._open_stream, container)
@@ -230,7 +230,7 @@ class DockerAdapter(BackgroundOwner):
             # Even a create that failed may have made the container (its answer was lost).
             await self._remove(name)
             if split is not None:
-                await split.aclose()
+                await split.close()
             if isinstance(exc, aiodocker.DockerError):
                 raise self._create_error(config["Image"], exc) from None
             raise
@@ -372,7 +372,7 @@ class DockerAdapter(BackgroundOwner):
             await concurrently(*closes, *(functools.partial(self._remove, name) for name in list(self._unremoved)))
             for snapshot_id in list(self.forks.taken):  # their forks are gone now
                 await self.forks.drop(snapshot_id, quiet=True)
-            await self._background.aclose()
+            await self._background.close()
             await self.api.close()
 
     async def doctor(self) -> str:

@@ -52,6 +52,7 @@ from orchard_async.kit import labels as names
 from orchard_async.kit.background import Background, BackgroundOwner
 from orchard_async.kit.deadline import explained_deadline
 from orchard_async.kit.exec_streams import OutputStream, close_streams
+from orchard_async.kit.retry import Backoff
 from orchard_async.kit.sandbox import ShellSandbox
 from orchard_async.kit.shell import CgroupShellClient, ShellClient
 from orchard_async.protocols import Sandbox
@@ -60,6 +61,7 @@ from orchard_async.types import SandboxSpec
 DEFAULT_NAMESPACE = "orchard"
 DEFAULT_IMAGE = "local/busybox:1"
 INTERRUPT_TIMEOUT = 10.0
+DELETION_BACKOFF = Backoff(1.0, cap=15.0)  # between background sweeps of unconfirmed deletions
 IMAGE_HINT = (
     "check the image name; on a cluster without a registry import it into the node's runtime "
     "(`orchard-async images build --adapter kubernetes` on a one-node cluster)"
@@ -147,6 +149,11 @@ class KubernetesAdapter(BackgroundOwner):
     @property
     def server(self) -> str:
         return self.api.server
+
+    @property
+    def max_creating(self) -> int:
+        """Pods created at once (the create gate); a Pool over this adapter reads its bound here."""
+        return self.config.max_creating
 
     async def _start(self) -> None:
         """The API client, the create gate and the transport: once, on first use."""
@@ -289,7 +296,7 @@ class KubernetesAdapter(BackgroundOwner):
             # The websockets' close handshakes (up to seconds while the kubelet is busy
             # killing the pod) are not the caller's to wait for: they run in the background,
             # and close() waits for them (they end by themselves: CLOSE_TIMEOUT bounds each).
-            self._background.start_soon(client.aclose, cancel_on_close=False)
+            self._background.start_soon(client.close, cancel_on_close=False)
             self._background.start_soon(close_streams, relays, cancel_on_close=False)
 
         opener = functools.partial(self._open_stream, PodRef(self.namespace, name))
@@ -496,13 +503,13 @@ class KubernetesAdapter(BackgroundOwner):
         stopped = self._retrying = anyio.Event()
 
         async def retry() -> None:
-            delay = 1.0
+            sweeps = 0
             try:
                 while self._unremoved:
-                    await anyio.sleep(delay)
+                    await anyio.sleep(DELETION_BACKOFF.delay(sweeps))
                     for name, allow in list(self._unremoved.items()):
                         await self._remove_quietly(name, allow)
-                    delay = min(delay * 2, 15.0)
+                    sweeps += 1
             finally:
                 stopped.set()
 
@@ -556,14 +563,14 @@ class KubernetesAdapter(BackgroundOwner):
             for snapshot_id in list(self.forks.taken):
                 await self.drop_snapshot(snapshot_id)
             # the watch and the retrier are cancelled, the close handshakes waited for
-            await self._background.aclose()
+            await self._background.close()
             if self._unremoved and self.api.started:
                 await container_shell.concurrently(
                     *(functools.partial(self._remove_quietly, name, allow) for name, allow in self._unremoved.items())
                 )
             self.informer = None
             self._namespace_ready = False
-            await self.transport.aclose()
+            await self.transport.close()
             await self.api.close()
             self._started = False
 

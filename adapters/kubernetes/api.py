@@ -8,10 +8,8 @@ context), else the in-cluster service account: kubectl's order.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,10 +20,13 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
 from orchard_async.errors import AdapterUnavailable, BackendUnavailable, OrchardError
+from orchard_async.kit.retry import Attempts, Backoff, retry_after
 
 API_TIMEOUT = 30.0  # one attempt of one API call
 API_RETRY_FOR = 60.0  # how long one call retries 429/5xx/connection errors
 DELETE_RETRY_FOR = 10.0  # shorter for deletes: the caller waits; close() and reap retry later
+API_BACKOFF = Backoff(0.1, cap=5.0, jitter=(0.5, 1.5))  # between retries of one call
+MAX_RETRY_AFTER = 30.0  # the longest Retry-After honoured
 NETWORKING = "networking.k8s.io/v1"  # the API group of NetworkPolicies
 
 
@@ -55,10 +56,7 @@ async def api_error(response: aiohttp.ClientResponse) -> ApiError:
         reason, message = status.get("reason") or response.reason or "", status.get("message") or ""
     except Exception:  # noqa: BLE001 - not a Status object
         reason, message = response.reason or "", ""
-    retry_after = None
-    with contextlib.suppress(TypeError, ValueError):
-        retry_after = float(response.headers.get("Retry-After", ""))
-    return ApiError(response.status, reason, message, retry_after)
+    return ApiError(response.status, reason, message, retry_after(response.headers.get("Retry-After")))
 
 
 class RateLimit:
@@ -231,10 +229,11 @@ class KubeApi:
         the time runs out."""
         await self.start()
         assert self._gate is not None
-        give_up = anyio.current_time() + (self.api_retry_for if retry_for is None else retry_for)
-        delay = 0.1
+        attempts = Attempts(
+            API_BACKOFF, deadline=anyio.current_time() + (self.api_retry_for if retry_for is None else retry_for)
+        )
         while True:
-            wait = delay * (0.5 + random.random())
+            asked: float | None = None
             try:
                 if self._rate is not None:
                     await self._rate.take()
@@ -256,14 +255,14 @@ class KubeApi:
                     raise
                 why = str(exc)
                 if exc.retry_after:
-                    wait = min(exc.retry_after, 30.0)
+                    asked = min(exc.retry_after, MAX_RETRY_AFTER)
             except (TimeoutError, OSError, aiohttp.ClientError) as exc:
                 why = f"cannot connect: {type(exc).__name__}: {exc}"
-            if anyio.current_time() + wait > give_up:
+            pause = attempts.next_pause(asked)
+            if pause is None:
                 raise BackendUnavailable(f"Kubernetes API at {self.server} ({what}): {why}")
             self.stats["api_retries"] += 1
-            await anyio.sleep(wait)
-            delay = min(delay * 2, 5.0)
+            await anyio.sleep(pause)
 
     async def list_page(self, path: str, selector: str, what: str, token: str = "") -> dict[str, Any]:
         """One page (500 objects) of a list by label selector; its metadata has the

@@ -233,6 +233,6 @@ class PodIpTransport:
                 await connection.close()
         return code, bytes(out), bytes(err)
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         self._routes.clear()
-        await self.fallback.aclose()
+        await self.fallback.close()

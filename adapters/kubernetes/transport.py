@@ -52,7 +52,7 @@ class Transport(Protocol):
 
     async def run(self, pod: PodRef, command: list[str], timeout: float) -> tuple[int | None, bytes, bytes]: ...
 
-    async def aclose(self) -> None: ...
+    async def close(self) -> None: ...
 
 
 # What a transport may offer besides (both of ours offer the first two; the adapter asks with isinstance).
@@ -199,7 +199,7 @@ class ExecTransport:
                 await connection.close()
         return exit_code(status), bytes(out), bytes(err)
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
             self._client = None

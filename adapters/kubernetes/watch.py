@@ -4,7 +4,6 @@ failed. The informer is given the API (``KubeApi``), not the adapter."""
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import anyio
@@ -12,8 +11,10 @@ import msgspec
 
 from orchard_async.adapters.kubernetes.api import ApiError, KubeApi, api_error
 from orchard_async.adapters.kubernetes.manifests import CONTAINER
+from orchard_async.kit.retry import Backoff
 
 WATCH_SECONDS = 240  # server-side timeout of one watch request; then it is resumed
+RECONNECT_BACKOFF = Backoff(0.2, cap=5.0, jitter=(0.5, 1.5))  # after a watch or list that failed
 
 # container waiting reasons that no amount of waiting fixes: the create fails at once
 FATAL_WAITING = {
@@ -233,13 +234,13 @@ class PodInformer:
     async def run(self) -> None:
         """Keep the pods in memory until cancelled (it never returns by itself)."""
         version: str | None = None
-        backoff = 0.2
+        failures = 0  # since the last watch that ended well
         while True:
             try:
                 if version is None:
                     version = await self._relist()
                 version = await self._watch(version)
-                backoff = 0.2
+                failures = 0
             except _Gone:
                 self.gone_410 += 1
                 version = None
@@ -247,8 +248,8 @@ class PodInformer:
                 self.connected = False
                 self.errors += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"[:300]
-                await anyio.sleep(backoff * (0.5 + random.random()))
-                backoff = min(backoff * 2, 5.0)
+                await anyio.sleep(RECONNECT_BACKOFF.delay(failures))
+                failures += 1
 
     async def _relist(self) -> str:
         pods: dict[str, PodState] = {}

@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -29,7 +31,7 @@ from rich.table import Table
 from orchard_async.capabilities import Doctor
 from orchard_async.engine.rollout import collect, plan
 from orchard_async.errors import AdapterUnavailable, ConfigError, OrchardError
-from orchard_async.protocols import Adapter
+from orchard_async.protocols import Adapter, Recipe
 from orchard_async.records.paths import check_output_dir, check_output_file
 from orchard_async.records.summary import Summary, summarize, to_json
 from orchard_async.records.trajectory import (
@@ -48,6 +50,7 @@ from orchard_async.runtime import (
     recipe_commands,
     recipe_names,
     recipe_of,
+    recipe_options,
     run,
 )
 
@@ -59,6 +62,7 @@ OUTSIDE_COMMANDS = {
     "bench": ("orchard_async.bench.cli:add_command", "measure sandbox latency and throughput against baselines"),
     "serve": ("orchard_async.apps.serve.cli:add_serve_command", "run the environment service (Orchard Env's HTTP API)"),
     "view": ("orchard_async.apps.view.cli:add_view_command", "look at a run in the browser"),
+    "export": ("orchard_async.records.export:add_command", "trajectories -> training data, in the recipe's own chat"),
 }
 
 # Adapter options that say where and how to reach the backend, not what an episode sees:
@@ -112,6 +116,24 @@ def parse_adapter_options(options: str | None) -> dict[str, Any]:
     return parsed
 
 
+def parse_recipe_options(options: str | None, name: str, recipe: Recipe) -> dict[str, Any]:
+    """``--recipe-options`` as a dict; what is not a JSON object is a ConfigError that names the
+    recipe's options (their types are checked by ``recipe_options``)."""
+    options_class = getattr(recipe, "OPTIONS", None)
+    known = (
+        f"the {name} recipe's options are: {options_class.names()}"
+        if options_class
+        else f"the {name} recipe takes none"
+    )
+    try:
+        parsed = json.loads(options) if options else {}
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--recipe-options is not valid JSON ({exc}); {known}") from None
+    if not isinstance(parsed, dict):
+        raise ConfigError(f"--recipe-options must be a JSON object like '{{\"key\": value}}', got {options}; {known}")
+    return parsed
+
+
 def make_adapter(name: str, options: str | dict[str, Any] | None) -> Adapter:
     parsed = options if isinstance(options, dict) else parse_adapter_options(options)
     return get_adapter(name, **parsed)
@@ -120,27 +142,47 @@ def make_adapter(name: str, options: str | dict[str, Any] | None) -> Adapter:
 # -- rollouts ------------------------------------------------------------------------------
 
 
+async def close_policy(policy: object) -> None:
+    """A policy's optional ``close`` (protocols.Policy: a model policy's HTTP client). One
+    written when the verb was ``aclose`` is closed too, with a DeprecationWarning."""
+    close = getattr(policy, "close", None)
+    if close is None:
+        close = getattr(policy, "aclose", None)
+        if close is None:
+            return
+        warnings.warn(
+            f"{type(policy).__name__}.aclose(): a policy's end verb is close() now", DeprecationWarning, stacklevel=2
+        )
+    await close()
+
+
 async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, replace: bool) -> int:
     """Everything that can be wrong is checked before the first sandbox: the --out path by
-    the caller (kind, name, writable), then adapter options, recipe, tasks, the plan,
-    policy, the adapter, and in ``collect`` the existing file (on resume: the same run)."""
+    the caller (kind, name, writable), then adapter options, recipe, its options, tasks, the
+    plan, policy, the adapter, and in ``collect`` the existing file (on resume: the same run)."""
     options = parse_adapter_options(args.adapter_options)
     recipe = load_recipe(args.recipe)
-    tasks = recipe.load_tasks(args.tasks)
+    given = parse_recipe_options(args.recipe_options, args.recipe, recipe)
+    in_force = recipe_options(args.recipe, recipe, given)
+    with_options = {} if in_force is None else {"options": in_force}  # a recipe without OPTIONS is called as before
+    tasks = recipe.load_tasks(args.tasks, **with_options)
     plan(tasks, args.episodes, args.group_size)
-    policy = recipe.make_policy(args.policy)
+    policy = recipe.make_policy(args.policy, **with_options)
     adapter: Adapter | None = None
     finished: list[Trajectory] = []
     leaked: int | None = None
     # exited last: the adapter (its sandboxes, its task group) is closed after the count of leftovers
     async with contextlib.AsyncExitStack() as adapters:
         try:
-            adapter = await adapters.enter_async_context(make_adapter(args.adapter, options))
+            adapter = await adapters.enter_async_context(check_runs_on(make_adapter(args.adapter, options), args))
             header = {
                 "recipe": args.recipe,
                 "task_source": args.tasks,
                 "adapter_options": {k: v for k, v in sorted(options.items()) if k not in OPERATIONAL_OPTIONS},
             }
+            recorded = in_force.run_header(given) if in_force is not None else {}
+            if recorded:  # only the options given, and only then: a run from before options still resumes
+                header["recipe_options"] = recorded
             if isinstance(getattr(adapter, "image", None), str):  # the image in force, default or not
                 header["image"] = adapter.image  # type: ignore[attr-defined]
             started = time.perf_counter()
@@ -188,15 +230,42 @@ async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, re
             with anyio.CancelScope(shield=True):
                 if adapter is not None:
                     leaked = len(await adapter.list_owned())
-                aclose = getattr(policy, "aclose", None)  # optional (protocols.Policy): a model's HTTP client
-                if aclose is not None:
-                    await aclose()
+                await close_policy(policy)
     summary = summarize(finished, wall_s=time.perf_counter() - started, leaked=leaked)
     print_summary(summary, title=f"{args.recipe} · {policy.name} · {args.adapter}")
     if result.skipped:
         console.print(f"resumed: {result.skipped} episodes were already in {out}")
     console.print(f"trajectories: {out}")
+    bar = getattr(args, "min_judged", 0.0)
+    if summary.episodes and (summary.judged == 0 or summary.judged / summary.episodes + 1e-9 < bar):
+        console.print(
+            f"[red]error:[/] {summary.judged} of {summary.episodes} episodes were judged, below --min-judged {bar:g} "
+            f"(end reasons: {', '.join(f'{k} {v}' for k, v in summary.exit_reasons.items())})",
+            soft_wrap=True,
+            highlight=False,
+        )
+        return 1
     return 0 if leaked == 0 else 1
+
+
+def _shown(value: float | None, form: str, nothing: str = "-") -> str:
+    """A number of the summary, or ``nothing`` where there was nothing to measure (never "nan")."""
+    return nothing if value is None or math.isnan(value) else form.format(value)
+
+
+def check_runs_on(adapter: Adapter, args: argparse.Namespace) -> Adapter:
+    """The adapter, when it has what the recipe needs (its ``ADAPTER_NEEDS``: names of facts
+    the adapter must have true, e.g. ``runs_commands``, which the sim adapter has false); else
+    a ConfigError before the first sandbox."""
+    recipe = load_recipe(args.recipe)
+    lacking = sorted(need for need in getattr(recipe, "ADAPTER_NEEDS", ()) if not getattr(adapter, need, True))
+    if lacking:
+        raise ConfigError(
+            f"the {args.recipe} recipe cannot run on the {args.adapter} adapter: it needs an adapter with "
+            f"{', '.join(lacking)}, and the {args.adapter} adapter's is false; use another --adapter "
+            "(local, docker, kubernetes, remote)"
+        )
+    return adapter
 
 
 def print_summary(summary: Summary, title: str, out: Console | None = None) -> None:
@@ -206,8 +275,10 @@ def print_summary(summary: Summary, title: str, out: Console | None = None) -> N
     rows: list[tuple[str, str]] = [
         ("episodes", str(summary.episodes)),
         ("finished / failed", f"{summary.finished} / {summary.failed}"),
-        ("success rate", f"{summary.success_rate:.1%}"),
-        ("reward mean", f"{summary.mean_reward:.3f}"),
+        ("judged", str(summary.judged)),
+        # over the judged episodes: with none judged there is no rate to show
+        ("success rate", _shown(summary.success_rate, "{:.1%}", "- (none judged)")),
+        ("reward mean", _shown(summary.mean_reward, "{:.3f}")),
         ("steps", str(summary.steps)),
     ]
     if summary.steps_per_s is not None:
@@ -219,7 +290,7 @@ def print_summary(summary: Summary, title: str, out: Console | None = None) -> N
         count = getattr(summary, field, 0)
         rows.append((f"[red]{label}[/]", f"[red]{count}[/]") if count else (label, str(count)))
     rows += [
-        ("exec p50 / p99", f"{summary.exec_p50_ms:.1f} ms / {summary.exec_p99_ms:.1f} ms"),
+        ("exec p50 / p99", _shown(summary.exec_p50_ms, "{:.1f} ms") + _shown(summary.exec_p99_ms, " / {:.1f} ms", "")),
         ("episode end reasons", ", ".join(f"{k} {v}" for k, v in summary.exit_reasons.items()) or "-"),
         ("command exit reasons", ", ".join(f"{k} {v}" for k, v in summary.command_reasons.items()) or "-"),
         ("infra retries", str(summary.retries)),
@@ -359,6 +430,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction from 0 to 1, got {text}")
+    return value
+
+
 def _command_in(argv: Sequence[str]) -> str | None:
     """The command named on the command line: its first word that is not an option (the
     top level takes no option but --help)."""
@@ -390,9 +471,21 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     def rollout_options(p: argparse.ArgumentParser, *, episodes: int, concurrency: int) -> None:
         p.add_argument("--adapter", default="local", help=f"one of {', '.join(ADAPTERS)} (default local)")
         p.add_argument("--adapter-options", help="JSON object of adapter options")
+        p.add_argument(
+            "--recipe-options",
+            help="JSON object of the recipe's options (docs/variables.md; its ORCHARD_* variables are their defaults)",
+        )
         p.add_argument("--episodes", type=_at_least(1), default=episodes, help=f"episodes to run (default {episodes})")
         p.add_argument(
             "--concurrency", type=_at_least(1), default=concurrency, help=f"episodes at once (default {concurrency})"
+        )
+        p.add_argument(
+            "--min-judged",
+            type=_fraction,
+            default=0.0,
+            metavar="FRACTION",
+            help="exit 1 unless more than none and at least this fraction of the episodes were judged "
+            "(default 0: at least one)",
         )
 
     demo = sub.add_parser("demo", help="the main job: the bundled SWE tasks solved by the oracle policy")
@@ -409,7 +502,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         help="task source for the recipe (default builtin; swe: builtin[:IDS] or a .jsonl/.json file)",
     )
     run_p.add_argument(
-        "--policy", default="oracle", help="toy: oracle|random; swe: oracle|empty|openai (default oracle)"
+        "--policy",
+        default="oracle",
+        help="oracle|empty|noisy-oracle:P on every recipe; toy: random; swe, gui, claw: openai; claw: harness "
+        "(default oracle)",
     )
     rollout_options(run_p, episodes=32, concurrency=8)
     run_p.add_argument("--group-size", type=_at_least(1), default=1, help="samples per task (GRPO groups)")

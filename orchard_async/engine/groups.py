@@ -2,7 +2,9 @@
 in one base sandbox per group, which is snapshotted (``adapter.snapshot``) and closed; every
 sample of the group then starts from the snapshot and skips ``setup``, reusing its
 instruction. The snapshot is dropped when the group's last sample ends, or when the rollout
-ends (cancelled or failed) with samples still to run.
+ends (cancelled or failed) with samples still to run. Which groups fork, and in which order
+their samples are taken, is the plan's decision (``plan.forked_groups``, ``plan.leaders_ahead``);
+this module carries it out.
 
 Where a fork cannot be had the sample runs the plain path (its own create and setup): an
 adapter without ``snapshot``, one that says it cannot snapshot here (``ConfigError``), or a
@@ -26,28 +28,20 @@ of the plain spec).
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
-import msgspec
 
+from orchard_async.engine.plan import Episode, base_spec, can_fork, forked_groups
+from orchard_async.engine.pool import Pool
+from orchard_async.engine.recording import RecordingSandbox
 from orchard_async.errors import ConfigError, InfraError
-from orchard_async.kit import labels as names
 from orchard_async.records.trajectory import Op
-
-if TYPE_CHECKING:
-    from orchard_async.engine.episode import Episode
-    from orchard_async.engine.pool import Pool
-    from orchard_async.types import SandboxSpec
-
-
-def opts_in(task: Any) -> bool:
-    """Whether a task asks to be set up once per group (an optional attribute)."""
-    return bool(getattr(task, "fork_after_setup", False))
+from orchard_async.types import SandboxSpec
 
 
 @dataclass(slots=True)
@@ -94,10 +88,6 @@ class GroupSetups:
         }
         self.unsupported = ""  # why forks are not used in this rollout, once found
 
-    @staticmethod
-    def can_fork(adapter: Any) -> bool:
-        return callable(getattr(adapter, "snapshot", None)) and callable(getattr(adapter, "drop_snapshot", None))
-
     async def start(
         self, episode: Episode, spec: SandboxSpec, ops: list[Op], t0: float, shared: SharedSetup
     ) -> Fork | None:
@@ -116,12 +106,9 @@ class GroupSetups:
     async def _make_base(
         self, episode: Episode, spec: SandboxSpec, ops: list[Op], t0: float, shared: SharedSetup, group: _Group
     ) -> Fork | None:
-        from orchard_async.engine.episode import RecordingSandbox  # episode imports this module
-
         task = episode.task
-        base_spec = msgspec.structs.replace(spec, labels={**spec.labels, names.ROLE: "group-setup"})
         mark = time.monotonic()
-        raw = await self.pool.acquire(base_spec)  # an InfraError here is the attempt's: retried
+        raw = await self.pool.acquire(base_spec(spec))  # an InfraError here is the attempt's: retried
         shared.create = time.monotonic() - mark
         ops.append(Op("create", mark - t0, shared.create, "group-setup"))
         try:
@@ -164,51 +151,10 @@ class GroupSetups:
             with anyio.CancelScope(shield=True):
                 await self.adapter.drop_snapshot(fork.snapshot)  # type: ignore[attr-defined]
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         """Drop every snapshot still held (the rollout ended with samples still to run)."""
         for group in self._groups.values():
             await self._drop(group)
-
-
-def forked_groups(adapter: Any, episodes: Sequence[Episode]) -> set[str]:
-    """The groups that will start from a snapshot: two or more samples of a task that opts
-    in, on an adapter that can snapshot."""
-    if not GroupSetups.can_fork(adapter):
-        return set()
-    counts = Counter(episode.group_id for episode in episodes if opts_in(episode.task))
-    return {group_id for group_id, count in counts.items() if count > 1}
-
-
-def leaders_ahead(adapter: Any, episodes: Sequence[Episode], concurrency: int = 1) -> list[Episode]:
-    """The plan in the order workers take it, each forked group's first sample moved ahead
-    of earlier forked groups' other samples: with ``ahead`` = 1 + concurrency / group size
-    (rounded up) groups, L0, L1, L2, F0..., L3, F1... for 8 workers on groups of 8. So a
-    group's base is set up while the groups before it run, instead of every worker that took
-    one of its samples waiting on one setup (measured in plan order: 0.71x the plain path's
-    episodes/s with groups as large as the concurrency). At most ``ahead`` + 1 snapshots of
-    a rollout exist at once."""
-    forked = forked_groups(adapter, episodes)
-    if not forked:
-        return list(episodes)
-    sizes = Counter(episode.group_id for episode in episodes if episode.group_id in forked)
-    ahead = 1 + -(-concurrency // max(sizes.values()))
-    order: list[Episode] = []
-    held: deque[list[Episode]] = deque()  # forked groups whose first sample is out: their other samples
-    seen: set[str] = set()
-    for episode in episodes:
-        if episode.group_id not in forked:
-            order.append(episode)
-        elif episode.group_id not in seen:
-            seen.add(episode.group_id)
-            order.append(episode)
-            held.append([])
-            if len(held) > ahead:
-                order.extend(held.popleft())
-        else:
-            held[-1].append(episode)
-    for samples in held:
-        order.extend(samples)
-    return order
 
 
 @asynccontextmanager
@@ -216,10 +162,10 @@ async def group_setups(pool: Pool, episodes: Sequence[Episode]) -> AsyncIterator
     """For a rollout: its groups' setups, or None when no group of two or more samples
     opts in or the adapter cannot snapshot at all (every sample then runs the plain path)."""
     groups = GroupSetups(pool, episodes)
-    if not GroupSetups.can_fork(pool.adapter) or not groups._groups:
+    if not can_fork(pool.adapter) or not groups._groups:
         yield None
         return
     try:
         yield groups
     finally:
-        await groups.aclose()
+        await groups.close()

@@ -1,7 +1,9 @@
 """Admission control in front of an adapter.
 
 Backends fall over when asked for too much at once (a Docker daemon serialises creates,
-an API server throttles). The pool bounds concurrent creates and live sandboxes, and
+an API server throttles). The pool bounds concurrent creates (``max_creating``: the
+adapter's own bound where it declares one, docker's and kubernetes' option of that name, so
+the setting has one owner) and live sandboxes, and
 after a backend error it makes every create wait an exponentially growing pause, reset
 by the next success. Each sandbox carries owner/run/expiry labels (added by the adapter)
 and a self-destruct deadline inside it; ``reap`` removes what dead runs left.
@@ -19,7 +21,6 @@ the pool's own task group (``orchard_async.kit.background``) under the same admi
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,10 +28,13 @@ from contextlib import asynccontextmanager
 import anyio
 
 from orchard_async.engine.warm import DEFAULT_MAX_IDLE, WARM_STATS, WarmStock
-from orchard_async.errors import BackendUnavailable, CreateFailed
+from orchard_async.errors import BackendUnavailable, ConfigError, CreateFailed
 from orchard_async.kit.background import Background, BackgroundOwner
+from orchard_async.kit.retry import Backoff
 from orchard_async.protocols import Adapter, Sandbox
 from orchard_async.types import SandboxSpec
+
+DEFAULT_MAX_CREATING = 32  # creates at once on an adapter that declares no bound of its own
 
 
 class Pool(BackgroundOwner):
@@ -38,23 +42,27 @@ class Pool(BackgroundOwner):
     ``async with pool.sandbox(spec) as sandbox`` for a sandbox that lives for a block;
     ``acquire`` and ``close_sandbox`` for one that does not (the episode loop's).
     ``max_live`` bounds the sandboxes handed out; warm ones waiting on a shelf are not
-    counted (they are bounded by the warm counts)."""
+    counted (they are bounded by the warm counts). ``max_creating`` bounds the creates in
+    flight; None (the default) reads it from the adapter (``max_creating_of``)."""
 
     def __init__(
         self,
         adapter: Adapter,
         *,
         max_live: int | None = None,
-        max_creating: int = 32,
+        max_creating: int | None = None,
         create_timeout: float = 120.0,
         max_backoff: float = 30.0,
         warm_max_idle: float = DEFAULT_MAX_IDLE,
     ):
         self.adapter = adapter
+        self.max_creating = max_creating_of(adapter) if max_creating is None else max_creating
+        if self.max_creating < 1:
+            raise ConfigError(f"max_creating must be at least 1, got {self.max_creating}")
         self._live = anyio.Semaphore(max_live) if max_live else None  # not a limiter: any task may release
         # A semaphore, not a CapacityLimiter: no checkpoint on an uncontended acquire and no
         # per-borrower bookkeeping (the task that acquires is the one that releases).
-        self._creating = anyio.Semaphore(max_creating, fast_acquire=True)
+        self._creating = anyio.Semaphore(self.max_creating, fast_acquire=True)
         self.create_timeout = create_timeout
         self.max_backoff = max_backoff
         self._failures = 0  # consecutive backend failures
@@ -106,7 +114,7 @@ class Pool(BackgroundOwner):
 
     def _backend_failed(self) -> None:
         self._failures += 1
-        pause = min(self.max_backoff, 0.05 * 2 ** min(self._failures, 20)) * random.uniform(0.5, 1.0)
+        pause = Backoff(0.05, cap=self.max_backoff, jitter=(0.5, 1.0)).delay(self._failures)
         self._resume_at = max(self._resume_at, time.monotonic() + pause)
 
     async def close_sandbox(self, sandbox: Sandbox) -> None:
@@ -145,6 +153,11 @@ class Pool(BackgroundOwner):
         await self._warm.trim(specs)
 
     @property
+    def warming(self) -> bool:
+        """Whether any spec is being kept warm (a count above 0)."""
+        return any(shelf.target for shelf in self._warm.shelves.values())
+
+    @property
     def warm_stats(self) -> dict[str, int]:
         """hits, claimed (an acquire took over a warm create under way), misses, created,
         failed, expired (too old to hand out), dead (failed the check); and ``ready`` now."""
@@ -154,4 +167,11 @@ class Pool(BackgroundOwner):
     async def close(self) -> None:
         """Close the warm sandboxes and stop creating them (the handed-out ones are their
         holders' to close). The pool may be used again afterwards."""
-        await self._warm.aclose()
+        await self._warm.close()
+
+
+def max_creating_of(adapter: Adapter) -> int:
+    """The adapter's bound on creates in flight (``adapter.max_creating``, where its backend
+    needs one and its options set it), else ``DEFAULT_MAX_CREATING``."""
+    declared = getattr(adapter, "max_creating", None)  # optional: only adapters that gate their creates
+    return declared if isinstance(declared, int) and not isinstance(declared, bool) else DEFAULT_MAX_CREATING

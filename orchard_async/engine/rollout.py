@@ -13,7 +13,6 @@ policy's mistakes are not retried.
 
 from __future__ import annotations
 
-import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -23,11 +22,12 @@ from typing import Any
 import anyio
 import msgspec
 
-from orchard_async.engine.episode import Episode, run_attempt
-from orchard_async.engine.groups import GroupSetups, group_setups, leaders_ahead
+from orchard_async.engine.episode import run_attempt
+from orchard_async.engine.groups import GroupSetups, group_setups
+from orchard_async.engine.plan import Episode, episode_count, leaders_ahead, plan, warm_ahead
 from orchard_async.engine.pool import Pool
-from orchard_async.engine.warm import warm_ahead
 from orchard_async.errors import ConfigError, InfraError
+from orchard_async.kit.retry import Backoff
 from orchard_async.protocols import Adapter
 from orchard_async.records.paths import check_output_file
 from orchard_async.records.trajectory import (
@@ -46,31 +46,6 @@ from orchard_async.records.trajectory import (
 from orchard_async.task import Policy, Task
 
 RETRY_BACKOFF = 0.2  # seconds before the first retry; doubles each time
-
-
-def plan(tasks: Sequence[Task], n: int, group_size: int = 1) -> list[Episode]:
-    """``n`` episodes in groups of ``group_size`` samples of the same task, cycling tasks.
-
-    Episode ids are a pure function of the plan, so ``--resume`` can skip finished ones.
-    """
-    if not tasks:
-        raise ConfigError("no tasks to run")
-    if n < 1 or group_size < 1:
-        raise ConfigError(f"episodes ({n}) and group size ({group_size}) must be at least 1")
-    if n % group_size:
-        raise ConfigError(f"episodes ({n}) must be a multiple of the group size ({group_size})")
-    episodes = []
-    for group in range(n // group_size):
-        task = tasks[group % len(tasks)]
-        group_id = f"{task.id}/g{group}"
-        for sample in range(group_size):
-            episodes.append(Episode(f"{group_id}/s{sample}", task, group_id, sample))
-    return episodes
-
-
-def _episode_count(tasks: Sequence[Task], n: int | None, group_size: int) -> int:
-    """``n``, or one group per task when it is None (0 is a mistake, not "all")."""
-    return len(tasks) * group_size if n is None else n
 
 
 async def run_with_retries(
@@ -98,7 +73,7 @@ async def run_with_retries(
                 )
             )
             if attempt < max_retries:
-                await anyio.sleep(retry_backoff * 2**attempt * random.uniform(0.5, 1.0))
+                await anyio.sleep(Backoff(retry_backoff, jitter=(0.5, 1.0)).delay(attempt))
             continue
         trajectory.retries = retries
         return trajectory
@@ -135,14 +110,14 @@ async def rollout(
 ) -> AsyncIterator[Trajectory]:
     """Yield each episode's trajectory as soon as it ends (finished or failed, never lost).
     ``warm``: sandboxes kept created ahead for the next episodes of the plan (None: the
-    concurrency on adapters where that pays, see ``orchard_async.engine.warm``; 0: none)."""
+    concurrency on adapters where that pays, see ``orchard_async.engine.plan.warm_size``; 0: none)."""
     if concurrency < 1:
         raise ConfigError(f"concurrency must be at least 1, got {concurrency}")
     if max_retries < 0:
         raise ConfigError(f"max_retries must be 0 or more, got {max_retries}")
     pool = adapter if isinstance(adapter, Pool) else Pool(adapter)
     skip = set(skip)
-    episodes = [ep for ep in plan(tasks, _episode_count(tasks, n, group_size), group_size) if ep.episode_id not in skip]
+    episodes = [ep for ep in plan(tasks, episode_count(tasks, n, group_size), group_size) if ep.episode_id not in skip]
     run_id = run_id or uuid.uuid4().hex[:12]
     if not episodes:
         return
@@ -210,7 +185,7 @@ def make_run_header(
         "task_ids": [task.id for task in tasks],
         "policy": policy.name,
         "adapter": getattr(inner, "name", type(inner).__name__),
-        "episodes": _episode_count(tasks, n, group_size),
+        "episodes": episode_count(tasks, n, group_size),
         "group_size": group_size,
         **(extra or {}),
     }
@@ -269,7 +244,7 @@ async def collect(
     episode ends; with neither, an existing file is an error rather than silently mixed.
     ``run_header`` adds caller-known settings to the header (see ``make_run_header``)."""
     out = check_output_file(check_trajectory_path(out))
-    planned = plan(tasks, _episode_count(tasks, n, group_size), group_size)
+    planned = plan(tasks, episode_count(tasks, n, group_size), group_size)
     header = make_run_header(tasks, policy, adapter, n=n, group_size=group_size, extra=run_header)
     exists = out.exists() and out.stat().st_size > 0
     if exists and not resume and not replace:

@@ -1,7 +1,10 @@
-"""Warm pools: sandboxes created ahead of need, so that an episode's acquire is a hand-over.
+"""The pool's warm stock: sandboxes created ahead of need, so that an episode's acquire is a
+hand-over.
 
 A ``Pool`` keeps a shelf of warm sandboxes per spec it was asked to warm (``Pool.warm(spec,
-count)``; the rollout engine sets the counts from its plan, see ``warm_ahead``). Shelves are
+count)``; the rollout engine sets the counts from its plan, see
+``orchard_async.engine.plan.warm_ahead``). This module holds the stock, not the choice of what
+to stock: it imports nothing else of the engine. Shelves are
 keyed by the spec without its per-episode labels (``orchard.episode``, ``orchard.attempt``):
 every episode of a task asks for a spec that differs only there. So a warm sandbox's backend
 object (container, pod, lease file) carries the task's labels and the lease labels but not
@@ -33,10 +36,9 @@ import logging
 import math
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
@@ -47,22 +49,12 @@ from orchard_async.kit.background import Background
 from orchard_async.protocols import Sandbox
 from orchard_async.types import SandboxSpec
 
-if TYPE_CHECKING:
-    from orchard_async.engine.episode import Episode
-    from orchard_async.engine.pool import Pool
-
 log = logging.getLogger(__name__)
 
 PER_EPISODE_LABELS = (names.EPISODE, names.ATTEMPT)  # what the episode loop adds to a task's spec
 HEALTH_TIMEOUT = 5.0  # seconds a warm sandbox has to answer its check before it is handed out
 DEFAULT_MAX_IDLE = 900.0  # seconds a warm sandbox may wait for an episode (and the TTL it gets on top)
 WARM_STATS = ("hits", "claimed", "misses", "created", "failed", "expired", "dead")
-# Adapters on which the rollout engine warms by default (``warm=None``): where a create waits
-# on a daemon or a cluster. Not local: its create is work on this machine's own cores, which a
-# warm pool moves off the episode's path but does not remove (no gain in episodes/s measured,
-# docs/performance.md); not sim: its sandboxes draw their faults from their episode labels,
-# which warm ones do not have on the backend object.
-WARM_BY_DEFAULT = frozenset({"docker", "kubernetes", "remote"})
 
 
 def warm_key(spec: SandboxSpec) -> bytes:
@@ -125,7 +117,7 @@ class WarmStock:
 
     def set_target(self, spec: SandboxSpec, count: int) -> None:
         """Keep ``count`` sandboxes of ``spec`` warm (0: stop replenishing; the ones there
-        stay until taken, too old, or closed with ``trim``/``aclose``)."""
+        stay until taken, too old, or closed with ``trim``/``close``)."""
         if count < 0:
             raise ConfigError(f"a warm count must be 0 or more, got {count}")
         key = warm_key(spec)
@@ -290,14 +282,14 @@ class WarmStock:
                 for sandbox in idle:
                     group.start_soon(sandbox.close)
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         """Close every warm sandbox, cancel the creates under way (a create cancelled midway
         leaves nothing: the adapter's contract) and wait for all of it."""
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.cancel()
         await self.trim()
-        await self._background.aclose()
+        await self._background.close()
 
 
 def _labelled(sandbox: Sandbox, spec: SandboxSpec) -> Sandbox:
@@ -322,110 +314,3 @@ async def _healthy(sandbox: Sandbox) -> bool:
     except Exception:  # noqa: BLE001 - any failure to answer means it is not handed out
         return False
     return result.ok
-
-
-# -- the rollout engine's sizing ------------------------------------------------------------
-
-
-def episode_specs(task: object, *, forked: bool = False, leader: bool = False) -> list[SandboxSpec]:
-    """The specs the episode loop asks for fresh sandboxes of (``episode.run_attempt``), less
-    their per-episode labels: the agent's sandbox, and for a ``GradedApart`` task its
-    scorer's. A sample of a forked group (``groups.py``) starts from its group's snapshot,
-    which no warm pool can make ahead; its group's base (made by the ``leader``, the first
-    sample the workers take) is a fresh sandbox of its own role."""
-    from orchard_async.engine.episode import TTL_MARGIN
-    from orchard_async.protocols import GradedApart
-
-    spec = msgspec.structs.replace(task.spec, ttl=task.deadline + TTL_MARGIN)  # type: ignore[attr-defined]
-    specs = [] if forked and not leader else [spec]
-    if forked and leader:
-        specs = [msgspec.structs.replace(spec, labels={**spec.labels, names.ROLE: "group-setup"})]
-    if isinstance(task, GradedApart):
-        specs.append(msgspec.structs.replace(spec, labels={**spec.labels, names.ROLE: "scorer"}))
-    return specs
-
-
-class WarmAhead:
-    """The rollout engine's plan as a warm pool: while episodes are handed to workers, the
-    pool keeps warm the fresh sandboxes of the next ``size`` episodes not yet started (see
-    ``episode_specs``: a forked group's samples start from its snapshot instead)."""
-
-    def __init__(self, pool: Pool, episodes: Sequence[Episode], size: int):
-        from orchard_async.engine.groups import forked_groups
-
-        self._pool = pool
-        self._episodes = episodes
-        self._size = size
-        forked = forked_groups(pool.adapter, episodes)
-        leaders: set[int] = set()  # the first sample of each forked group in the workers' order
-        seen: set[str] = set()
-        for index, episode in enumerate(episodes):
-            if episode.group_id in forked and episode.group_id not in seen:
-                seen.add(episode.group_id)
-                leaders.add(index)
-        self._kind = [(episode.group_id in forked, index in leaders) for index, episode in enumerate(episodes)]
-        self._specs: dict[tuple[int, bool, bool], list[SandboxSpec]] = {}  # built once per task and kind
-        self._window: Counter[bytes] = Counter()
-        self._by_key: dict[bytes, SandboxSpec] = {}
-
-    def _task_specs(self, index: int) -> list[SandboxSpec]:
-        task = self._episodes[index].task
-        forked, leader = self._kind[index]
-        specs = self._specs.get((id(task), forked, leader))
-        if specs is None:
-            specs = self._specs[id(task), forked, leader] = episode_specs(task, forked=forked, leader=leader)
-        return specs
-
-    def _shift(self, index: int, change: int) -> None:
-        for spec in self._task_specs(index):
-            key = warm_key(spec)
-            self._by_key[key] = spec
-            self._window[key] += change
-            self._pool.warm(spec, self._window[key])
-
-    def __iter__(self) -> Iterator[Episode]:
-        """The episodes in plan order; each one handed out moves the window on by one."""
-        for index in range(min(self._size, len(self._episodes))):
-            self._shift(index, +1)
-        for index, episode in enumerate(self._episodes):
-            self._shift(index, -1)
-            if index + self._size < len(self._episodes):
-                self._shift(index + self._size, +1)
-            yield episode
-
-    @property
-    def specs(self) -> list[SandboxSpec]:
-        return list(self._by_key.values())
-
-
-@asynccontextmanager
-async def warm_ahead(
-    pool: Pool, episodes: Sequence[Episode], warm: int | None, concurrency: int
-) -> AsyncIterator[Iterator[Episode]]:
-    """The engine's iterator over its plan, keeping the next ``warm_size(...)`` episodes'
-    sandboxes warm. At the end (or on cancellation) the plan's specs stop being warmed and
-    their idle warm sandboxes are closed; and when the pool then warms nothing else, its
-    background work ends too (a pool may be used again after ``close``)."""
-    size = warm_size(pool, warm, concurrency, len(episodes))
-    if not size:
-        yield iter(episodes)
-        return
-    ahead = WarmAhead(pool, episodes, size)
-    try:
-        yield iter(ahead)
-    finally:
-        with anyio.CancelScope(shield=True):
-            await pool.trim_warm(ahead.specs)
-            if not any(shelf.target for shelf in pool._warm.shelves.values()):
-                await pool.close()
-
-
-def warm_size(pool: Pool, warm: int | None, concurrency: int, episodes: int) -> int:
-    """How many episodes ahead the engine keeps warm: ``warm`` when given, else
-    ``min(concurrency, episodes)`` on adapters in ``WARM_BY_DEFAULT`` and 0 elsewhere."""
-    if warm is not None:
-        if warm < 0:
-            raise ConfigError(f"warm must be 0 or more sandboxes, got {warm}")
-        return min(warm, episodes)
-    name = getattr(pool.adapter, "name", "")
-    return min(concurrency, episodes) if name in WARM_BY_DEFAULT else 0

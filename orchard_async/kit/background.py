@@ -48,7 +48,7 @@ class Background:
     async def __aexit__(self, *exc: object) -> None:
         group, self._group = self._group, None
         try:
-            await self.aclose()
+            await self.close()
         finally:
             if group is not None:
                 group.cancel_scope.cancel()
@@ -98,7 +98,7 @@ class Background:
             self._host = asyncio.get_running_loop().create_task(host())
         return self._hosted
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         """Cancel the background work (but what ends by itself), wait until all of it has
         finished, and stop the host task if there is one."""
         with anyio.CancelScope(shield=True):
@@ -116,7 +116,7 @@ class Background:
 
 class BackgroundOwner:
     """``async with`` for an adapter that keeps its background work in ``self._background``
-    and ends everything in ``close()`` (which also calls ``self._background.aclose()``)."""
+    and ends everything in ``close()`` (which also calls ``self._background.close()``)."""
 
     _background: Background
 

@@ -165,16 +165,16 @@ async def attached_relays(split: SplitRelay, *, mount: str, where: str = "") -> 
         with anyio.fail_after(READY_TIMEOUT):
             await split.ready()
     except TimeoutError:
-        await split.aclose()
+        await split.close()
         raise CreateFailed(f"the output relays{where} did not start (TimeoutError)") from None
     except RelaysFailed as exc:  # the image's doing: retrying cannot help
-        await split.aclose()
+        await split.close()
         raise ConfigError(
             f"the sandbox could not create its output FIFO in {OUT_DIR}: {exc}; "
             f"the image's user must be able to write /tmp (read_only=True mounts {mount} there)"
         ) from None
     except (anyio.BrokenResourceError, anyio.EndOfStream) as exc:
-        await split.aclose()
+        await split.close()
         raise CreateFailed(f"the output relays{where} did not start ({exc or type(exc).__name__})") from None
     return split.sides
 

@@ -245,7 +245,7 @@ class SplitRelay:
         out._pending = received[len(line) :]
         await err.ready("e")
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         await _close(self._connection)
 
 
@@ -264,7 +264,7 @@ class _RelaySide(OutputStream):
         return chunk
 
     async def aclose(self) -> None:
-        await self._split.aclose()
+        await self._split.close()
 
 
 async def close_streams(streams: Sequence[anyio.abc.AsyncResource]) -> None:

@@ -20,7 +20,8 @@ import json
 import os
 import re
 import socket
-from pathlib import Path
+
+from orchard_async.kit import procfs
 
 # -- lease labels: on every sandbox -------------------------------------------------------------
 OWNER = "orchard.owner"  # user@host that created it
@@ -64,26 +65,25 @@ def expiry(labels: dict[str, str]) -> float:
 
 
 def label_value(text: str) -> str:
-    """``text`` as a valid Kubernetes label value: [A-Za-z0-9_.-], at most 63, alphanumeric ends."""
-    value = _LABEL_VALUE_BAD.sub("_", text)[:63]
-    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
+    """``text`` as a valid Kubernetes label value: [A-Za-z0-9_.-], at most 63, alphanumeric
+    ends; other characters become ``_`` and the head is kept."""
+    return _LABEL_VALUE_BAD.sub("_", text)[:63].strip("_.-")
+
+
+def episode_label(episode_id: str) -> str:
+    """The ``EPISODE`` label of an episode's sandbox, by the same rule as ``label_value``
+    except that other characters become ``-`` and the tail is kept (where the ids of a
+    task's episodes differ), "episode" when nothing is left. Recipes find an episode's
+    sandbox by it."""
+    return _LABEL_VALUE_BAD.sub("-", episode_id)[-63:].strip("_.-") or "episode"
 
 
 # -- the controller's identity ------------------------------------------------------------------
 
 
-def process_start_time(pid: int) -> str | None:
-    """The kernel's start time of a process (clock ticks since boot), None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
 def controller_id() -> str:
     """This process as ``<host>:<pid>:<start time>``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{process_start_time(os.getpid())}"
+    return f"{socket.gethostname()}:{os.getpid()}:{procfs.start_ticks(os.getpid())}"
 
 
 def controller_alive(label: str) -> bool | None:
@@ -93,14 +93,7 @@ def controller_alive(label: str) -> bool | None:
     pid, _, start = rest.partition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return None
-    return process_start_time(int(pid)) == start
-
-
-def _pid_namespace() -> str:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return ""
+    return procfs.start_ticks(int(pid)) == start
 
 
 def controller_identity() -> dict[str, str]:
@@ -108,9 +101,9 @@ def controller_identity() -> dict[str, str]:
     pid = os.getpid()
     return {
         "host": socket.gethostname(),
-        "pidns": _pid_namespace(),
+        "pidns": procfs.pid_namespace(),
         "pid": str(pid),
-        "start": process_start_time(pid) or "0",
+        "start": procfs.start_ticks(pid) or "0",
     }
 
 
@@ -129,6 +122,6 @@ def annotated_controller_alive(annotation: str | None) -> bool | None:
         host, pidns, pid, start = ident["host"], ident["pidns"], int(ident["pid"]), ident["start"]
     except (ValueError, KeyError, TypeError):
         return None
-    if host != socket.gethostname() or pidns != _pid_namespace():
+    if host != socket.gethostname() or pidns != procfs.pid_namespace():
         return None
-    return process_start_time(pid) == start
+    return procfs.start_ticks(pid) == start

@@ -557,7 +557,7 @@ class ShellClient:
             duration=time.perf_counter() - started,
         )
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         self.lost = self.lost or "the sandbox was closed"
         with anyio.CancelScope(shield=True):
             await self._stream.aclose()

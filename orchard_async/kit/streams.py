@@ -299,7 +299,7 @@ class _SandboxSocket:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             raise httpcore.WriteError(str(exc) or type(exc).__name__) from exc
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # httpcore's network-stream verb, not ours (close)
         await self.stream.aclose()
 
     async def start_tls(
@@ -369,7 +369,7 @@ class SandboxTransport:
     async def handle_async_request(self, request: Any) -> Any:
         return await self._http.handle_async_request(request)
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # httpx's transport verb, not ours (close)
         await self._http.aclose()
 
     async def __aenter__(self) -> SandboxTransport:

@@ -2,7 +2,7 @@
 
 ``ModelConfig`` is read from the environment in one place (``ModelConfig.from_env``;
 ``judge_config`` for the LLM judges), ``ChatClient`` posts with bounded concurrency and retries
-(``orchard_async.models.retry``), and what the server's failures mean is typed:
+(``orchard_async.kit.retry``), and what the server's failures mean is typed:
 
 * the conversation no longer fits the model's context (an HTTP 400/413/422 whose error names
   the context length) -> ``ContextExhausted``;
@@ -11,7 +11,7 @@
   error: never a reward;
 * any other rejected request -> ``ModelError``: the episode ends as ``policy_error``.
 
-Variables (``ModelConfig.from_env``):
+Variables (``ModelConfig.from_env``; ``ENVIRONMENT`` below declares them for docs/variables.md):
 
     OPENAI_BASE_URL            endpoint root, e.g. http://127.0.0.1:8000/v1 (default https://api.openai.com/v1)
     OPENAI_API_KEY             bearer token (optional for local servers)
@@ -23,6 +23,10 @@ Variables (``ModelConfig.from_env``):
     ORCHARD_MAX_TOKENS         completion tokens per reply (default: the server's)
     ORCHARD_TOKEN_BUDGET       total tokens per episode before it is submitted (default 1000000; 0 = none)
     ORCHARD_EXTRA_BODY         JSON object merged into every request body (e.g. {"top_p": 0.95})
+
+Model settings are not recipe options: one model client serves every recipe's policy, its
+judges and the recording proxy, and an endpoint's key does not belong on a command line. From
+Python, a ``ModelConfig`` built by hand is the typed way to give them.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import re
 import time
 from collections.abc import Mapping
@@ -40,7 +43,7 @@ from typing import Any
 import anyio
 
 from orchard_async.errors import ConfigError, ContextExhausted, ModelUnavailable, OrchardError
-from orchard_async.models.retry import retry_after
+from orchard_async.kit.retry import Attempts, Backoff, retry_after
 
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 # The server will not serve this client or this model: retrying the request cannot help,
@@ -75,6 +78,22 @@ class Completion:
     usage: dict[str, int] = field(default_factory=dict)
     error: str = ""
     finish_reason: str = ""
+
+
+# The variables read here (docs/variables.md): name -> (default, meaning).
+ENVIRONMENT = {
+    "ORCHARD_MODEL": ("(required)", "the model's name as the server knows it (OPENAI_MODEL is accepted too)"),
+    "ORCHARD_MODEL_CONCURRENCY": ("16", "model requests in flight at once, over all episodes"),
+    "ORCHARD_MODEL_RETRIES": ("6", "retries of 408/409/425/429/5xx answers and connection errors"),
+    "ORCHARD_MODEL_TIMEOUT": ("600", "seconds per model request (never past the episode's deadline)"),
+    "ORCHARD_TEMPERATURE": ("(the server's)", "sampling temperature"),
+    "ORCHARD_MAX_TOKENS": ("(the server's)", "completion tokens per reply"),
+    "ORCHARD_TOKEN_BUDGET": ("1000000", "total tokens per episode before it is submitted (0: no budget)"),
+    "ORCHARD_EXTRA_BODY": ("{}", 'JSON object merged into every request body, e.g. {"top_p": 0.95}'),
+    "ORCHARD_JUDGE_MODEL": ("(none: no judge)", "the model of the LLM judges (GUI and Claw llm_judge checks)"),
+    "ORCHARD_JUDGE_BASE_URL": ("$OPENAI_BASE_URL", "the judge model's endpoint"),
+    "ORCHARD_JUDGE_API_KEY": ("$OPENAI_API_KEY", "the judge model's bearer token"),
+}
 
 
 @dataclass
@@ -209,15 +228,30 @@ class ChatClient:
         return body
 
     async def complete(self, messages: list[dict[str, Any]], *, time_left: float | None = None) -> Completion:
+        response, retries = await self.send(self.body(messages), time_left=time_left)
+        completion = parse_completion(response.content)
+        if retries:
+            completion.usage["retries"] = retries
+        return completion
+
+    async def send(self, body: dict[str, Any], *, time_left: float | None = None) -> tuple[Any, int]:
+        """One request body posted until the server accepts it: (its 2xx/3xx ``httpx.Response``,
+        the retries it took). 429/5xx/connection errors are retried with the config's backoff
+        (or after the server's Retry-After) while retries and ``time_left`` (the config's
+        ``request_timeout`` when not given) last; what no retry can help raises at once."""
         import httpx
 
         client, limit = self._bind()
-        payload = json.dumps(self.body(messages)).encode()
-        deadline = time.monotonic() + (time_left if time_left and time_left > 0 else self.config.request_timeout)
-        last = ""
-        for attempt in range(self.config.max_retries + 1):
-            wait: float | None = None
-            timeout = max(1.0, min(self.config.request_timeout, deadline - time.monotonic()))
+        payload = json.dumps(body).encode()
+        attempts = Attempts(
+            Backoff(self.config.backoff, cap=self.config.max_backoff, jitter=(0.5, 1.0)),
+            most=self.config.max_retries + 1,
+            deadline=time.monotonic() + (time_left if time_left and time_left > 0 else self.config.request_timeout),
+            clock=time.monotonic,
+        )
+        while True:
+            asked: float | None = None
+            timeout = max(1.0, min(self.config.request_timeout, attempts.time_left()))
             async with limit:
                 self.requests += 1
                 try:
@@ -226,10 +260,7 @@ class ChatClient:
                     last = f"{type(exc).__name__}: {exc}"
                 else:
                     if response.status_code < 400:
-                        completion = parse_completion(response.content)
-                        if attempt:
-                            completion.usage["retries"] = attempt
-                        return completion
+                        return response, attempts.failures
                     status = response.status_code
                     last = f"HTTP {status}: {response.text[:500]}"
                     if is_context_error(status, response.text):
@@ -238,26 +269,25 @@ class ChatClient:
                         raise ModelUnavailable(f"{self.url} answered {last}")
                     if status not in RETRY_STATUSES:
                         raise ModelError(f"{self.url} answered {last}")
-                    wait = retry_after(response.headers.get("retry-after"))
-            if attempt == self.config.max_retries:
-                break
-            if wait is None:
-                wait = min(self.config.max_backoff, self.config.backoff * 2**attempt) * random.uniform(0.5, 1.0)
-            if time.monotonic() + wait >= deadline:
-                raise ModelUnavailable(
-                    f"{self.url}: no time left to retry after {attempt + 1} attempts; last error: {last}"
-                )
+                    asked = retry_after(response.headers.get("retry-after"))
+            pause = attempts.next_pause(asked)
+            if pause is None:
+                if attempts.out_of_time:
+                    raise ModelUnavailable(
+                        f"{self.url}: no time left to retry after {attempts.failures} attempts; last error: {last}"
+                    )
+                raise ModelUnavailable(f"{self.url}: gave up after {attempts.failures} attempts; last error: {last}")
             self.retries += 1
-            await anyio.sleep(wait)
-        raise ModelUnavailable(f"{self.url}: gave up after {self.config.max_retries + 1} attempts; last error: {last}")
+            await anyio.sleep(pause)
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
 
 
 def judge_config(environ: Mapping[str, str] | None = None) -> ModelConfig:
+    """The LLM judges' model: ``ORCHARD_JUDGE_*``, the rest as ``ModelConfig.from_env``."""
     env = os.environ if environ is None else environ
     model = env.get("ORCHARD_JUDGE_MODEL", "")
     if not model:
@@ -271,3 +301,9 @@ def judge_config(environ: Mapping[str, str] | None = None) -> ModelConfig:
         "OPENAI_API_KEY": env.get("ORCHARD_JUDGE_API_KEY") or env.get("OPENAI_API_KEY", ""),
     }
     return ModelConfig.from_env(mapped)
+
+
+def judge_config_if_set(environ: Mapping[str, str] | None = None) -> ModelConfig | None:
+    """``judge_config``, or None when no judge model is set (for checks that are skipped without one)."""
+    env = os.environ if environ is None else environ
+    return judge_config(env) if env.get("ORCHARD_JUDGE_MODEL") else None

@@ -202,7 +202,7 @@ class ModelProxy:
         self._client = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
         return self
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -214,7 +214,7 @@ class ModelProxy:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+        await self.close()
 
     # -- handlers ------------------------------------------------------------------------
 

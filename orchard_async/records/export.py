@@ -3,7 +3,14 @@
 The rules are the same whatever the recipe (docs/training-formats.md); a recipe gives only
 its chat builder (``messages_of``: a trajectory -> the conversation exactly as its model saw
 it, plus the model's last reply) and, optionally, a last touch to each record
-(``finish``: SWE adds the patch to SFT records, the GUI export lists its images).
+(``finish``: SWE adds the patch to SFT records, the GUI export lists its images), as a
+``Chats`` from its module's ``training_chats(options)``. ``orchard-async export`` (this
+module's ``add_command``) reads the recipe from each input's run header and uses that
+recipe's chats, never another's: inputs of different recipes are refused by name.
+
+Every record of one export has the same fields with the same types (a message's
+``content`` is a string in every recipe's chat; images and tool calls have fields of their
+own), so ``datasets.load_dataset("json", ...)`` loads each record back unchanged.
 
 Only episodes the scorer judged are training data: ``status == "finished"`` with a scored
 end reason (``EndReason.scored``). Everything else is left out and counted by reason in
@@ -24,7 +31,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections import Counter, defaultdict
+import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +45,17 @@ from orchard_async.records.trajectory import EndReason, Trajectory, read_run_hea
 
 MessagesOf = Callable[[Trajectory], list[dict[str, Any]]]
 Finish = Callable[[dict[str, Any], Trajectory], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Chats:
+    """What a recipe gives the export: its chat builder and, optionally, a last touch to each
+    record. A recipe module returns one from ``training_chats(options)`` (``options``: the
+    export command's arguments by name, its own among them: see ``add_export_arguments``)."""
+
+    messages_of: MessagesOf
+    finish: Finish | None = None
+
 
 EPSILON = 1e-6
 # The episodes the scorer judged on what the agent did: the only ones that are data.
@@ -171,12 +190,17 @@ def run_group_id(sample: Sample) -> str:
 # -- records --------------------------------------------------------------------------------
 
 
+# The token counts every record carries, each always present (0: none reported): a dict
+# whose keys varied from record to record would not load back unchanged as one column.
+USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
 def _usage(trajectory: Trajectory) -> dict[str, int]:
-    total: dict[str, int] = defaultdict(int)
+    total: dict[str, int] = dict.fromkeys(USAGE_KEYS, 0)
     for step in trajectory.steps:
-        for key, value in step.action.usage.items():
-            total[key] += value
-    return dict(total)
+        for key in USAGE_KEYS:
+            total[key] += int(step.action.usage.get(key, 0))
+    return total
 
 
 def _identity(sample: Sample) -> dict[str, Any]:
@@ -228,7 +252,7 @@ def sft_records(
         if not is_scored(trajectory):
             skipped[unscored_reason(trajectory)] += 1
         elif trajectory.end_reason == EndReason.PARSE_FAILURES:  # its chat ends in replies that are not actions
-            skipped["parse_failures"] += 1
+            skipped[EndReason.PARSE_FAILURES] += 1
         elif (min_reward is None or only_resolved) and not trajectory.success:
             skipped["unresolved"] += 1
         elif min_reward is not None and not trajectory.reward >= min_reward:
@@ -365,13 +389,15 @@ def _rates(records: list[dict[str, Any]]) -> tuple[float, float]:
 
 
 def write_records(
-    path: Path, records: list[dict[str, Any]], samples: Sequence[Any], skipped: Counter[str], **groups: int
+    path: Path | None, records: list[dict[str, Any]], samples: Sequence[Any], skipped: Counter[str], **groups: int
 ) -> ExportSummary:
-    """Write the records (JSONL) and say what was written; ``groups`` are the RL export's counts."""
-    _write(path, records)
+    """Write the records (JSONL; nothing when ``path`` is None) and say what was written;
+    ``groups`` are the RL export's counts."""
+    if path is not None:
+        _write(path, records)
     mean_reward, resolved_rate = _rates(records)
     return ExportSummary(
-        path=str(path),
+        path="" if path is None else str(path),
         records=len(records),
         episodes=len(records),
         skipped=sum(skipped.values()),
@@ -397,9 +423,12 @@ def export(
     skip_degenerate: bool = False,
     complete_groups_only: bool = False,
     allow_mixed_runs: bool = False,
+    write_empty: bool = True,
 ) -> ExportSummary:
     """Write ``sft`` or ``rl`` (``grpo``) records of ``sources`` to ``out`` (JSONL, replaced
-    whole: written to a temporary file, then renamed). Everything is checked before any work."""
+    whole: written to a temporary file, then renamed). Everything is checked before any work.
+    With ``write_empty=False`` an export of no records leaves ``out`` as it was (the summary's
+    ``path`` is then ""): an empty file is no dataset ``datasets`` can load."""
     if kind not in FORMATS:
         raise ConfigError(f"unknown export format {kind!r}; use one of {', '.join(FORMATS)}")
     if min_group_size < 1:
@@ -427,7 +456,8 @@ def export(
         groups = {"groups": result.groups, "groups_degenerate": result.degenerate, "groups_partial": result.partial}
     if finish is not None:
         records = [finish(record, by_episode[(record["run_id"], record["episode_id"])]) for record in records]
-    return write_records(path, records, samples, skipped, **groups)
+    written = path if records or write_empty else None
+    return write_records(written, records, samples, skipped, **groups)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -465,3 +495,142 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="drop groups that lost a sample to an infrastructure failure (default: keep the scored ones)",
     )
+
+
+# -- the command: `orchard-async export sft|rl RUN...`, for every recipe ---------------------------
+
+
+def header_recipes(path: Path) -> list[str]:
+    """The recipes the run headers of a trajectory file name, in order: one for a run's file,
+    several for runs' files concatenated (each keeps its header); none for a file written
+    without a run header (``collect`` without one, or an older version)."""
+    # The file's records are walked with the trajectory module's own framing: a header is only
+    # ever told apart there.
+    from orchard_async.records.trajectory import _decode_header, _is_header, _is_msgpack, _record_ends
+
+    msgpack = _is_msgpack(path)
+    data = path.read_bytes()
+    found: list[str] = []
+    start = 0
+    for end in _record_ends(data, msgpack):
+        record = data[start + 4 : end] if msgpack else data[start:end]
+        start = end
+        if _is_header(record, msgpack):
+            try:
+                recipe = _decode_header(record, msgpack).get("recipe")
+            except msgspec.DecodeError:
+                continue  # a corrupt header names nothing; the reader skips it the same way
+            if isinstance(recipe, str) and recipe and recipe not in found:
+                found.append(recipe)
+    return found
+
+
+def recipe_of_inputs(paths: Sequence[Path], given: str | None = None) -> str:
+    """The one recipe whose runs ``paths`` are, from their run headers (``given``: the
+    ``--recipe`` of files that name none). Runs of different recipes are refused by name: a
+    chat is one recipe's, and another recipe's builder would write a conversation no model saw."""
+    named = {path: header_recipes(path) for path in paths}
+    recipes = list(dict.fromkeys(recipe for found in named.values() for recipe in found))
+    if len(recipes) > 1:
+        which = "; ".join(f"{path}: {', '.join(found) or 'none named'}" for path, found in named.items())
+        raise ConfigError(f"the inputs are runs of different recipes ({which}); export each recipe's runs on their own")
+    if recipes and given and given != recipes[0]:
+        raise ConfigError(
+            f"--recipe {given}: the inputs are runs of the {recipes[0]} recipe (their run headers say so)"
+        )
+    unnamed = [str(path) for path, found in named.items() if not found]
+    if unnamed and not given:
+        raise ConfigError(
+            f"{unnamed[0]} names no recipe (it has no run header: written by collect() without one, or by an "
+            "older orchard-async); give the recipe that ran with --recipe NAME"
+        )
+    return given or recipes[0]
+
+
+def refuse_other_recipes(paths: Sequence[Path], recipe: str, command: str) -> None:
+    """A recipe's own export (``export-gui``, ``python -m ...swe.export``) takes its own runs
+    only: a file whose run header names another recipe is refused, naming the command that
+    exports it."""
+    for path in paths:
+        others = [name for name in header_recipes(path) if name != recipe]
+        if others:
+            raise ConfigError(
+                f"{path} is a run of the {others[0]} recipe, not {recipe}; export it with "
+                f"`orchard-async export` (it writes the chat of the recipe that ran), not {command}"
+            )
+
+
+EXPORT_HELP = "trajectories -> training data (SFT chats or RL groups, JSONL) in the chat of the recipe that ran"
+
+
+def add_command(parser: argparse.ArgumentParser) -> None:
+    """Fill the ``orchard-async export`` subcommand: the common arguments, ``--recipe``, and
+    each installed recipe's own (its ``add_export_arguments(group)``, e.g. the GUI's
+    ``--screenshots``). Called only when ``export`` is the command being run."""
+    from orchard_async.runtime import load_recipe, recipe_names  # the registry: only when the command runs
+
+    parser.description = EXPORT_HELP
+    add_arguments(parser)
+    parser.add_argument(
+        "--recipe", help="the recipe of inputs that name none (no run header); by default read from the run header"
+    )
+    for name in recipe_names():
+        try:
+            recipe = load_recipe(name)
+        except ConfigError:
+            continue  # a recipe that cannot load here: its runs are refused with its own error when given
+        add_own = getattr(recipe, "add_export_arguments", None)
+        if callable(add_own):
+            add_own(parser.add_argument_group(f"{name} recipe"))
+    parser.set_defaults(func=export_command)
+
+
+def export_command(args: argparse.Namespace) -> int:
+    """Every input and the output are checked before any work; the recipe comes from the
+    inputs' run headers. An export of no records writes nothing, says why, and exits 1."""
+    from orchard_async.records.paths import check_output_file
+    from orchard_async.records.trajectory import check_trajectory_file
+    from orchard_async.runtime import load_recipe
+
+    sources = [check_trajectory_file(path) for path in [args.trajectories, *(args.more_trajectories or [])]]
+    out = check_output_file(args.out)
+    if out.exists() and any(out.resolve() == source.resolve() for source in sources):
+        raise ConfigError(f"--out {out} is a trajectory file being exported; write the export elsewhere")
+    name = recipe_of_inputs(sources, args.recipe)
+    recipe = load_recipe(name)
+    training_chats = getattr(recipe, "training_chats", None)
+    if not callable(training_chats):
+        raise ConfigError(f"the {name} recipe has no chat builder (training_chats): its runs cannot be exported")
+    chats: Chats = training_chats(vars(args))
+    summary = export(
+        args.format,
+        sources,
+        out,
+        chats.messages_of,
+        finish=chats.finish,
+        min_reward=args.min_reward,
+        only_resolved=args.only_resolved,
+        advantage=args.advantage,
+        min_group_size=args.min_group_size,
+        skip_degenerate=args.skip_degenerate,
+        complete_groups_only=args.complete_groups_only,
+        allow_mixed_runs=args.allow_mixed_runs,
+        write_empty=False,
+    )
+    print_summary(summary, args.format, name)
+    return 0 if summary.records else 1
+
+
+def print_summary(summary: ExportSummary, kind: str, recipe: str) -> None:
+    """One line on stderr: what was written (or that nothing was, and why)."""
+    skipped = f"{summary.skipped} skipped" + (
+        f": {', '.join(f'{k} {v}' for k, v in summary.skipped_reasons.items())}" if summary.skipped else ""
+    )
+    if not summary.records:
+        line = f"{kind}: no records to export from the {recipe} run ({skipped}); nothing written"
+    else:
+        line = (
+            f"{kind}: {summary.records} records ({summary.episodes} episodes, {summary.skipped} skipped), "
+            f"resolved {summary.resolved_rate:.1%}, reward mean {summary.mean_reward:.3f}, {recipe} chats -> {summary.path}"
+        )
+    print(line, file=sys.stderr)

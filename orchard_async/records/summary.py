@@ -11,6 +11,9 @@ import msgspec
 from orchard_async.records.passk import summarize_groups
 from orchard_async.records.trajectory import EndReason, Trajectory
 
+# The ends the scorer judged (a reward means something): every other end is never in a rate.
+SCORED_END_REASONS = frozenset(reason for reason in EndReason if reason.scored)
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100); NaN for no values."""
@@ -21,18 +24,30 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def percentile_ms(seconds: Sequence[float], q: float) -> float | None:
+    """A percentile of durations in seconds, in milliseconds; None when nothing was timed."""
+    return percentile(seconds, q) * 1000 if seconds else None
+
+
+def share(part: float, whole: int) -> float | None:
+    """``part / whole``; None when there is nothing to divide by (no episodes: no rate at all)."""
+    return part / whole if whole else None
+
+
 class Summary(msgspec.Struct, kw_only=True):
     episodes: int
     finished: int
     failed: int
-    success_rate: float  # 0..1 over all episodes
-    mean_reward: float
+    # Over the judged episodes only (finished with a scored end: the only ones a reward means
+    # something for); None (printed "-") when none was judged: a rate over episodes nobody judged is no rate.
+    success_rate: float | None
+    mean_reward: float | None
     steps: int
     exit_reasons: dict[str, int]  # why episodes ended: EndReason values, most common first
     command_reasons: dict[str, int]  # ExitReason of every command
     retries: int
-    exec_p50_ms: float
-    exec_p99_ms: float
+    exec_p50_ms: float | None  # None when no command ran
+    exec_p99_ms: float | None
     wall_s: float | None = None
     steps_per_s: float | None = None
     episodes_per_s: float | None = None
@@ -44,6 +59,7 @@ class Summary(msgspec.Struct, kw_only=True):
     # Over tasks sampled more than once (groups): k -> mean over tasks, judged episodes only.
     pass_at_k: dict[str, float] = {}  # at least one of k samples passes
     pass_hat_k: dict[str, float] = {}  # all k samples pass
+    judged: int = 0  # episodes the scorer judged: what success_rate and mean_reward are over
 
 
 def summarize(trajectories: Iterable[Trajectory], *, wall_s: float | None = None, leaked: int | None = None) -> Summary:
@@ -57,20 +73,21 @@ def summarize(trajectories: Iterable[Trajectory], *, wall_s: float | None = None
                 phase_totals[phase] += seconds
     spent = sum(phase_totals.values()) or 1.0
     finished = sum(t.status == "finished" for t in items)
+    judged = [t for t in items if t.status == "finished" and t.end_reason in SCORED_END_REASONS]
     groups = summarize_groups(items)
     repeated = groups["group_size"] > 1
     return Summary(
         episodes=len(items),
         finished=finished,
         failed=len(items) - finished,
-        success_rate=sum(t.success for t in items) / len(items) if items else 0.0,
-        mean_reward=sum(t.reward for t in items) / len(items) if items else 0.0,
+        success_rate=share(sum(t.success for t in judged), len(judged)),
+        mean_reward=share(sum(t.reward for t in judged), len(judged)),
         steps=steps,
         exit_reasons=dict(Counter(str(t.end_reason) for t in items).most_common()),
         command_reasons=dict(Counter(step.reason for t in items for step in t.steps if step.reason).most_common()),
         retries=sum(len(t.retries) for t in items),
-        exec_p50_ms=percentile(exec_times, 50) * 1000,
-        exec_p99_ms=percentile(exec_times, 99) * 1000,
+        exec_p50_ms=percentile_ms(exec_times, 50),
+        exec_p99_ms=percentile_ms(exec_times, 99),
         wall_s=wall_s,
         steps_per_s=steps / wall_s if wall_s else None,
         episodes_per_s=len(items) / wall_s if wall_s else None,
@@ -80,11 +97,10 @@ def summarize(trajectories: Iterable[Trajectory], *, wall_s: float | None = None
         model_unavailable=sum(t.end_reason == EndReason.MODEL_UNAVAILABLE for t in items),
         pass_at_k={str(k): round(v, 4) for k, v in groups["pass_at_k"].items()} if repeated else {},
         pass_hat_k={str(k): round(v, 4) for k, v in groups["pass_hat_k"].items()} if repeated else {},
+        judged=len(judged),
     )
 
 
 def to_json(summary: Summary) -> bytes:
-    """JSON with NaN (no data) as null, so any JSON reader takes it."""
-    data = msgspec.to_builtins(summary)
-    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in data.items()}
-    return msgspec.json.encode(clean)
+    """JSON, no data as null (msgspec writes a NaN as null too, so any JSON reader takes it)."""
+    return msgspec.json.encode(summary)

@@ -39,8 +39,10 @@ FORMAT_VERSION = 1
 class EndReason(enum.StrEnum):
     """Why an episode ended: ``Trajectory.end_reason`` (and ``Retry.reason``). The one list.
 
-    A StrEnum, so files hold plain strings; the field is read back as ``str`` (any value
-    reads, old files too), and compares equal to the members.
+    A StrEnum, so files hold plain strings, and the fields read back as members. A value no
+    member names (a file from another version or another tool) still reads: as an
+    ``EndReason`` of that value that is neither scored nor the infrastructure's (``_missing_``).
+    Code compares members (``is``/``==``/``in``), never strings.
 
     Scored ends (``status == "finished"``; the scorer judged what the agent left, so the
     reward means something):
@@ -84,6 +86,16 @@ class EndReason(enum.StrEnum):
     VERIFIER_ERROR = "verifier_error"
     MODEL_UNAVAILABLE = "model_unavailable"
     INFRA_ERROR = "infra_error"
+
+    @classmethod
+    def _missing_(cls, value: object) -> EndReason | None:
+        if not isinstance(value, str):
+            return None
+        # Not cached in the members: a foreign file's values do not become part of the list.
+        unknown = str.__new__(cls, value)
+        unknown._name_ = value
+        unknown._value_ = value
+        return unknown
 
     @property
     def scored(self) -> bool:
@@ -157,7 +169,7 @@ class Retry(msgspec.Struct, kw_only=True):
     """An attempt that failed for infrastructure reasons and was retried in a fresh sandbox."""
 
     attempt: int
-    reason: str  # an EndReason value: one of its infrastructure reasons
+    reason: EndReason  # one of its infrastructure reasons
     error: str
     duration: float
 
@@ -171,7 +183,7 @@ class Trajectory(msgspec.Struct, kw_only=True, omit_defaults=True):
     adapter: str
     run_id: str
     status: Literal["finished", "failed"]
-    end_reason: str  # an EndReason value (see EndReason for the list and what each means)
+    end_reason: EndReason  # see EndReason for the list and what each means
     reward: float = 0.0
     success: bool = False
     instruction: str = ""

@@ -14,7 +14,8 @@ submits, its ``raw`` the harness's exit status and the tail of its output. Gradi
 task's own (the services' audit and state), as for every other policy.
 
 The default harness is ``sandbox/claw_harness.py`` (stdlib only), copied into the sandbox.
-``ORCHARD_CLAW_HARNESS`` (or ``command=``) names a preset (``mini-swe-agent``: the third-party
+The recipe's ``harness`` option (``ClawOptions``; its default from ``ORCHARD_CLAW_HARNESS``), or
+``command=``, names a preset (``mini-swe-agent``: the third-party
 agent from PyPI, baked into ``MINI_SWE_AGENT_IMAGE``) or is a command that runs another
 harness already in the image, reading its task from stdin.
 """
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +32,11 @@ from typing import Any
 import anyio
 import msgspec
 
-from orchard_async import Action, ModelUnavailable, Observation
+from orchard_async import Action, ModelUnavailable, Observation, episode_label
 from orchard_async.images import ImageSpec
 from orchard_async.models.client import ModelConfig
 from orchard_async.models.proxy import ModelCall, ModelProxy, Upstream, serve_into
+from orchard_async.recipes.claw.task import ClawOptions
 
 SOURCES = Path(__file__).parent / "sandbox"
 HARNESS_SOURCE = SOURCES / "claw_harness.py"
@@ -63,17 +64,9 @@ PRESETS: dict[str, tuple[str, dict[str, Path]]] = {
     "bundled": (DEFAULT_COMMAND, {HARNESS_PATH: HARNESS_SOURCE}),
     "mini-swe-agent": (MINI_SWE_AGENT_COMMAND, {"/tmp/claw/mini_claw.yaml": SOURCES / "mini_claw.yaml"}),
 }
-HARNESS_ENV = "ORCHARD_CLAW_HARNESS"
+HARNESS_SETTINGS = "CLAW_HARNESS_"  # the prefix of the harness's own variables, passed through to it
 OUTPUT_TAIL = 4000  # characters of the harness's output kept in the last step
 SCORING_MARGIN = 0.9  # of the agent's remaining time the harness may use: the replay steps need the rest
-
-_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
-
-
-def episode_label(episode_id: str) -> str:
-    """The ``orchard.episode`` label the episode loop gives the sandbox (see orchard_async.engine.episode)."""
-    cleaned = _LABEL_UNSAFE.sub("-", episode_id)
-    return cleaned[-63:].strip("-_.") or "episode"
 
 
 @dataclass
@@ -106,10 +99,19 @@ class HarnessPolicy:
         self.runs: dict[str, HarnessRun] = {}
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> HarnessPolicy:
+    def from_options(
+        cls, options: ClawOptions, config: ModelConfig, environ: Mapping[str, str] | None = None
+    ) -> HarnessPolicy:
+        """The harness the ``harness`` option names, with the model of ``config``; the harness's
+        own settings (``CLAW_HARNESS_*`` variables of ``environ``) are passed to it as they are."""
         env = os.environ if environ is None else environ
-        passed = {k: v for k, v in env.items() if k.startswith("CLAW_HARNESS_")}  # the harness's own settings
-        return cls(ModelConfig.from_env(environ, **overrides), command=env.get(HARNESS_ENV) or None, env=passed)
+        passed = {k: v for k, v in env.items() if k.startswith(HARNESS_SETTINGS)}
+        return cls(config, command=options.harness, env=passed)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> HarnessPolicy:
+        """The model's settings and the recipe's options, both from ``environ`` (default: this process's)."""
+        return cls.from_options(ClawOptions.from_env(environ), ModelConfig.from_env(environ, **overrides), environ)
 
     async def _proxy(self) -> ModelProxy:
         async with self._starting:
@@ -168,7 +170,7 @@ class HarnessPolicy:
         output = result.text + result.error_text
         return HarnessRun(calls, result.exit_code, result.reason.value, output[-OUTPUT_TAIL:])
 
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         if self.proxy is not None:
-            await self.proxy.aclose()
+            await self.proxy.close()
             self.proxy = None

@@ -12,13 +12,12 @@ verdict, makes the episode a verifier error (an infrastructure failure): never a
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from orchard_async import InfraError, VerifierError
-from orchard_async.models.client import ChatClient, ModelConfig, judge_config
+from orchard_async.models.client import ChatClient, ModelConfig, judge_config_if_set
 
 AUDIT_CHARS = 12000  # of the tool calls shown to the judge (the latest kept)
 
@@ -31,9 +30,10 @@ rubric, from what the calls and the answer show; do not assume anything they do 
 Give your reasoning in a few sentences, then end with exactly one line: PASS or FAIL."""
 
 
-def judge_from_env(environ: Mapping[str, str] | None = None) -> ClawJudge | None:
-    env = os.environ if environ is None else environ
-    return ClawJudge(judge_config(env)) if env.get("ORCHARD_JUDGE_MODEL") else None
+def configured_judge(environ: Mapping[str, str] | None = None) -> ClawJudge | None:
+    """The judge ``judge_config`` names (the model settings' one place); None when it names none."""
+    config = judge_config_if_set(environ)
+    return ClawJudge(config) if config is not None else None
 
 
 def actions_text(audit: list[dict[str, Any]]) -> str:
@@ -72,7 +72,7 @@ class ClawJudge:
         except Exception as exc:  # the model's own error (a 4xx): no verdict either
             raise VerifierError(f"the llm_judge model failed: {type(exc).__name__}: {exc}") from exc
         finally:
-            await client.aclose()
+            await client.close()
         if completion.content is None:
             raise VerifierError(f"the llm_judge reply could not be read: {completion.error}")
         decided = verdict(completion.content)

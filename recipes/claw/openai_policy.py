@@ -17,23 +17,11 @@ never a crash.
 from __future__ import annotations
 
 import json
-import random
-import time
 from collections.abc import Mapping
 from typing import Any
 
-import anyio
-
-from orchard_async import Action, ContextExhausted, ModelUnavailable, Observation
-from orchard_async.models.client import (
-    RETRY_STATUSES,
-    UNAVAILABLE_STATUSES,
-    ChatClient,
-    ModelConfig,
-    ModelError,
-    is_context_error,
-)
-from orchard_async.models.retry import retry_after
+from orchard_async import Action, Observation
+from orchard_async.models.client import ChatClient, ModelConfig
 from orchard_async.recipes.claw.sandbox import claw_tools
 
 SYSTEM_PROMPT = """\
@@ -136,16 +124,8 @@ class ToolCallingPolicy:
             return Action(kind="submit")
         messages = build_messages(observation)
         messages[0]["content"] = self.system_prompt
-        body: dict[str, Any] = {
-            "model": self.config.model,
-            "messages": messages,
-            "tools": tool_definitions(list(getattr(observation.task, "tools", []))),
-        }
-        if self.config.temperature is not None:
-            body["temperature"] = self.config.temperature
-        if self.config.max_tokens is not None:
-            body["max_tokens"] = self.config.max_tokens
-        body.update(self.config.extra_body)
+        tools = tool_definitions(list(getattr(observation.task, "tools", [])))
+        body = {"tools": tools, **self.http.body(messages)}  # ORCHARD_EXTRA_BODY still has the last word
         reply, usage = await self._post(body, observation.remaining or None)
         message = _first_message(reply)
         if message is None:
@@ -161,56 +141,20 @@ class ToolCallingPolicy:
         return Action(kind="invalid", raw="", error="the reply has neither tool calls nor text", usage=usage)
 
     async def _post(self, body: dict[str, Any], time_left: float | None) -> tuple[Any, dict[str, int]]:
-        """One chat completion with the SWE policy's retry rules: (decoded JSON, usage)."""
-        import httpx
+        """One chat completion through the shared model client (its retries): (decoded JSON, usage)."""
+        response, _ = await self.http.send(body, time_left=time_left)
+        try:
+            data = response.json()
+        except ValueError:
+            return {"unreadable": response.text[:300]}, {}
+        raw_usage = data.get("usage") if isinstance(data, dict) else None
+        usage = {
+            k: int(v) for k, v in (raw_usage or {}).items() if k.endswith("_tokens") and isinstance(v, int | float)
+        }
+        return data, usage
 
-        client, limit = self.http._bind()
-        payload = json.dumps(body).encode()
-        url = self.http.url
-        deadline = time.monotonic() + (time_left if time_left and time_left > 0 else self.config.request_timeout)
-        last = ""
-        for attempt in range(self.config.max_retries + 1):
-            wait: float | None = None
-            timeout = max(1.0, min(self.config.request_timeout, deadline - time.monotonic()))
-            async with limit:
-                self.http.requests += 1
-                try:
-                    response = await client.post(url, content=payload, timeout=timeout)
-                except httpx.TransportError as exc:
-                    last = f"{type(exc).__name__}: {exc}"
-                else:
-                    if response.status_code < 400:
-                        try:
-                            data = response.json()
-                        except ValueError:
-                            return {"unreadable": response.text[:300]}, {}
-                        raw_usage = data.get("usage") if isinstance(data, dict) else None
-                        usage = {
-                            k: int(v)
-                            for k, v in (raw_usage or {}).items()
-                            if k.endswith("_tokens") and isinstance(v, int | float)
-                        }
-                        return data, usage
-                    status, last = response.status_code, f"HTTP {response.status_code}: {response.text[:500]}"
-                    if is_context_error(status, response.text):
-                        raise ContextExhausted(f"{url} answered {last}")
-                    if status in UNAVAILABLE_STATUSES:
-                        raise ModelUnavailable(f"{url} answered {last}")
-                    if status not in RETRY_STATUSES:
-                        raise ModelError(f"{url} answered {last}")
-                    wait = retry_after(response.headers.get("retry-after"))
-            if attempt == self.config.max_retries:
-                break
-            if wait is None:
-                wait = min(self.config.max_backoff, self.config.backoff * 2**attempt) * random.uniform(0.5, 1.0)
-            if time.monotonic() + wait >= deadline:
-                break
-            self.http.retries += 1
-            await anyio.sleep(wait)
-        raise ModelUnavailable(f"{url}: gave up after {attempt + 1} attempts; last error: {last}")
-
-    async def aclose(self) -> None:
-        await self.http.aclose()
+    async def close(self) -> None:
+        await self.http.close()
 
 
 def _first_message(reply: Any) -> dict[str, Any] | None:

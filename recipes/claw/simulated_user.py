@@ -1,9 +1,10 @@
 """The simulated user played by a language model (multi-turn tasks), on the controller's side.
 
-    ORCHARD_CLAW_USER_BASE_URL=http://my-vllm:8000/v1 ORCHARD_CLAW_USER_MODEL=my-user-model \\
-      orchard-async run claw --tasks builtin --policy oracle ...
+    orchard-async run claw --tasks builtin --policy oracle \\
+      --recipe-options '{"user_base_url": "http://my-vllm:8000/v1", "user_model": "my-user-model"}' ...
 
-Without these variables the task's script answers (as in the tests). With them, every task
+(or ``ORCHARD_CLAW_USER_BASE_URL`` and ``ORCHARD_CLAW_USER_MODEL``, their defaults). Without
+them the task's script answers (as in the tests). With them, every task
 that has a ``user`` gets, for each episode, a recording proxy (``orchard_async.models.proxy``)
 with a session of the user's own, relayed onto the agent sandbox's loopback over one stream
 (network stays off), the path a harness's model calls take. The services' ``user.ask`` calls
@@ -21,10 +22,8 @@ A model that cannot answer makes the episode fail as ``model_unavailable`` (an
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -32,9 +31,9 @@ import msgspec
 from orchard_async import ConfigError, ModelUnavailable, Sandbox
 from orchard_async.models.proxy import ModelCall, ModelProxy, Upstream, serve_into
 
-ENV_BASE_URL = "ORCHARD_CLAW_USER_BASE_URL"
-ENV_MODEL = "ORCHARD_CLAW_USER_MODEL"
-ENV_KEY = "ORCHARD_CLAW_USER_API_KEY"
+if TYPE_CHECKING:
+    from orchard_async.recipes.claw.task import ClawOptions
+
 MAX_CALLS = 50  # per episode: far above any task's max_rounds, a bound on a runaway loop
 DEADLINE_MARGIN = 60.0  # seconds past the task's deadline an orphaned relay may live
 
@@ -62,15 +61,16 @@ class UserModel:
     upstream: Upstream
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> UserModel | None:
-        env = os.environ if environ is None else environ
-        base_url = env.get(ENV_BASE_URL, "").strip()
-        if not base_url:
+    def from_options(cls, options: ClawOptions) -> UserModel | None:
+        """The user model the recipe's ``user_*`` options name; None when they name none."""
+        if not options.user_base_url:
             return None
-        model = env.get(ENV_MODEL, "").strip()
-        if not model:
-            raise ConfigError(f"{ENV_BASE_URL} is set: set {ENV_MODEL} too (the model that plays the user)")
-        return cls(Upstream(base_url, env.get(ENV_KEY) or None, model))
+        if not options.user_model:
+            raise ConfigError(
+                "the claw recipe's user_base_url is set: set user_model too (the model that plays the user; "
+                "ORCHARD_CLAW_USER_MODEL)"
+            )
+        return cls(Upstream(options.user_base_url, options.user_api_key or None, options.user_model))
 
     async def attach(self, sandbox: Sandbox, label: str, *, lifetime: float) -> UserLink:
         """Start the episode's proxy session and its relay into ``sandbox``."""

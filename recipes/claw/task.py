@@ -32,19 +32,21 @@ The schema (every field but ``id``, ``prompt``, ``checks`` and ``oracle`` is opt
       - mail read --id m1
       - {retry: "mail send --to dana@example.com --subject Re --body ok", attempts: 6}
 
-Any mistake in a file is one ConfigError naming the file and the field.
+Any mistake in a file is one ConfigError naming the file and the field. Quote a text that
+holds `` #`` (``prompt: 'Ask in the #planning channel.'``): unquoted, YAML reads the rest of the
+line as a comment, and the loader refuses a value cut that way (``comments_after_text``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
-from orchard_async import ConfigError, Reward, Sandbox, SandboxSpec
+from orchard_async import ConfigError, RecipeOptions, Reward, Sandbox, SandboxSpec, recipe_option
 from orchard_async.images import ImageSpec
 from orchard_async.recipes.claw import grading, services
 from orchard_async.recipes.claw.sandbox import claw_tools
@@ -58,7 +60,6 @@ from orchard_async.recipes.claw.simulated_user import (
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 IMAGE = ImageSpec(tag="orchard/claw-python:bookworm", base="debian-minbase", apt_packages=("python3",))
-IMAGE_ENV = "ORCHARD_CLAW_IMAGE"  # another image with python3 (e.g. orchard/python:test)
 FILE_LIMIT = 256 * 1024  # bytes of a sandbox file a check reads
 GRADER_COMMAND_TIMEOUT = 60.0
 TOP_LEVEL = {
@@ -67,6 +68,43 @@ TOP_LEVEL = {
 }  # fmt: skip
 FAULT_KEYS = {"rate", "statuses", "latency_ms", "seed", "fail_first", "tools"}
 USER_KEYS = {"persona", "max_rounds", "script", "default_reply"}
+
+
+class ClawOptions(RecipeOptions):
+    """The Claw recipe's options (``--recipe-options``, or keywords of ``load_tasks`` and ``make_policy``)."""
+
+    RECIPE: ClassVar[str] = "claw"
+    # where the user model is and its key: not what an episode does (and a key is never written down)
+    OPERATIONAL: ClassVar[frozenset[str]] = frozenset({"user_base_url", "user_api_key"})
+
+    image: Annotated[
+        str, recipe_option("the sandbox image: any with python3 (e.g. orchard/python:test)", "ORCHARD_CLAW_IMAGE")
+    ] = IMAGE.tag
+    harness: Annotated[
+        str,
+        recipe_option(
+            "the harness policy's agent: a preset (bundled, mini-swe-agent) or a command in the image that "
+            "reads its task from stdin",
+            "ORCHARD_CLAW_HARNESS",
+        ),
+    ] = "bundled"
+    user_base_url: Annotated[
+        str,
+        recipe_option(
+            "OpenAI-compatible endpoint (ending in /v1) of a model that plays the simulated user "
+            "(empty: the tasks' scripts answer)",
+            "ORCHARD_CLAW_USER_BASE_URL",
+        ),
+    ] = ""
+    user_model: Annotated[
+        str,
+        recipe_option("the model that plays the simulated user (needed with user_base_url)", "ORCHARD_CLAW_USER_MODEL"),
+    ] = ""
+    user_api_key: Annotated[
+        str, recipe_option("bearer token for user_base_url (optional)", "ORCHARD_CLAW_USER_API_KEY")
+    ] = ""
+
+
 REQUIRED_KEYS = {
     "tool_called": ("tool",),
     "tool_not_called": ("tool",),
@@ -253,6 +291,41 @@ def _yaml():
     return yaml
 
 
+def comments_after_text(text: str) -> list[tuple[int, str, str]]:
+    """(line number, value, comment) of every unquoted scalar that a comment follows on its
+    line. YAML ends a plain scalar at `` #``, so ``prompt: ask in #planning`` loads as
+    "ask in": the rest of the sentence is a comment, and no parser complains."""
+    yaml = _yaml()
+    found = []
+    root = yaml.compose(text)
+    pending = [] if root is None else [root]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, yaml.MappingNode):
+            pending += [part for pair in node.value for part in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            pending += node.value
+        elif isinstance(node, yaml.ScalarNode) and node.style is None:
+            end = node.end_mark.index
+            line_end = text.find("\n", end)
+            rest = text[end:] if line_end < 0 else text[end:line_end]
+            if rest[:1] in (" ", "\t") and rest.lstrip(" \t").startswith("#"):
+                found.append((node.end_mark.line + 1, node.value, rest.strip()))
+    return sorted(found)
+
+
+def _refuse_cut_text(path: Path, text: str) -> None:
+    """A comment glued to its word (``#planning``, ``#ff0000``) after an unquoted value is text
+    that YAML dropped; one set apart (``10  # seconds``) is the author's comment."""
+    for line, value, comment in comments_after_text(text):
+        if comment[1:2] and not comment[1].isspace():
+            shown = comment if len(comment) <= 24 else comment[:24] + "..."
+            raise ConfigError(
+                f"{path}: line {line}: the value stops at {value[-24:]!r}, since YAML reads ' {shown}' "
+                "as a comment: quote the whole value"
+            )
+
+
 class _Where:
     """Error messages that name the file and the field."""
 
@@ -278,9 +351,11 @@ def _fixture(where: _Where, value: Any, name: str) -> dict[str, Any]:
         if not fixture.is_file():
             where.fail(name, f"fixture file {value!r} not found (looked at {fixture})")
         try:
-            value = _yaml().safe_load(fixture.read_text())
+            text = fixture.read_text()
+            value = _yaml().safe_load(text)
         except Exception as exc:  # a YAML error of the fixture file, whatever its kind
             where.fail(name, f"fixture file {value!r} is not valid YAML/JSON: {exc}")
+        _refuse_cut_text(fixture, text)
     return _mapping(where, value, name)
 
 
@@ -378,6 +453,7 @@ def _files(where: _Where, value: Any, name: str) -> dict[str, str]:
 
 
 def load_task(path: Path, *, image: str | None = None) -> ClawTask:
+    """One task file; ``image`` defaults to the ``image`` option's (see ``ClawOptions``)."""
     where = _Where(path)
     try:
         data = _yaml().safe_load(path.read_text())
@@ -386,6 +462,7 @@ def load_task(path: Path, *, image: str | None = None) -> ClawTask:
     except Exception as exc:  # yaml.YAMLError, without importing yaml at module level
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     data = _mapping(where, data, "the file")
+    _refuse_cut_text(path, path.read_text())
     unknown = set(data) - TOP_LEVEL
     if unknown:
         where.fail(sorted(unknown)[0], f"unknown field (known: {', '.join(sorted(TOP_LEVEL))})")
@@ -435,7 +512,7 @@ def load_task(path: Path, *, image: str | None = None) -> ClawTask:
         if name not in sandbox_files:
             where.fail(f"prompt.attachments[{index}]", f"{name!r} is not one of the sandbox_files")
     spec = SandboxSpec(
-        image=image or os.environ.get(IMAGE_ENV) or IMAGE.tag,
+        image=image or ClawOptions.from_env().image,
         env={"PATH": services.SANDBOX_PATH, "LANG": "C.UTF-8"},
         labels={"orchard.recipe": "claw"},
     )
@@ -463,16 +540,18 @@ def load_task(path: Path, *, image: str | None = None) -> ClawTask:
 
 
 def load_tasks(
-    source: str = "builtin", *, image: str | None = None, user_model: UserModel | None | str = "env"
+    source: str = "builtin", options: ClawOptions | Mapping[str, Any] | None = None, **keywords: Any
 ) -> list[ClawTask]:
     """``builtin`` (the bundled tasks), ``builtin:ID,ID`` (some of them), a task file, or a
-    directory of task files (``*.yaml``). ``user_model``: the model that plays the simulated
-    user ("env": from ``ORCHARD_CLAW_USER_*``, see ``simulated_user``; None: the scripts)."""
-    if user_model == "env":
-        user_model = UserModel.from_env()
-    from orchard_async.recipes.claw.judge import judge_from_env  # the GUI recipe's judge settings, read once per load
+    directory of task files (``*.yaml``). ``options`` (``ClawOptions``, a mapping or keywords):
+    the sandbox ``image``, and the model that plays the simulated user (``user_*``; none: the
+    tasks' scripts answer, see ``simulated_user``). An ``llm_judge`` check's model is
+    ``judge_config``'s."""
+    opts = ClawOptions.resolve(options, **keywords)
+    user_model = UserModel.from_options(opts)
+    from orchard_async.recipes.claw.judge import configured_judge  # the GUI recipe's judge settings, read once per load
 
-    judge = judge_from_env()
+    judge = configured_judge()
     if source == "builtin" or source.startswith("builtin:"):
         paths = sorted(BUILTIN_DIR.glob("*.yaml"))
     else:
@@ -485,7 +564,7 @@ def load_tasks(
             raise ConfigError(f"--tasks {source!r}: not 'builtin', a task file or a directory of them")
         if not paths:
             raise ConfigError(f"--tasks {source!r}: no *.yaml task files there")
-    tasks = [load_task(path, image=image) for path in paths]
+    tasks = [load_task(path, image=opts.image) for path in paths]
     seen: dict[str, Path] = {}
     for task in tasks:
         if task.id in seen:

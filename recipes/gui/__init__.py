@@ -11,46 +11,72 @@
   (a subset by site or id), a .jsonl file of the same schema (see ``task``), or a benchmark's
   file (``webvoyager:``, ``mind2web:``, ``deepshop:``; ``deepshop:builtin`` runs offline on
   the shop; see ``live``);
-* observations: optionally with set-of-marks (``ORCHARD_GUI_MARKS=1``, ``inside/marks.py``);
+* observations: optionally with set-of-marks (the ``marks`` option, ``inside/marks.py``);
+* options (``GuiOptions``: ``--recipe-options JSON`` or keywords of ``load_tasks`` and
+  ``make_policy``): screenshots kept, set-of-marks, the model's addressing and screenshots,
+  the chromium; docs/variables.md lists them;
 * policies: ``oracle`` (scripted solutions), ``empty`` (answers nothing), ``openai`` (a
-  multimodal chat model over an OpenAI-compatible endpoint: see ``openai_policy``).
+  multimodal chat model over an OpenAI-compatible endpoint: see ``openai_policy``), ``noisy-oracle:P``
+  (the oracle with probability P, else empty).
 
 Registered as the ``gui`` recipe through the ``orchard_async.recipes`` entry point; its
-runs export as training data with ``orchard-async export-gui`` (``export``).
+runs export as training data with ``orchard-async export`` (``export``: the chat with its
+screenshots, ``--screenshots DIR``), or ``export-gui``, which takes GUI runs only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from orchard_async import ConfigError, Policy
+from orchard_async.recipes import noisy_oracle
 from orchard_async.recipes.gui.actions import ActionParseError, parse_text, tool_schemas
 from orchard_async.recipes.gui.doctor import doctor
+from orchard_async.recipes.gui.export import add_export_arguments, training_chats
 from orchard_async.recipes.gui.policies import EmptyPolicy, OraclePolicy
-from orchard_async.recipes.gui.task import IMAGE, SITES, GuiTask, load_tasks
+from orchard_async.recipes.gui.task import IMAGE, SITES, GuiOptions, GuiTask, load_tasks
 
 IMAGES = [IMAGE]  # what `orchard-async images build` builds for this recipe
+OPTIONS = GuiOptions  # what `--recipe-options` takes
 
-POLICIES = ("oracle", "empty", "openai")
+POLICIES = ("oracle", "empty", "openai", "noisy-oracle:P")
+# What the adapter's sandboxes must do for this recipe (an adapter's facts, e.g. the sim adapter's
+# runs_commands = False): `run` and `demo` refuse an adapter without them before the first sandbox.
+ADAPTER_NEEDS = frozenset({"runs_commands"})
 
 
-def make_policy(name: str) -> Policy:
-    """The recipe's policies by name (``--policy``); ``openai`` reads its settings from the environment."""
+def make_policy(name: str, options: GuiOptions | Mapping[str, Any] | None = None, **keywords: Any) -> Policy:
+    """The recipe's policies by name (``--policy``; ``noisy-oracle:P`` solves with probability P, see
+    ``orchard_async.recipes``); ``openai`` takes its model from ``ModelConfig``
+    (the environment) and the rest from the options."""
+    opts = GuiOptions.resolve(options, **keywords)
     if name == "oracle":
         return OraclePolicy()
+    noisy = noisy_oracle(name, OraclePolicy(), EmptyPolicy())  # solves with probability P, else the empty policy
+    if noisy is not None:
+        return noisy
     if name == "empty":
         return EmptyPolicy()
     if name == "openai":
+        from orchard_async.models.client import ModelConfig
         from orchard_async.recipes.gui.openai_policy import GuiOpenAIPolicy
 
-        return GuiOpenAIPolicy.from_env()
+        return GuiOpenAIPolicy.from_options(opts, ModelConfig.from_env())
     raise ConfigError(f"unknown policy {name!r} for the gui recipe; choose one of: {', '.join(POLICIES)}")
 
 
 __all__ = [
+    "ADAPTER_NEEDS",
     "IMAGES",
+    "OPTIONS",
     "POLICIES",
     "SITES",
+    "add_export_arguments",
+    "training_chats",
     "ActionParseError",
     "EmptyPolicy",
+    "GuiOptions",
     "GuiTask",
     "OraclePolicy",
     "doctor",

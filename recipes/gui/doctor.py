@@ -7,23 +7,33 @@ chromium it would start, so this check and the episodes look in the same places.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+from orchard_async.recipes.gui.task import CHROMIUM_ENV, GuiOptions
 
 BROWSERD = Path(__file__).parent / "inside" / "browserd.py"
-MISSING = "not found: install Debian's chromium (apt-get install chromium) or set ORCHARD_CHROMIUM=PATH"
+MISSING = (
+    "not found: install Debian's chromium (apt-get install chromium) or set the chromium option (docs/variables.md)"
+)
 
 
-def doctor() -> dict[str, str]:
+def doctor(options: GuiOptions | Mapping[str, Any] | None = None) -> dict[str, str]:
     """One line per thing checked: {"chromium (local adapter)": "found ... | not found: ..."}."""
-    return {"chromium (local adapter)": _chromium_line()}
+    return {"chromium (local adapter)": _chromium_line(GuiOptions.resolve(options).chromium)}
 
 
-def _chromium_line() -> str:
+def _chromium_line(chromium: str | None) -> str:
+    env = {name: value for name, value in os.environ.items() if name != CHROMIUM_ENV}
+    if chromium:  # what an episode's driver gets (task.sandbox_spec)
+        env[CHROMIUM_ENV] = chromium
     try:
         which = subprocess.run(
-            [sys.executable, str(BROWSERD), "--which"], capture_output=True, text=True, timeout=30, check=False
+            [sys.executable, str(BROWSERD), "--which"], capture_output=True, text=True, timeout=30, check=False, env=env
         )
     except subprocess.TimeoutExpired:
         return "unknown: the driver did not answer within 30 s"

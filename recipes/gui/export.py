@@ -1,4 +1,4 @@
-"""GUI trajectories -> training data with image parts: SFT chats and RL (GRPO) groups.
+"""GUI trajectories -> training data with screenshots: SFT chats and RL (GRPO) groups.
 
 The same two formats and the same rules as every recipe's export (``orchard_async.records.export``,
 docs/training-formats.md): only scored episodes are data (an infrastructure end, a task's
@@ -7,31 +7,33 @@ sample its advantage within its run-prefixed group. What differs:
 
 * the chat is the GUI policy's own (``conversation``): the system prompt for the
   addressing (and set-of-marks), the task and first page, then each model reply and the
-  observation that followed; a user turn that showed a screenshot is a list of parts,
-  ``{"type": "text"}`` then ``{"type": "image_url", "image_url": {"url": ...}}``, for the
-  latest ``screenshots`` observations the model had seen when it gave its last reply
-  (older ones say the image was omitted): the conversation as it saw it then;
-* images come from the folder the run kept them in (``ORCHARD_GUI_SCREENSHOTS=DIR``), by
+  observation that followed, for the latest ``screenshots`` observations with the image the
+  model had seen when it gave its last reply (older ones say the image was omitted): the
+  conversation as it saw it then;
+* every message's ``content`` is its text (a string, in every message of every record) and
+  its ``image_urls`` the images it showed after that text (``[]`` for most): one type per
+  field, so ``datasets`` loads each record back unchanged (a column mixing strings and lists
+  of parts it cannot). ``openai_content(message)`` gives the parts an OpenAI-compatible server
+  takes, text then images, as the policy sent them;
+* images come from the folder the run kept them in (its ``screenshot_dir`` option), by
   hash: ``image_urls="inline"`` (default) puts each in as a ``data:image/png;base64`` URL
-  (self-contained records, as an OpenAI-compatible server takes them), ``"file"`` as a
-  ``file://`` URL of the PNG (small records; the trainer reads the files). A screenshot the
-  folder lacks is a ConfigError: a record without the image the model acted on would teach
-  something it never saw;
-* each record also lists its screenshots' hashes in order (``images``) (and has no SWE
-  ``patch``);
+  (self-contained records), ``"file"`` as a ``file://`` URL of the PNG (small records; the
+  trainer reads the files). A screenshot the folder lacks is a ConfigError: a record without
+  the image the model acted on would teach something it never saw;
+* each record also lists its screenshots' hashes in order (``images``: the order of the
+  messages' ``image_urls``) (and has no SWE ``patch``);
 * the policy's own ``submit`` after an answer is not a model turn and never trained on;
 * an episode that ended ``parse_failures`` is RL data (its reward teaches the format) but
   not SFT data (its chat ends in replies that are not actions).
 
-    orchard-async export-gui sft out/gui.jsonl --screenshots out/shots --out out/gui-sft.jsonl
-    orchard-async export-gui rl  out/gui.jsonl --screenshots out/shots --out out/gui-rl.jsonl
+    orchard-async export sft out/gui.jsonl --screenshots out/shots --out out/gui-sft.jsonl
+    orchard-async export-gui rl out/gui.jsonl --screenshots out/shots --out out/gui-rl.jsonl  # GUI runs only
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -45,7 +47,7 @@ from orchard_async.recipes.gui.conversation import (
     observation_text,
     system_prompt,
 )
-from orchard_async.recipes.gui.openai_policy import DEFAULT_SCREENSHOTS
+from orchard_async.recipes.gui.task import DEFAULT_SCREENSHOTS, GuiOptions
 from orchard_async.records import export as training_data
 
 ImageUrls = Literal["inline", "file"]
@@ -67,7 +69,7 @@ class GuiChats:
         if not self.folder.is_dir():
             raise ConfigError(
                 f"--screenshots {self.folder}: no such folder; give the folder the run kept its screenshots in "
-                "(ORCHARD_GUI_SCREENSHOTS=DIR during `orchard-async run gui`)"
+                "(the screenshot_dir option of `orchard-async run gui`)"
             )
         if addressing not in ("element", "coordinates"):
             raise ConfigError(f"--addressing must be element or coordinates, got {addressing!r}")
@@ -82,7 +84,8 @@ class GuiChats:
 
     def __call__(self, trajectory: Trajectory) -> list[dict[str, Any]]:
         """The chat as the model saw it at its last reply, then that reply and, as text only
-        (no model saw it), the observation that followed."""
+        (no model saw it), the observation that followed; each message's text and images
+        apart (``content``, ``image_urls``)."""
         steps = model_steps(trajectory.steps)
         messages, shown = conversation(
             trajectory.instruction, steps[:-1], prompt=self.prompt, screenshots=self.screenshots
@@ -90,7 +93,7 @@ class GuiChats:
         if steps:
             messages.append({"role": "assistant", "content": steps[-1].action.raw or steps[-1].action.command})
             messages.append({"role": "user", "content": observation_text(steps[-1])[:OBSERVATION_CHARS]})
-        return fill_images(messages, {digest: self.url(digest) for digest in shown})
+        return [text_and_images(message) for message in fill_images(messages, {d: self.url(d) for d in shown})]
 
     def url(self, digest: str) -> str:
         url = self._url(digest)
@@ -102,23 +105,38 @@ class GuiChats:
         if not path.is_file():
             raise ConfigError(
                 f"screenshot {digest[:12]}… is not in {self.folder}; export from the folder the run kept its "
-                "screenshots in (ORCHARD_GUI_SCREENSHOTS=DIR)"
+                "screenshots in (the run's screenshot_dir option)"
             )
         if self.image_urls == "file":
             return path.resolve().as_uri()
         return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
 
     def finish(self, record: dict[str, Any], trajectory: Trajectory) -> dict[str, Any]:
-        """A record as the GUI export writes it, with ``images``: the hashes of its image
-        parts, in order."""
-        parts = [
-            part
-            for message in record["messages"]
-            if isinstance(message["content"], list)
-            for part in message["content"]
-        ]
-        record["images"] = [self._digest_of[p["image_url"]["url"]] for p in parts if p.get("type") == "image_url"]
+        """A record as the GUI export writes it, with ``images``: the hashes of its messages'
+        images, in order."""
+        record["images"] = [self._digest_of[url] for message in record["messages"] for url in message["image_urls"]]
         return record
+
+
+def text_and_images(message: dict[str, Any]) -> dict[str, Any]:
+    """A chat message (content a string or a list of parts) as the export writes it: its text
+    as ``content`` and its images' URLs as ``image_urls``, in order."""
+    content = message["content"]
+    if isinstance(content, str):
+        return {**message, "content": content, "image_urls": []}
+    text = "".join(part["text"] for part in content if part.get("type") == "text")
+    urls = [part["image_url"]["url"] for part in content if part.get("type") == "image_url"]
+    return {**message, "content": text, "image_urls": urls}
+
+
+def openai_content(message: dict[str, Any]) -> str | list[dict[str, Any]]:
+    """An exported message's content as an OpenAI-compatible server takes it: the text alone,
+    or the text then each image as parts (as the policy sent it)."""
+    if not message.get("image_urls"):
+        return message["content"]
+    return [{"type": "text", "text": message["content"]}] + [
+        {"type": "image_url", "image_url": {"url": url}} for url in message["image_urls"]
+    ]
 
 
 def export(
@@ -135,11 +153,15 @@ def export(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     training_data.add_arguments(parser)
-    gui = parser.add_argument_group("gui")
+    add_export_arguments(parser.add_argument_group("gui"))
+
+
+def add_export_arguments(gui: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """The GUI export's own options (``orchard-async export`` adds them for GUI runs)."""
     gui.add_argument(
         "--screenshots",
-        default=os.environ.get("ORCHARD_GUI_SCREENSHOTS"),
-        help="the folder the run kept its screenshots in (default: $ORCHARD_GUI_SCREENSHOTS)",
+        help="the folder the run kept its screenshots in (default: the screenshot_dir option's variable, "
+        "docs/variables.md)",
     )
     gui.add_argument(
         "--last-screenshots",
@@ -157,16 +179,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run_export(args: argparse.Namespace) -> training_data.ExportSummary:
-    if not args.screenshots:
-        raise ConfigError("--screenshots DIR is required: the folder the run kept its screenshots in")
-    chats = GuiChats(
-        args.screenshots,
-        screenshots=args.last_screenshots,
-        addressing=args.addressing,
-        marks=args.marks,
-        image_urls=args.image_urls,
+def training_chats(options: dict[str, Any]) -> training_data.Chats:
+    """The GUI policy's chat with its screenshots, for ``orchard-async export`` (``options``:
+    the arguments of ``add_export_arguments`` by name)."""
+    chats = gui_chats(options)
+    return training_data.Chats(chats, chats.finish)
+
+
+def gui_chats(options: dict[str, Any]) -> GuiChats:
+    screenshots = options.get("screenshots") or GuiOptions.from_env().screenshot_dir
+    if not screenshots:
+        raise ConfigError("--screenshots DIR is required for a gui run: the folder the run kept its screenshots in")
+    return GuiChats(
+        screenshots,
+        screenshots=options.get("last_screenshots", DEFAULT_SCREENSHOTS),
+        addressing=options.get("addressing", "element"),
+        marks=bool(options.get("marks")),
+        image_urls=options.get("image_urls", "inline"),
     )
+
+
+def run_export(args: argparse.Namespace) -> training_data.ExportSummary:
+    chats = gui_chats(vars(args))
     return export(
         args.format,
         [args.trajectories, *getattr(args, "more_trajectories", [])],

@@ -80,5 +80,5 @@ class Judge:
             raise VerifierError(f"the judge gave no verdict: {completion.content[-300:]!r}")
         return float(decided), completion.content[-500:]
 
-    async def aclose(self) -> None:
-        await self.client.aclose()
+    async def close(self) -> None:
+        await self.client.close()

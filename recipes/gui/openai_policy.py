@@ -1,12 +1,11 @@
 """A multimodal chat model as a GUI policy, over any OpenAI-compatible endpoint.
 
-Configured from the environment like the SWE recipe's policy (``OPENAI_BASE_URL``,
-``OPENAI_API_KEY``, ``ORCHARD_MODEL``, ``ORCHARD_TEMPERATURE``, ...; see
-``orchard_async.recipes.swe.openai_policy``), plus:
-
-    ORCHARD_GUI_ADDRESSING         element (default: ids from the accessibility tree) or coordinates
-    ORCHARD_GUI_LAST_SCREENSHOTS   how many of the latest screenshots the model sees (default 3; 0 = text only)
-    ORCHARD_GUI_MARKS              1: observations carry set-of-marks (the prompt says how to read them)
+The model is configured like the SWE recipe's policy (``ModelConfig``: ``OPENAI_BASE_URL``,
+``OPENAI_API_KEY``, ``ORCHARD_MODEL``, ``ORCHARD_TEMPERATURE``, ...), the rest by the recipe's
+options (``GuiOptions``): ``addressing`` (element ids from the accessibility tree, or
+coordinates), ``last_screenshots`` (how many of the latest screenshots the model sees; 0 = text
+only) and ``marks`` (observations carry set-of-marks; the prompt says how to read them).
+docs/variables.md lists the variables that give their defaults.
 
 Each turn the model gets the task, then for every step its own reply and what followed:
 the action's feedback, URL, tabs and accessibility tree as text, and the screenshot as an
@@ -20,7 +19,6 @@ is rebuilt from the episode's steps on every turn (``conversation``, which the e
 from __future__ import annotations
 
 import base64
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,9 +27,7 @@ from orchard_async.models.client import ChatClient, ModelConfig
 from orchard_async.recipes.gui import actions
 from orchard_async.recipes.gui.conversation import conversation, fill_images, system_prompt
 from orchard_async.recipes.gui.policies import answered
-from orchard_async.recipes.gui.task import marks_enabled
-
-DEFAULT_SCREENSHOTS = 3
+from orchard_async.recipes.gui.task import DEFAULT_SCREENSHOTS, GuiOptions
 
 
 class GuiOpenAIPolicy:
@@ -44,9 +40,9 @@ class GuiOpenAIPolicy:
         marks: bool = False,
     ):
         if addressing not in ("element", "coordinates"):
-            raise ConfigError(f"ORCHARD_GUI_ADDRESSING must be element or coordinates, got {addressing!r}")
+            raise ConfigError(f"addressing must be element or coordinates, got {addressing!r}")
         if screenshots < 0:
-            raise ConfigError("ORCHARD_GUI_LAST_SCREENSHOTS must be 0 or more")
+            raise ConfigError("the model's last screenshots must be 0 or more")
         self.config = config
         self.client = ChatClient(config)
         self.addressing = addressing
@@ -56,18 +52,13 @@ class GuiOpenAIPolicy:
         self._images: dict[str, dict[str, str]] = {}  # episode -> screenshot hash -> base64
 
     @classmethod
+    def from_options(cls, options: GuiOptions, config: ModelConfig) -> GuiOpenAIPolicy:
+        return cls(config, addressing=options.addressing, screenshots=options.last_screenshots, marks=options.marks)
+
+    @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> GuiOpenAIPolicy:
-        env = os.environ if environ is None else environ
-        try:
-            screenshots = int(env.get("ORCHARD_GUI_LAST_SCREENSHOTS", "") or DEFAULT_SCREENSHOTS)
-        except ValueError:
-            raise ConfigError("ORCHARD_GUI_LAST_SCREENSHOTS must be a whole number") from None
-        return cls(
-            ModelConfig.from_env(environ, **overrides),
-            addressing=env.get("ORCHARD_GUI_ADDRESSING", "element") or "element",
-            screenshots=screenshots,
-            marks=marks_enabled(env),
-        )
+        """The model's settings and the recipe's options, both from ``environ`` (default: this process's)."""
+        return cls.from_options(GuiOptions.from_env(environ), ModelConfig.from_env(environ, **overrides))
 
     async def act(self, observation: Observation) -> Action:
         if answered(observation):
@@ -99,8 +90,8 @@ class GuiOpenAIPolicy:
         urls = {digest: f"data:image/png;base64,{image}" if image else None for digest, image in cache.items()}
         return fill_images(messages, urls)
 
-    async def aclose(self) -> None:
-        await self.client.aclose()
+    async def close(self) -> None:
+        await self.client.close()
 
 
 async def _screenshot(observation: Observation, digest: str) -> bytes | None:

@@ -26,20 +26,31 @@ import hashlib
 import hmac
 import io
 import json
-import os
 import re
 import secrets
 import tarfile
+import urllib.parse
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
-from orchard_async import ConfigError, CreateFailed, Reward, Sandbox, SandboxLost, SandboxSpec, VerifierError
+from orchard_async import (
+    ConfigError,
+    CreateFailed,
+    RecipeOptions,
+    Reward,
+    Sandbox,
+    SandboxLost,
+    SandboxSpec,
+    VerifierError,
+    episode_label,
+    recipe_option,
+)
 from orchard_async.images import ImageSpec
 from orchard_async.models.client import judge_config
 from orchard_async.recipes.gui import actions
@@ -47,7 +58,10 @@ from orchard_async.recipes.gui.checks import Final, score, validate_check
 from orchard_async.recipes.gui.judge import SCREENSHOTS as JUDGE_SCREENSHOTS
 from orchard_async.recipes.gui.judge import Judge
 
-SITES = {"shop": 7101, "booking": 7102, "forum": 7103}  # ports on the sandbox's loopback (inside/start.py)
+# The ports the tasks are written for, on the sandbox's loopback (inside/start.py). A sandbox
+# that shares its network with others may get other ports (see _Live.ports).
+SITES = {"shop": 7101, "booking": 7102, "forum": 7103}
+PORTS_LINE = re.compile(r"^ports: (\{.*\})$", re.MULTILINE)
 INSIDE = ".gui"  # where the driver and the sites live in the sandbox (relative to its work dir)
 PAGE_MARKER = "The browser shows:"
 # The browser image for container adapters: Debian's chromium, fonts, python3 (the site pack
@@ -58,6 +72,53 @@ IMAGE = ImageSpec(
     apt_packages=("chromium", "python3", "fonts-dejavu-core"),
 )
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
+CHROMIUM_ENV = "ORCHARD_CHROMIUM"  # the driver's (inside/browserd.py) chromium, when the recipe names one
+DEFAULT_SCREENSHOTS = 3
+
+
+class GuiOptions(RecipeOptions):
+    """The GUI recipe's options (``--recipe-options``, or keywords of ``load_tasks`` and ``make_policy``)."""
+
+    RECIPE: ClassVar[str] = "gui"
+    OPERATIONAL: ClassVar[frozenset[str]] = frozenset({"screenshot_dir", "chromium"})
+
+    screenshot_dir: Annotated[
+        str | None,
+        recipe_option(
+            "keep every episode's screenshots in this folder, by hash (what export-gui and view read)",
+            "ORCHARD_GUI_SCREENSHOTS",
+        ),
+    ] = None
+    marks: Annotated[
+        bool,
+        recipe_option(
+            "set-of-marks observations: numbered boxes on the screenshot, listed with the tree "
+            "(the openai policy's prompt says how to read them)",
+            "ORCHARD_GUI_MARKS",
+        ),
+    ] = False
+    addressing: Annotated[
+        Literal["element", "coordinates"],
+        recipe_option(
+            "how the openai policy's model points at the page: element ids from the accessibility tree, or coordinates",
+            "ORCHARD_GUI_ADDRESSING",
+        ),
+    ] = "element"
+    last_screenshots: Annotated[
+        int,
+        recipe_option(
+            "how many of the latest screenshots the openai policy's model sees (0: text only)",
+            "ORCHARD_GUI_LAST_SCREENSHOTS",
+            ge=0,
+        ),
+    ] = DEFAULT_SCREENSHOTS
+    chromium: Annotated[
+        str | None,
+        recipe_option(
+            "the chromium the browser driver starts in a sandbox (default: Debian's, found on the PATH)",
+            CHROMIUM_ENV,
+        ),
+    ] = None
 
 
 class TaskLine(msgspec.Struct, forbid_unknown_fields=True):
@@ -71,6 +132,12 @@ class TaskLine(msgspec.Struct, forbid_unknown_fields=True):
     max_steps: int = 16
     solution: list[dict[str, Any]] = []
     network: str = "none"  # "on": a live site, judged by an LLM (not bundled)
+
+
+def sandbox_spec(chromium: str | None = None) -> SandboxSpec:
+    """The sandbox of a GUI task; ``chromium`` (the option) reaches the driver as its variable."""
+    env = {**SANDBOX_ENV, CHROMIUM_ENV: chromium} if chromium else SANDBOX_ENV
+    return SandboxSpec(image=IMAGE.tag, env=env, labels={"orchard.recipe": "gui"})
 
 
 def inside_files() -> dict[str, bytes]:
@@ -105,18 +172,33 @@ def inside_archive() -> bytes:
 
 @dataclass
 class _Live:
-    """What one episode of a task holds: its sandbox and the key its daemons got."""
+    """What one episode of a task holds: its sandbox, the key its daemons got, and the ports
+    its sites listen on (those of SITES, unless the sandbox shares its network with another
+    that holds them: the local adapter's sandboxes with the network on)."""
 
     sandbox: Sandbox
     key: bytes
+    ports: dict[str, int]
     page: str = ""
 
+    def url_in_sandbox(self, url: str) -> str:
+        """A URL on a site's usual port, moved to the port the site has in this sandbox."""
+        return _move_port(url, {SITES[site]: port for site, port in self.ports.items()})
 
-def _label_safe(value: str) -> str:
-    """The episode label the rollout engine gives a sandbox (orchard.episode), to find an
-    episode's sandbox from its id (same rule as the core's)."""
-    cleaned = re.sub(r"[^A-Za-z0-9_.\-]", "-", value)
-    return cleaned[-63:].strip("-_.") or "episode"
+    def url_as_written(self, url: str) -> str:
+        """A URL of this sandbox's sites, on the port the tasks are written for (for checks)."""
+        return _move_port(url, {port: SITES[site] for site, port in self.ports.items()})
+
+
+def _move_port(url: str, moves: dict[int, int]) -> str:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:  # not a URL urllib reads, or no number for a port: none of our sites
+        return url
+    if parts.hostname not in ("127.0.0.1", "localhost") or port not in moves or moves[port] == port:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.hostname}:{moves[port]}"))
 
 
 @dataclass
@@ -125,9 +207,7 @@ class GuiTask:
     width: int = 1280
     height: int = 720
     screenshot_dir: Path | None = None  # where episode screenshots are kept by hash (None: not kept)
-    spec: SandboxSpec = field(
-        default_factory=lambda: SandboxSpec(image=IMAGE.tag, env=SANDBOX_ENV, labels={"orchard.recipe": "gui"})
-    )
+    spec: SandboxSpec = field(default_factory=sandbox_spec)
     judge: Any = None  # a judge.Judge, for tasks with an llm_judge check
     deadline: float = 240.0
     score_timeout: float = 30.0
@@ -174,13 +254,16 @@ class GuiTask:
                     "(local adapter) or build the browser image (`orchard-async images build`)"
                 )
             raise CreateFailed(f"the browser or the sites did not come up: {text[-1500:]}")
-        live = _Live(sandbox, key)
+        ports = PORTS_LINE.search(result.text)
+        if ports is None:
+            raise CreateFailed(f"the sites came up without saying their ports: {result.text[-500:]!r}")
+        live = _Live(sandbox, key, json.loads(ports.group(1)))
         sandbox._orchard_gui = live  # type: ignore[attr-defined]  # lives as long as the sandbox object
         self._live[sandbox.id] = live
         label = sandbox.labels.get("orchard.episode")
         if label:
             self._by_episode[label] = live
-        page = await self._run(sandbox, {"action": "goto", "url": self.line.start_url})
+        page = await self._run(sandbox, {"action": "goto", "url": live.url_in_sandbox(self.line.start_url)})
         if page.startswith("error") or page.startswith("feedback: error"):
             raise CreateFailed(f"the start page {self.line.start_url} did not open: {page[:500]}")
         live.page = page
@@ -200,7 +283,7 @@ class GuiTask:
 
     async def screenshot(self, episode_id: str, digest: str) -> bytes | None:
         """A screenshot of a live episode by its hash (what a model policy shows its model)."""
-        live = self._by_episode.get(_label_safe(episode_id))
+        live = self._by_episode.get(episode_label(episode_id))
         if live is None or not re.fullmatch(r"[0-9a-f]{64}", digest):
             return None
         try:
@@ -222,7 +305,8 @@ class GuiTask:
             "nonce": nonce,
             "js": [check["js"] for check in js_checks],
             "state": {
-                site: {"port": SITES[site], "sig": _request_signature(live.key, "state", nonce)} for site in state_sites
+                site: {"port": live.ports[site], "sig": _request_signature(live.key, "state", nonce)}
+                for site in state_sites
             },
         }
         result = await sandbox.exec(actions.command(request), timeout=self.score_timeout / 2)
@@ -253,7 +337,10 @@ class GuiTask:
         if driver.get("crashed"):
             raise SandboxLost(f"the browser crashed during the episode: {driver['crashed']}")
         final = Final(
-            answer=driver.get("answer"), url=driver.get("url", ""), js=driver.get("js", []), states=final_state
+            answer=driver.get("answer"),
+            url=live.url_as_written(driver.get("url", "")),
+            js=driver.get("js", []),
+            states=final_state,
         )
         js_index = {id(check): index for index, check in enumerate(js_checks)}
         value, results = 1.0, []
@@ -343,13 +430,17 @@ def builtin_path() -> Path:
     return Path(str(resources.files(__package__).joinpath("tasks", "builtin.jsonl")))
 
 
-def load_tasks(source: str = "builtin") -> list[GuiTask]:
+def load_tasks(
+    source: str = "builtin", options: GuiOptions | Mapping[str, Any] | None = None, **keywords: Any
+) -> list[GuiTask]:
     """``builtin``, ``builtin:ID,ID`` (a subset by id or site), a .jsonl file of tasks, or
     live-site tasks: ``webvoyager:FILE`` / ``mind2web:FILE`` (see ``live``; judged by a model).
-    ``ORCHARD_GUI_SCREENSHOTS=DIR`` keeps every episode's screenshots in DIR by hash;
-    ``ORCHARD_GUI_MARKS=1`` gives set-of-marks observations."""
+    ``options`` (``GuiOptions``, a mapping or keywords): ``screenshot_dir`` keeps every
+    episode's screenshots there by hash; ``marks`` gives set-of-marks observations;
+    ``chromium`` names the browser the driver starts."""
     from orchard_async.recipes.gui import live  # it builds TaskLines: imported here, not at the top (a cycle)
 
+    opts = GuiOptions.resolve(options, **keywords)
     kind, _, rest = source.partition(":")
     if kind in live.FORMATS:
         lines = live.read_live_tasks(kind, Path(rest))
@@ -365,18 +456,8 @@ def load_tasks(source: str = "builtin") -> list[GuiTask]:
         if not path.is_file():
             raise ConfigError(f"--tasks {source!r}: not 'builtin' and not a file of GUI tasks (.jsonl)")
         lines = read_task_file(path)
-    shots = os.environ.get("ORCHARD_GUI_SCREENSHOTS")
     judged = any(check["type"] == "llm_judge" for line in lines for check in line.eval)
     judge = Judge(judge_config()) if judged else None  # ConfigError now, not at the first score
-    marks = marks_enabled()
-    return [GuiTask(line, screenshot_dir=Path(shots) if shots else None, judge=judge, marks=marks) for line in lines]
-
-
-def marks_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``ORCHARD_GUI_MARKS`` asks for set-of-marks observations (tasks and the model's prompt)."""
-    value = (os.environ if environ is None else environ).get("ORCHARD_GUI_MARKS", "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
-        return False
-    if value in ("1", "true", "yes", "on"):
-        return True
-    raise ConfigError(f"ORCHARD_GUI_MARKS must be 1 or 0, got {value!r}")
+    shots = Path(opts.screenshot_dir) if opts.screenshot_dir else None
+    spec = sandbox_spec(opts.chromium)
+    return [GuiTask(line, screenshot_dir=shots, judge=judge, marks=opts.marks, spec=spec) for line in lines]

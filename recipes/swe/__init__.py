@@ -4,38 +4,54 @@
 
 * tasks: ``load_tasks("builtin")`` (17 bundled offline instances), ``"builtin:minicalc__1,textkit"``
   (a subset by id or repo), or a ``.jsonl``/``.json`` file of SWE-bench-style instances;
+* options (``SweOptions``: ``--recipe-options JSON`` or keywords of ``load_tasks``): limits,
+  the images of SWE-bench instances, the grading harness; docs/variables.md lists them;
 * policies: ``oracle`` (applies the gold patch with shell commands), ``empty`` (submits
   nothing), ``openai`` (a chat model over an OpenAI-compatible endpoint, configured from
-  the environment: see ``openai_policy``);
+  the environment: see ``openai_policy``), ``noisy-oracle:P`` (the oracle with probability P,
+  else empty);
 * data out: ``export_sft`` and ``export_rl`` (see docs/training-formats.md); on the command
-  line ``orchard-async export sft|rl|grpo`` (``cli.py``, this recipe's command) or
+  line ``orchard-async export sft|rl|grpo`` (the chat: ``training_chats``) or
   ``python -m orchard_async.recipes.swe.export``.
 
-Registered as the ``swe`` recipe and its ``export`` command through entry points (see
-``orchard_async.Recipe``). Built only on the public core API, like every recipe. See
+Registered as the ``swe`` recipe through an entry point (see ``orchard_async.Recipe``). Built only on the public core API, like every recipe. See
 README.md in this folder.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from orchard_async import ConfigError, Policy
+from orchard_async.recipes import noisy_oracle
 from orchard_async.recipes.swe.agent import SYSTEM_PROMPT, build_messages, parse_reply, truncate_middle
-from orchard_async.recipes.swe.export import export_grpo, export_rl, export_sft
+from orchard_async.recipes.swe.export import export_grpo, export_rl, export_sft, training_chats
 from orchard_async.recipes.swe.instances import Instance, load_instances
 from orchard_async.recipes.swe.openai_policy import ChatClient, ModelConfig, ModelError, OpenAIPolicy
 from orchard_async.recipes.swe.policies import EmptyPolicy, OraclePolicy
 from orchard_async.recipes.swe.scoring import parse_test_outcomes
-from orchard_async.recipes.swe.task import IMAGE, SWETask, load_tasks
+from orchard_async.recipes.swe.task import IMAGE, SweOptions, SWETask, load_tasks
 
 IMAGES = [IMAGE]  # what `orchard-async images build` builds for this recipe
+OPTIONS = SweOptions  # what `--recipe-options` takes
 
-POLICIES = ("oracle", "empty", "openai")
+POLICIES = ("oracle", "empty", "openai", "noisy-oracle:P")
+# What the adapter's sandboxes must do for this recipe (an adapter's facts, e.g. the sim adapter's
+# runs_commands = False): `run` and `demo` refuse an adapter without them before the first sandbox.
+ADAPTER_NEEDS = frozenset({"runs_commands"})
 
 
-def make_policy(name: str) -> Policy:
-    """The recipe's policies by name (``--policy``); ``openai`` reads its settings from the environment."""
+def make_policy(name: str, options: SweOptions | Mapping[str, Any] | None = None, **keywords: Any) -> Policy:
+    """The recipe's policies by name (``--policy``; ``noisy-oracle:P`` solves with probability P, see
+    ``orchard_async.recipes``). None of them has an option of its own (they
+    are checked all the same); ``openai``'s model settings are ``ModelConfig``'s, from the environment."""
+    SweOptions.resolve(options, **keywords)
     if name == "oracle":
         return OraclePolicy()
+    noisy = noisy_oracle(name, OraclePolicy(), EmptyPolicy())  # solves with probability P, else the empty policy
+    if noisy is not None:
+        return noisy
     if name == "empty":
         return EmptyPolicy()
     if name == "openai":
@@ -44,7 +60,9 @@ def make_policy(name: str) -> Policy:
 
 
 __all__ = [
+    "ADAPTER_NEEDS",
     "IMAGES",
+    "OPTIONS",
     "POLICIES",
     "SYSTEM_PROMPT",
     "ChatClient",
@@ -55,6 +73,7 @@ __all__ = [
     "OpenAIPolicy",
     "OraclePolicy",
     "SWETask",
+    "SweOptions",
     "build_messages",
     "export_grpo",
     "export_rl",
@@ -64,5 +83,6 @@ __all__ = [
     "make_policy",
     "parse_reply",
     "parse_test_outcomes",
+    "training_chats",
     "truncate_middle",
 ]

@@ -33,9 +33,11 @@ prefixed with the run id, and inputs from different runs are refused unless
 ``allow_mixed_runs``. See docs/training-formats.md for feeding these to TRL and verl.
 
 The machinery (which episodes are data, groups, advantages, the files) is every recipe's:
-``orchard_async.records.export``. This module gives it the SWE agent's chat and the SFT ``patch``.
+``orchard_async.records.export``. This module gives it the SWE agent's chat and the SFT ``patch``
+(``training_chats``).
 
-Run as ``orchard-async export {sft,rl} TRAJECTORIES... --out FILE``.
+Run as ``orchard-async export {sft,rl} TRAJECTORIES... --out FILE`` (any recipe's runs), or
+``python -m orchard_async.recipes.swe.export`` (SWE runs only: another recipe's are refused).
 """
 
 from __future__ import annotations
@@ -73,6 +75,11 @@ def with_patch(record: dict[str, Any], trajectory: Trajectory) -> dict[str, Any]
     """An SFT record carries the patch the episode submitted (what the chat produced)."""
     record["patch"] = trajectory.info.get("patch", "")
     return record
+
+
+def training_chats(options: dict[str, Any]) -> training_data.Chats:
+    """The SWE agent's chat for ``orchard-async export``; SFT records also carry the patch."""
+    return training_data.Chats(swe_messages, with_patch if options.get("format") == "sft" else None)
 
 
 def sft_record(trajectory: Trajectory | Sample) -> dict[str, Any] | None:
@@ -167,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
+        given = [Path(path) for path in [args.trajectories, *args.more_trajectories]]
+        training_data.refuse_other_recipes([path for path in given if path.is_file()], "swe", "this SWE exporter")
         summary = run_export(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

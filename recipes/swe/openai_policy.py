@@ -114,11 +114,11 @@ class OpenAIPolicy:
             return True
         return completion.usage.get("completion_tokens", cap) < cap
 
-    async def aclose(self) -> None:
-        await self.client.aclose()
+    async def close(self) -> None:
+        await self.client.close()
 
     async def __aenter__(self) -> OpenAIPolicy:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+        await self.close()

@@ -39,14 +39,9 @@ import anyio
 
 from orchard_async import ExecResult, Reward, Sandbox, SandboxLost, VerifierError
 from orchard_async.recipes.swe.instances import Instance, patch_files
+from orchard_async.recipes.swe.pytest_summary import SUMMARY_BANNER, parse_test_outcomes, worse
 from orchard_async.recipes.swe.swebench_harness import Activation, OfficialHarness
 
-SUMMARY_BANNER = "short test summary info"
-_SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS)\s+(\S.*)$")
-# "Worse" is the order pytest's -rA summary prints its sections in (PASSED first, FAILED
-# last), so keeping the worse status gives what SWE-bench's parser keeps (the last line
-# wins) on a real summary, and no line printed after the summary can turn a failure around.
-_WORSE = {"PASSED": 0, "XFAIL": 1, "XPASS": 2, "ERROR": 3, "FAILED": 4}
 PASSING = frozenset({"PASSED", "XFAIL"})
 TEST_LOG = ".git/orchard-tests.log"
 EVAL_SCRIPT = ".git/orchard-eval.sh"
@@ -99,32 +94,6 @@ REPO_GUARD = (
 )
 
 
-def parse_test_outcomes(output: str) -> dict[str, str]:
-    """Node id -> status from pytest's ``-rA`` short summary.
-
-    Only lines after the "short test summary info" banner count; the node id is the
-    text before the first `` - ``; a node reported twice (PASSED, then ERROR in
-    teardown) keeps the worse status.
-    """
-    outcomes: dict[str, str] = {}
-    in_summary = False
-    for line in output.splitlines():
-        if not in_summary:
-            in_summary = SUMMARY_BANNER in line
-            continue
-        match = _SUMMARY_LINE.match(line)
-        if not match:
-            continue
-        status, rest = match.groups()
-        nodeid = rest.split(" - ", 1)[0].strip()
-        outcomes[nodeid] = _worse(outcomes.get(nodeid), status)
-    return outcomes
-
-
-def _worse(old: str | None, new: str) -> str:
-    return new if old is None or _WORSE[new] >= _WORSE[old] else old
-
-
 def status_of(test: str, outcomes: dict[str, str], cut: dict[str, str] | None = None) -> str:
     """The status of a listed test id among pytest's reported node ids, matched as SWE-bench's
     grader matches them.
@@ -155,7 +124,7 @@ def cut_at_space(outcomes: dict[str, str]) -> dict[str, str]:
     cut: dict[str, str] = {}
     for nodeid, status in outcomes.items():
         key = nodeid.split(None, 1)[0]
-        cut[key] = _worse(cut.get(key), status)
+        cut[key] = worse(cut.get(key), status)
     return cut
 
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
 
 import anyio
 
-from orchard_async import ConfigError, Reward, Sandbox, SandboxSpec
+from orchard_async import ConfigError, RecipeOptions, Reward, Sandbox, SandboxSpec, recipe_option
 from orchard_async.images import ImageSpec
 from orchard_async.recipes.swe import repo as repos
 from orchard_async.recipes.swe import scoring
@@ -46,15 +47,51 @@ SANDBOX_ENV = {
 # autoload on.
 AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
 PLUGINS_OFF = {AUTOLOAD: "1"}
-HARNESSES = ("auto", "swebench", "pytest")
-# load_tasks' image and harness options, for the CLI (`--tasks` names only the file).
-ENV_OPTIONS = {
-    "image_namespace": "ORCHARD_SWE_IMAGE_NAMESPACE",  # "" = SWE-bench's local names (no namespace)
-    "image_registry": "ORCHARD_SWE_IMAGE_REGISTRY",
-    "image_tag": "ORCHARD_SWE_IMAGE_TAG",
-    "pull": "ORCHARD_SWE_PULL",
-    "harness": "ORCHARD_SWE_HARNESS",
-}
+
+
+class SweOptions(RecipeOptions):
+    """The SWE recipe's options (``--recipe-options``, or keywords of ``load_tasks``)."""
+
+    RECIPE: ClassVar[str] = "swe"
+
+    ids: Annotated[tuple[str, ...] | None, recipe_option("only these instances (ids or repo names)")] = None
+    max_steps: Annotated[int, recipe_option("agent turns per episode", ge=1)] = MAX_STEPS
+    deadline: Annotated[
+        float | None, recipe_option("seconds for the whole episode (default 600 for the bundled set, else 1800)")
+    ] = None
+    score_timeout: Annotated[
+        float | None, recipe_option("seconds of the deadline kept for scoring (default 120 bundled, else 300)")
+    ] = None
+    exec_timeout: Annotated[float, recipe_option("seconds per agent command", gt=0)] = EXEC_TIMEOUT
+    base_image: Annotated[
+        str | None, recipe_option("the image for instances the recipe checks out itself (container adapters)")
+    ] = IMAGE.tag
+    strict: Annotated[bool, recipe_option("grade with the patch's changes to test configuration reverted")] = True
+    image_namespace: Annotated[
+        str,
+        recipe_option(
+            "namespace of SWE-bench's instance images (empty: SWE-bench's local names)",
+            "ORCHARD_SWE_IMAGE_NAMESPACE",
+            empty_is_value=True,
+        ),
+    ] = swebench.NAMESPACE
+    image_registry: Annotated[
+        str,
+        recipe_option("registry in front of SWE-bench's image names (none by default)", "ORCHARD_SWE_IMAGE_REGISTRY"),
+    ] = ""
+    image_tag: Annotated[str, recipe_option("tag of SWE-bench's instance images", "ORCHARD_SWE_IMAGE_TAG")] = (
+        swebench.TAG
+    )
+    pull: Annotated[
+        Literal["missing", "never", "always"], recipe_option("the sandboxes' image pull policy", "ORCHARD_SWE_PULL")
+    ] = "missing"
+    harness: Annotated[
+        Literal["auto", "swebench", "pytest"],
+        recipe_option(
+            "who grades instances with SWE-bench's fields: auto (the swebench package when installed), swebench, pytest",
+            "ORCHARD_SWE_HARNESS",
+        ),
+    ] = "auto"
 
 
 class HarnessProofs:
@@ -209,30 +246,11 @@ def _select(instances: list[Instance], wanted: list[str]) -> list[Instance]:
     return [i for i in instances if i.instance_id in wanted or i.repo in wanted]
 
 
-def _option(value, name: str, default):
-    """A load_tasks option: the argument, else its environment variable, else the default."""
-    if value is not None:
-        return value
-    return os.environ.get(ENV_OPTIONS[name], default)
-
-
 def load_tasks(
-    source: str = "builtin",
-    *,
-    ids: list[str] | None = None,
-    max_steps: int = MAX_STEPS,
-    deadline: float | None = None,
-    score_timeout: float | None = None,
-    exec_timeout: float = EXEC_TIMEOUT,
-    base_image: str | None = IMAGE.tag,
-    strict: bool = True,
-    image_namespace: str | None = None,
-    image_registry: str | None = None,
-    image_tag: str | None = None,
-    pull: str | None = None,
-    harness: str | None = None,
+    source: str = "builtin", options: SweOptions | Mapping[str, Any] | None = None, **keywords: Any
 ) -> list[SWETask]:
-    """The recipe's task loader (``--tasks``).
+    """The recipe's task loader (``--tasks``), with its options (``SweOptions``: a struct, a
+    mapping or keywords; see ``RecipeOptions.resolve``).
 
     ``source`` is ``builtin`` (the bundled set), ``builtin:ID,REPO,...`` (a subset by
     instance id or repo name), or a ``.jsonl``/``.json`` file of SWE-bench-style
@@ -250,15 +268,15 @@ def load_tasks(
     ``harness``: ``auto`` (default) grades instances that carry SWE-bench's evaluation
     fields with the ``swebench`` package when it is installed, the rest with the recipe's
     pytest parser; ``swebench`` requires the package for them; ``pytest`` never uses it.
-    Each option not given is read from its ``ORCHARD_SWE_*`` variable (``ENV_OPTIONS``).
+    The image and harness options not given are read from their ``ORCHARD_SWE_*`` variables.
     """
-    namespace = _option(image_namespace, "image_namespace", swebench.NAMESPACE) or None
-    registry = _option(image_registry, "image_registry", "") or None
-    tag = _option(image_tag, "image_tag", swebench.TAG) or swebench.TAG
-    pull = _option(pull, "pull", "missing")
-    harness = _option(harness, "harness", "auto")
-    if harness not in HARNESSES:
-        raise ConfigError(f"unknown SWE harness {harness!r}; choose one of: {', '.join(HARNESSES)}")
+    opts = SweOptions.resolve(options, **keywords)
+    namespace = opts.image_namespace or None
+    registry = opts.image_registry or None
+    tag = opts.image_tag or swebench.TAG
+    pull, harness = opts.pull, opts.harness
+    ids, strict, base_image = opts.ids, opts.strict, opts.base_image
+    max_steps, exec_timeout = opts.max_steps, opts.exec_timeout
     if source == "builtin" or source.startswith("builtin:"):
         instances = load_instances(INSTANCES_PATH)
         search_dir = None
@@ -272,10 +290,10 @@ def load_tasks(
         search_dir = path.resolve().parent
         builtin = False
     if ids:
-        instances = _select(instances, ids)
+        instances = _select(instances, list(ids))
     # The bundled suites run in about a second: shorter limits find a hung episode sooner.
-    deadline = deadline or (600.0 if builtin else DEADLINE)
-    score_timeout = score_timeout or (120.0 if builtin else SCORE_TIMEOUT)
+    deadline = opts.deadline or (600.0 if builtin else DEADLINE)
+    score_timeout = opts.score_timeout or (120.0 if builtin else SCORE_TIMEOUT)
     use_swebench = harness == "swebench" or (harness == "auto" and swebench.usable())
     sources: dict[tuple[str, str | None], repos.RepoSource | None] = {}
     proofs = HarnessProofs()

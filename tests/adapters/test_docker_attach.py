@@ -28,7 +28,7 @@ async def test_attach_takes_over_a_sandbox_whose_controller_went(make_adapter) -
     box = await first.create(SPEC)
     await box.exec("echo kept > f; sleep 1000 >/dev/null 2>&1 &")
     abandon(first, box)
-    await box._client.aclose()
+    await box._client.close()
     taken = await second.attach(box.id)
     assert (await taken.exec("cat f")).stdout == b"kept\n"
     # the old session's processes are gone (its background sleep too): nothing writes on
@@ -49,7 +49,7 @@ async def test_a_late_relay_of_the_old_session_never_takes_the_new_sessions_outp
     box = await first.create(SPEC)
     old_pipes = box._client.output_pipes
     abandon(first, box)
-    await box._client.aclose()
+    await box._client.close()
 
     async def ended() -> bool:
         out = await docker_cli("exec", box.id, *attach_check_command())

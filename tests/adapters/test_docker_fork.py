@@ -157,7 +157,7 @@ async def test_a_fork_whose_shell_never_attaches_ends_at_the_attach_grace(make_a
 
     await eventually(gone, 60, "the unattached fork ended at its attach grace, long before its TTL")
     if relays is not None:
-        await relays.aclose()
+        await relays.close()
     await adapter.drop_snapshot(snapshot_id)
 
 

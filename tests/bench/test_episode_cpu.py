@@ -4,11 +4,9 @@ from one row of the breakdown to another)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from orchard_async.bench.episode_cpu import phase_of, proc_times
+from orchard_async.bench.episode_cpu import phase_of
 from orchard_async.recipes.swe import load_tasks, repo, scoring
 from orchard_async.recipes.swe.policies import gold_patch_command
 
@@ -59,9 +57,3 @@ async def test_sent_scripts_fall_in_their_phase(task) -> None:
         with pytest.raises(Captured):
             await call(box)
         assert [phase_of(cmd) for cmd in box.sent] == [phase], phase
-
-
-def test_proc_times_reads_a_process() -> None:
-    own, children = proc_times(os.getpid())
-    assert own > 0 and children >= 0
-    assert proc_times(2**22 + 12345) is None  # above any pid_max: no such process

@@ -31,7 +31,7 @@ class Owner(BackgroundOwner):
 
     async def close(self) -> None:
         self.closed += 1
-        await self._background.aclose()
+        await self._background.close()
 
 
 async def test_async_with_runs_the_work_in_the_callers_task_group_and_ends_it() -> None:

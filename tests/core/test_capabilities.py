@@ -391,4 +391,5 @@ def test_isinstance_answers_what_a_registered_class_declares() -> None:
 
     sim = SimAdapter()
     assert not isinstance(sim, Snapshots) and not isinstance(sim, Doctor)
-    assert capabilities.facts_of(sim) == capabilities.AdapterFacts()
+    assert capabilities.facts_of(sim) == capabilities.AdapterFacts(runs_commands=False)
+    assert capabilities.facts_of(object()) == capabilities.AdapterFacts()  # an adapter that states none

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import inspect
+from pathlib import Path
+
+import pytest
 
 import orchard_async as oa
-from orchard_async.engine.episode import RecordingSandbox
+from orchard_async.engine.recording import RecordingSandbox
 from orchard_async.kit.sandbox import ShellSandbox, ShellSession
 
 
@@ -48,3 +52,76 @@ async def test_a_stream_through_the_recording_wrapper_is_timed(tmp_path) -> None
         assert [op.name for op in ops] == ["open_stream"]
     finally:
         await adapter.close()
+
+
+# -- one end verb ---------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+# aclose where a third party's protocol names the method, not ours: (file, class) -> whose
+THIRD_PARTY_ACLOSE = {
+    ("orchard_async/kit/streams.py", "_SandboxSocket"): "httpcore's network stream",
+    ("orchard_async/kit/streams.py", "SandboxTransport"): "httpx's transport",
+}
+
+
+def aclose_classes(path: Path) -> set[str]:
+    """The classes in a file that define ``async def aclose`` and are not anyio streams (a
+    subclass of ``anyio.abc.*``, directly or through a class of the same file)."""
+    tree = ast.parse(path.read_text())
+    classes = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+    anyio_streams: set[str] = set()
+    grew = True
+    while grew:
+        grew = False
+        for name, node in classes.items():
+            bases = {ast.unparse(base) for base in node.bases}
+            if name not in anyio_streams and any(b.startswith("anyio.abc.") or b in anyio_streams for b in bases):
+                anyio_streams.add(name)
+                grew = True
+    return {
+        name
+        for name, node in classes.items()
+        if name not in anyio_streams
+        and any(isinstance(item, ast.AsyncFunctionDef) and item.name == "aclose" for item in node.body)
+    }
+
+
+def test_our_classes_end_with_close_and_aclose_is_left_to_third_party_protocols() -> None:
+    found = {
+        (str(path.relative_to(ROOT)), name)
+        for folder in ("orchard_async", "adapters", "recipes", "bench")
+        for path in (ROOT / folder).rglob("*.py")
+        if "inside" not in path.parts and "repos" not in path.parts
+        for name in aclose_classes(path)
+    }
+    assert found == set(THIRD_PARTY_ACLOSE)
+
+
+def test_the_end_verb_check_sees_an_aclose_of_our_own(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text(
+        "import anyio.abc\n"
+        "class Stream(anyio.abc.ByteStream):\n    async def aclose(self): ...\n"
+        "class Side(Stream):\n    async def aclose(self): ...\n"
+        "class Client:\n    async def aclose(self): ...\n"
+    )
+    assert aclose_classes(tmp_path / "m.py") == {"Client"}
+
+
+async def test_a_policy_is_closed_by_close_and_one_written_to_aclose_still_is() -> None:
+    from orchard_async.apps.cli import close_policy
+
+    closed: list[str] = []
+
+    class Current:
+        async def close(self) -> None:
+            closed.append("close")
+
+    class Earlier:
+        async def aclose(self) -> None:
+            closed.append("aclose")
+
+    await close_policy(Current())
+    with pytest.warns(DeprecationWarning, match=r"Earlier.aclose\(\).*close\(\)"):
+        await close_policy(Earlier())
+    await close_policy(object())  # a policy that holds nothing has nothing to close
+    assert closed == ["close", "aclose"]

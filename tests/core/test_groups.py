@@ -177,8 +177,7 @@ async def test_a_cancelled_run_drops_its_snapshot(root: Path) -> None:
 
 
 def test_forked_groups_first_samples_go_ahead_of_the_groups_before() -> None:
-    from orchard_async.engine.groups import leaders_ahead
-    from orchard_async.engine.rollout import plan
+    from orchard_async.engine.plan import leaders_ahead, plan
 
     plain = SetUpOnceTask(id="plain", fork_after_setup=False)
     tasks = [SetUpOnceTask(id="a"), plain, SetUpOnceTask(id="b"), SetUpOnceTask(id="c")]

@@ -63,6 +63,7 @@ def assert_accounted(results: list[oa.Trajectory], expected: int) -> None:
         assert t.status == "finished" or (t.status == "failed" and t.end_reason and t.error)
         # Every end the engine produces is one EndReason names; finished means scored.
         assert t.end_reason in set(oa.EndReason), f"{t.end_reason!r} is not an EndReason"
+        assert isinstance(t.end_reason, oa.EndReason) and all(isinstance(r.reason, oa.EndReason) for r in t.retries)
         assert oa.EndReason(t.end_reason).scored == (t.status == "finished"), t
         assert all(oa.EndReason(retry.reason).is_infra for retry in t.retries), t.retries
 
@@ -255,3 +256,110 @@ async def test_a_verifier_over_its_time_fails_the_episode_clearly() -> None:
     # A grader that ran out of time judged nothing: an infrastructure reason, retried, never a reward.
     assert (result.status, result.end_reason, result.success) == ("failed", "verifier_error", False)
     assert "score_timeout" in result.error and len(result.retries) == 2 and not adapter.live
+
+
+# -- one attempt's two phases (engine/episode.py) -----------------------------------------------
+
+
+async def _agent_phase(task: CountTask, policy: object) -> tuple[list[oa.Op], object]:
+    from orchard_async.engine.episode import run_agent
+    from orchard_async.engine.plan import Episode
+    from orchard_async.engine.recording import RecordingSandbox
+
+    adapter, ops = SimAdapter(SimConfig(exec_latency=Latency.parse("const:0.01"))), []
+    async with await adapter.create(oa.SandboxSpec()) as raw:
+        outcome = await run_agent(
+            Episode("e", task, "g", 0), policy, RecordingSandbox(raw, ops, 0.0), deadline=anyio.current_time() + 30
+        )
+    return ops, outcome
+
+
+async def test_the_agent_phase_ends_in_its_outcome_and_only_infrastructure_raises() -> None:
+    ops, outcome = await _agent_phase(CountTask("t", steps=2), StepsPolicy())
+    assert outcome.end_reason is oa.EndReason.SUBMITTED and outcome.instruction == "run 2 commands"
+    assert [step.action.kind for step in outcome.steps] == ["exec", "exec", "submit"] and not outcome.error
+    assert outcome.setup is not None and outcome.exec >= 0.02 and [op.name for op in ops] == ["write_file"]
+
+    class Broken:
+        name = "broken"
+
+        async def act(self, observation: oa.Observation) -> oa.Action:
+            raise RuntimeError("garbage")
+
+    _, outcome = await _agent_phase(CountTask("t"), Broken())
+    assert (outcome.end_reason, outcome.error) == (oa.EndReason.POLICY_ERROR, "RuntimeError: garbage")
+
+    @dataclass
+    class BadSetup(CountTask):
+        async def setup(self, sandbox: oa.Sandbox) -> str:
+            raise ValueError("no repo")
+
+    _, outcome = await _agent_phase(BadSetup("t"), StepsPolicy())
+    assert (outcome.end_reason, outcome.error, outcome.steps) == (oa.EndReason.TASK_ERROR, "ValueError: no repo", [])
+
+    class Offline:
+        name = "offline"
+
+        async def act(self, observation: oa.Observation) -> oa.Action:
+            raise oa.ModelUnavailable("the model server is down")
+
+    with pytest.raises(oa.ModelUnavailable):
+        await _agent_phase(CountTask("t"), Offline())
+
+
+async def test_scoring_gives_the_tasks_verdict_or_a_verifier_error() -> None:
+    from orchard_async.engine.episode import score
+    from orchard_async.engine.recording import RecordingSandbox
+
+    @dataclass
+    class Crashing(CountTask):
+        async def evaluate(self, sandbox: oa.Sandbox) -> oa.Reward:
+            raise KeyError("results.xml")
+
+    adapter = SimAdapter()
+    pool = oa.Pool(adapter)
+    async with pool.sandbox(oa.SandboxSpec()) as raw:
+        await raw.write_file("goal", "1")
+        sandbox = RecordingSandbox(raw, [], 0.0)
+
+        async def close_agent() -> None:
+            raise AssertionError("only a GradedApart task closes the agent's sandbox to score")
+
+        reward = await score(CountTask("t"), sandbox, pool=pool, spec=oa.SandboxSpec(), close_agent=close_agent)
+        assert reward.success and [op.name for op in sandbox.ops] == ["read_file"]
+        with pytest.raises(oa.VerifierError, match="KeyError"):
+            await score(Crashing("t"), sandbox, pool=pool, spec=oa.SandboxSpec(), close_agent=close_agent)
+
+
+# -- create concurrency: one owner ----------------------------------------------------------------
+
+
+class GatedSim(SimAdapter):
+    """A sim adapter that declares its own bound on creates in flight, as docker and
+    kubernetes do (their ``max_creating`` option), and records the most it saw at once."""
+
+    def __init__(self, max_creating: int):
+        super().__init__(SimConfig(create_latency=Latency.parse("const:0.02")))
+        self.max_creating = max_creating
+        self.in_flight = self.peak = 0
+
+    async def create(self, spec: oa.SandboxSpec):  # type: ignore[override]
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            return await super().create(spec)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_the_pool_reads_create_concurrency_from_the_adapter() -> None:
+    from orchard_async.engine.pool import DEFAULT_MAX_CREATING
+
+    adapter = GatedSim(max_creating=3)
+    assert oa.Pool(adapter).max_creating == 3 and oa.Pool(SimAdapter()).max_creating == DEFAULT_MAX_CREATING
+    assert oa.Pool(adapter, max_creating=2).max_creating == 2  # a caller's own cap for its pool
+    results = await drain(tasks(), StepsPolicy(), adapter, n=24, concurrency=24)  # drain's pool reads the bound
+    assert_accounted(results, 24)
+    assert adapter.peak == 3  # the pool (the only gate: GatedSim gates nothing) held the adapter's bound
+    with pytest.raises(oa.ConfigError, match="max_creating"):
+        oa.Pool(adapter, max_creating=0)

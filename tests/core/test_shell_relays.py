@@ -48,7 +48,7 @@ async def client(tmp_path: Path) -> AsyncIterator[ShellClient]:
     try:
         yield shell
     finally:
-        await shell.aclose()
+        await shell.close()
         for process in (server, *relays):
             process.kill()
             await process.aclose()  # closes its pipes too, inside the event loop

@@ -154,7 +154,7 @@ def test_unknown_extension_is_a_clear_error(tmp_path: Path) -> None:
     assert not os.listdir(tmp_path)
 
 
-def test_end_reasons_are_plain_strings_in_files_and_any_string_reads_back(tmp_path: Path) -> None:
+def test_end_reasons_are_plain_strings_in_files_read_back_as_members_and_any_string_reads(tmp_path: Path) -> None:
     written = [*oa.EndReason, "cancelled"]  # a value no EndReason names (an old or foreign file's) still reads
     for suffix in (".jsonl", ".msgpack"):
         path = tmp_path / f"t{suffix}"
@@ -169,7 +169,11 @@ def test_end_reasons_are_plain_strings_in_files_and_any_string_reads_back(tmp_pa
                 )  # fmt: skip
         read = list(oa.read_trajectories(path, strict=True))
         assert [t.end_reason for t in read] == [str(reason) for reason in written]
-        assert all(type(t.end_reason) is str for t in read)
+        assert [t.end_reason for t in read[:-1]] == list(oa.EndReason)
+        assert all(t.end_reason is reason for t, reason in zip(read, oa.EndReason, strict=False))
+        foreign = read[-1].end_reason  # an EndReason of its own value, neither scored nor the backend's
+        assert isinstance(foreign, oa.EndReason) and foreign == "cancelled" and str(foreign) == "cancelled"
+        assert not foreign.scored and not foreign.is_infra and foreign not in list(oa.EndReason)
     assert b'"end_reason":"model_unavailable"' in (tmp_path / "t.jsonl").read_bytes()
 
 

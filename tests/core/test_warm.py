@@ -17,7 +17,7 @@ import pytest
 import orchard_async as oa
 from orchard_async.adapters.local import LocalAdapter, _sandbox_processes
 from orchard_async.adapters.sim import Latency, SimAdapter, SimConfig
-from orchard_async.engine.warm import WarmAhead
+from orchard_async.engine.plan import WarmAhead
 from orchard_async.kit import labels as names
 from tests.conftest import backend_missing, cluster_configured
 from tests.core.test_rollout import CountTask, StepsPolicy, tasks

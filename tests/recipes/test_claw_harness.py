@@ -26,7 +26,7 @@ def run(policy: HarnessPolicy, tmp_path, task_id: str = "mail-reply-dana"):
         try:
             return await run_rollout([task], policy, tmp_path)
         finally:
-            await policy.aclose()
+            await policy.close()
 
     return anyio.run(main)
 
@@ -121,7 +121,7 @@ def test_the_harness_streams_through_the_proxy(tmp_path) -> None:
         try:
             return await run_rollout([task], policy, tmp_path)
         finally:
-            await policy.aclose()
+            await policy.close()
             await runner.cleanup()
 
     result = anyio.run(main)

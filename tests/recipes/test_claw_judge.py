@@ -77,9 +77,9 @@ def test_the_judges_verdict_counts_and_its_failure_is_a_verifier_error(chat_serv
 
 def test_a_judge_is_read_from_the_environment(monkeypatch) -> None:
     monkeypatch.delenv("ORCHARD_JUDGE_MODEL", raising=False)
-    (task,) = claw.load_tasks("builtin:mail-reply-dana", user_model=None)
+    (task,) = claw.load_tasks("builtin:mail-reply-dana", user_base_url="")
     assert task.judge is None
     monkeypatch.setenv("ORCHARD_JUDGE_MODEL", "judge-model")
     monkeypatch.setenv("ORCHARD_JUDGE_BASE_URL", "http://127.0.0.1:9/v1")
-    (task,) = claw.load_tasks("builtin:mail-reply-dana", user_model=None)
+    (task,) = claw.load_tasks("builtin:mail-reply-dana", user_base_url="")
     assert isinstance(task.judge, ClawJudge) and task.judge.config.model == "judge-model"

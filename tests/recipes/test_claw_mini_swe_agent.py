@@ -87,7 +87,7 @@ def test_mini_swe_agent_solves_a_claw_task_with_every_call_recorded(chat_server)
         try:
             found = [t async for t in oa.rollout([task], policy, adapter, max_retries=0)]
         finally:
-            await policy.aclose()
+            await policy.close()
             leaked = await adapter.list_owned()
             await adapter.close()
         return found, leaked

@@ -67,7 +67,7 @@ def test_function_calling_over_http_solves_a_task(chat_server, tmp_path) -> None
         try:
             return await run_rollout([task], policy, tmp_path)
         finally:
-            await policy.aclose()
+            await policy.close()
 
     run = anyio.run(main)
     (t,) = run.trajectories

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 
 import anyio
+import pytest
 
 import orchard_async as oa
 from orchard_async.adapters.local import LocalAdapter
-from orchard_async.models.proxy import Upstream
 from orchard_async.recipes import claw
 from orchard_async.recipes.claw.sandbox import claw_user
 from orchard_async.recipes.claw.simulated_user import UserModel
@@ -25,8 +25,8 @@ def user_reply(reply: str, confirms: bool) -> Reply:
 
 
 def rollout(tmp_path, server, **options):
-    user = UserModel(Upstream(server.base_url, "sk-user-upstream", "user-sim"))
-    tasks = claw.load_tasks(f"builtin:{TASK}", user_model=user)
+    user = {"user_base_url": server.base_url, "user_api_key": "sk-user-upstream", "user_model": "user-sim"}
+    tasks = claw.load_tasks(f"builtin:{TASK}", user)
 
     async def main():
         if options:
@@ -81,13 +81,11 @@ def test_replies_out_of_the_models_text() -> None:
     assert claw_user.parse_reply("Go ahead.") == ("Go ahead.", False)  # plain text: never a go-ahead
 
 
-def test_the_user_model_comes_from_the_environment() -> None:
-    assert UserModel.from_env({}) is None
-    model = UserModel.from_env({"ORCHARD_CLAW_USER_BASE_URL": "http://h:1/v1/", "ORCHARD_CLAW_USER_MODEL": "m"})
+def test_the_user_model_comes_from_the_options_and_their_variables() -> None:
+    assert UserModel.from_options(claw.ClawOptions.from_env({})) is None
+    given = claw.ClawOptions.from_env({"ORCHARD_CLAW_USER_BASE_URL": "http://h:1/v1/", "ORCHARD_CLAW_USER_MODEL": "m"})
+    model = UserModel.from_options(given)
     assert model is not None and (model.upstream.base_url, model.upstream.model) == ("http://h:1/v1", "m")
-    try:
-        UserModel.from_env({"ORCHARD_CLAW_USER_BASE_URL": "http://h:1/v1"})
-    except oa.ConfigError as exc:
-        assert "ORCHARD_CLAW_USER_MODEL" in str(exc)
-    else:
-        raise AssertionError("a base URL without a model must be refused")
+    assert UserModel.from_options(claw.ClawOptions.resolve(user_base_url="http://o:2/v1", user_model="o")) is not None
+    with pytest.raises(oa.ConfigError, match="user_model"):
+        UserModel.from_options(claw.ClawOptions.from_env({"ORCHARD_CLAW_USER_BASE_URL": "http://h:1/v1"}))

@@ -192,13 +192,12 @@ def test_oracle_solves_and_empty_fails_one_task_per_site(tmp_path):
             assert len(step.observation) < 16_000 and "base64" not in step.observation
             assert _shot(step.observation) in kept  # referenced by hash, stored beside the run
     assert _png_size((tmp_path / "screenshots" / f"{sorted(kept)[0]}.png").read_bytes()) == (1280, 720)
-    # The run's screenshots become the training chats' image parts.
+    # The run's screenshots become the training chats' images.
     summary = export("sft", oracle.trajectories, tmp_path / "sft.jsonl", GuiChats(tmp_path / "screenshots"))
     records = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
     assert summary.records == 3 and all(1 <= len(record["images"]) <= 3 for record in records)
     for record in records:
-        parts = [p for m in record["messages"] if isinstance(m["content"], list) for p in m["content"]]
-        urls = [p["image_url"]["url"] for p in parts if p["type"] == "image_url"]
+        urls = [url for m in record["messages"] for url in m["image_urls"]]
         images = [base64.b64decode(url.split(",", 1)[1]) for url in urls if url.startswith("data:image/png;base64,")]
         assert len(images) == len(record["images"]) and all(_png_size(image) == (1280, 720) for image in images)
 
@@ -285,7 +284,7 @@ def test_a_model_over_http_sees_screenshots_and_the_tree_and_solves_a_task(tmp_p
         try:
             return await run_rollout([task], policy, tmp_path / "root")
         finally:
-            await policy.aclose()
+            await policy.close()
 
     run = anyio.run(episode)
     (trajectory,) = run.trajectories
@@ -318,7 +317,7 @@ def test_a_model_that_never_gives_an_action_ends_parse_failures_and_is_scored(tm
         try:
             return await run_rollout([task], policy, tmp_path / "root")
         finally:
-            await policy.aclose()
+            await policy.close()
 
     run = anyio.run(episode)
     (trajectory,) = run.trajectories

@@ -95,9 +95,8 @@ def run(tmp_path: Path) -> tuple[Path, Path, list[str]]:
 
 
 def _images(message: dict) -> list[str]:
-    if not isinstance(message["content"], list):
-        return []
-    return [part["image_url"]["url"] for part in message["content"] if part["type"] == "image_url"]
+    assert isinstance(message["content"], str)  # the text; the images apart, in every message
+    return message["image_urls"]
 
 
 def test_sft_records_are_chats_with_the_last_screenshots_as_image_parts(run, tmp_path):
@@ -148,5 +147,6 @@ def test_missing_screenshots_and_gui_runs_given_to_the_swe_export_are_one_line_e
         export("sft", path, tmp_path / "sft.jsonl", GuiChats(shots_dir))
     with pytest.raises(oa.ConfigError, match="no such folder"):
         GuiChats(tmp_path / "nowhere")
-    assert cli_main(["export", "sft", str(path), "--out", str(tmp_path / "swe.jsonl")]) == 2
-    assert "export-gui" in capsys.readouterr().err
+    # `export` writes a GUI run's own chat, which needs its screenshots
+    assert cli_main(["export", "sft", str(path), "--out", str(tmp_path / "swe.jsonl"), "--screenshots", ""]) == 2
+    assert "--screenshots DIR is required for a gui run" in capsys.readouterr().err

@@ -151,7 +151,7 @@ def test_the_judge_sees_task_answer_and_screenshots_over_http(chat_server, tmp_p
                 await task._judge(Shots(), final, digests)
             return first, second
         finally:
-            await task.judge.aclose()
+            await task.judge.close()
 
     first, second = anyio.run(three_verdicts)
     assert first[0] == 1.0 and second[0] == 0.0

@@ -14,8 +14,9 @@ the local adapter (the ``builtin_validation`` session fixture in conftest.py:
 the ``empty`` policy gives base + test_patch, the ``oracle`` policy base + gold
 + test_patch), so each suite runs once per session for this file and
 ``test_swe_recipe.py`` together. For a check that shares no code with the
-recipe, ``python -m orchard_async.recipes.swe.builtin.generator --check``
-rebuilds every instance with plain subprocesses and compares byte for byte.
+recipe but its reader of pytest's ``-rA`` summary (``pytest_summary``), ``python -m
+orchard_async.recipes.swe.builtin.generator --check`` rebuilds every instance with plain
+subprocesses and compares byte for byte.
 """
 
 from __future__ import annotations
@@ -67,7 +68,6 @@ BY_ID = {inst["instance_id"]: inst for inst in INSTANCES}
 # -- helpers ---------------------------------------------------------------
 
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
-_SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS)\s+(\S.*)$")
 
 
 def patched_files(patch: str) -> set[str]:
@@ -88,29 +88,6 @@ def is_test_file(path: str) -> bool:
     )
 
 
-def parse_test_outcomes(output: str) -> dict[str, str]:
-    """Map node id -> status from the ``-rA`` short test summary of pytest.
-
-    Only lines after the "short test summary info" banner are considered.  A
-    node reported more than once (e.g. PASSED then ERROR at teardown) keeps
-    its worst status.  Missing node ids mean "did not pass".
-    """
-    outcomes: dict[str, str] = {}
-    in_summary = False
-    for line in output.splitlines():
-        if not in_summary:
-            in_summary = "short test summary info" in line
-            continue
-        match = _SUMMARY_LINE.match(line)
-        if not match:
-            continue
-        status, rest = match.groups()
-        nodeid = rest.split(" - ", 1)[0].strip()
-        if outcomes.get(nodeid, "PASSED") == "PASSED":
-            outcomes[nodeid] = status
-    return outcomes
-
-
 def run_git(args: list[str], cwd: pathlib.Path, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["git", *args],
@@ -127,37 +104,6 @@ def _tail(text: str, limit: int = 4000) -> str:
 
 
 # -- tests -----------------------------------------------------------------
-
-
-def test_parse_test_outcomes():
-    output = "\n".join(
-        [
-            "tests/test_a.py::test_x PASSED  [ 50%]",
-            "PASSED tests/test_a.py::test_not_in_summary",
-            "=========================== short test summary info ============================",
-            "PASSED tests/test_a.py::test_x",
-            "PASSED tests/test_a.py::test_p[a-b]",
-            "FAILED tests/test_a.py::test_y - AssertionError: assert 1 == 2",
-            "PASSED tests/test_a.py::test_z",
-            "ERROR tests/test_a.py::test_z - RuntimeError: teardown",
-            "ERROR tests/test_b.py",
-            "========================= 1 failed, 3 passed in 0.01s ==========================",
-        ]
-    )
-    # the recipe's scorer reads outcomes by the same rule
-    from orchard_async.recipes.swe.scoring import parse_test_outcomes as recipe_parse
-
-    assert (
-        parse_test_outcomes(output)
-        == recipe_parse(output)
-        == {
-            "tests/test_a.py::test_x": "PASSED",
-            "tests/test_a.py::test_p[a-b]": "PASSED",
-            "tests/test_a.py::test_y": "FAILED",
-            "tests/test_a.py::test_z": "ERROR",
-            "tests/test_b.py": "ERROR",
-        }
-    )
 
 
 def test_instances_schema():

@@ -334,6 +334,6 @@ def test_orchard_async_export_prints_the_summary(runs, tmp_path, capsys):
     """The `orchard-async export` command reads the summary fields it prints."""
     from orchard_async.apps.cli import main as cli_main
 
-    assert cli_main(["export", "rl", str(runs["a"]), "--out", str(tmp_path / "rl.jsonl")]) == 0
+    assert cli_main(["export", "rl", str(runs["a"]), "--out", str(tmp_path / "rl.jsonl"), "--recipe", "swe"]) == 0
     printed = capsys.readouterr().err.replace("\n", "")  # the console wraps a long path anywhere
     assert "rl: 9 records (9 episodes, 7 skipped)" in printed and "rl.jsonl" in printed

@@ -396,7 +396,7 @@ def test_a_row_with_no_image_and_no_repository_runs_in_swebench_image(tmp_path, 
     assert (task.spec.image, task.spec.pull) == ("sweb.eval.x86_64.someone__else-3:latest", "always")
     with pytest.raises(oa.ConfigError, match="pull"):
         swe.load_tasks(path, pull="sometimes")
-    with pytest.raises(oa.ConfigError, match="unknown SWE harness 'official'"):
+    with pytest.raises(oa.ConfigError, match="harness must be one of auto, swebench, pytest, got 'official'"):
         swe.load_tasks(path, harness="official")
 
 

@@ -10,14 +10,9 @@ import anyio
 import pytest
 
 import orchard_async as oa
+from orchard_async.models.client import ChatClient, ModelConfig, is_context_error, parse_completion
 from orchard_async.recipes import swe
-from orchard_async.recipes.swe.openai_policy import (
-    ChatClient,
-    ModelConfig,
-    OpenAIPolicy,
-    is_context_error,
-    parse_completion,
-)
+from orchard_async.recipes.swe.openai_policy import OpenAIPolicy
 from tests.recipes.swe_support import Reply, assistant_turns, chat_reply, run_rollout
 
 REPRO = "python3 -c \"from textkit import slugify; print(slugify('Crème Brûlée'))\""
@@ -127,10 +122,10 @@ async def test_retries_on_429_and_5xx_then_gives_up(chat_server):
         client2 = ChatClient(ModelConfig(model="m", base_url=failing.base_url, backoff=0.01, max_retries=2))
         with pytest.raises(oa.ModelUnavailable, match="gave up after 3 attempts.*503"):
             await client2.complete([{"role": "user", "content": "hi"}])
-        await client2.aclose()
+        await client2.close()
         assert len(failing.requests) == 3
     finally:
-        await client.aclose()
+        await client.close()
 
 
 async def test_a_rejected_request_is_not_retried_and_ends_the_episode_as_policy_error(chat_server, tmp_path):
@@ -152,7 +147,7 @@ async def test_concurrent_requests_are_bounded(chat_server):
             for _ in range(6):
                 group.start_soon(client.complete, [{"role": "user", "content": "go"}])
     finally:
-        await client.aclose()
+        await client.close()
     assert len(server.requests) == 6
     assert server.max_in_flight == 2
 
@@ -339,7 +334,7 @@ async def test_a_server_that_is_down_is_model_unavailable():
         with pytest.raises(oa.ModelUnavailable, match="gave up after 3 attempts.*ConnectError"):
             await client.complete([{"role": "user", "content": "hi"}])
     finally:
-        await client.aclose()
+        await client.close()
     assert client.requests == 3
 
 

@@ -74,7 +74,7 @@ def test_new_key(capsys) -> None:
 def test_a_served_process_answers_and_cleans_up_on_sigterm(tmp_path: Path) -> None:
     env = {**os.environ, "ORCHARD_LOCAL_ROOT": str(tmp_path / "sandboxes")}
     program = (
-        "import sys; from orchard_async import cli; "
+        "import sys; from orchard_async.apps import cli; "
         f"cli.OUTSIDE_COMMANDS['serve'] = {REGISTER!r}; sys.exit(cli.main(sys.argv[1:]))"
     )
     process = subprocess.Popen(
@@ -103,7 +103,7 @@ def test_a_served_process_answers_and_cleans_up_on_sigterm(tmp_path: Path) -> No
 def test_kill_9_then_restart_leaves_no_sandbox(tmp_path: Path) -> None:
     env = {**os.environ, "ORCHARD_LOCAL_ROOT": str(tmp_path / "sandboxes")}
     program = (
-        "import sys; from orchard_async import cli; "
+        "import sys; from orchard_async.apps import cli; "
         f"cli.OUTSIDE_COMMANDS['serve'] = {REGISTER!r}; sys.exit(cli.main(sys.argv[1:]))"
     )
 

@@ -25,7 +25,7 @@ from tests.service.conftest import KEY_A, KEY_B, write_keys
 IMAGE = "orchard/busybox:test"
 REGISTER = ("orchard_async.apps.serve.cli:add_serve_command", "run the environment service")
 PROGRAM = (
-    "import sys; from orchard_async import cli; "
+    "import sys; from orchard_async.apps import cli; "
     f"cli.OUTSIDE_COMMANDS['serve'] = {REGISTER!r}; sys.exit(cli.main(sys.argv[1:]))"
 )
 

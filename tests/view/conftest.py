@@ -103,7 +103,9 @@ def write_crafted_run(path: Path) -> dict[str, str]:
             ), observation='{"sent": true}\n', exit_code=0, reason="ok", exec_s=0.02)],
             info={"score": 0.5, "completion": 0.5, "safety": 1.0, "robustness": 1.0, "audit": [
                 {"seq": 1, "t": 0.4, "tool": "mail_send", "args": {"to": "ann"}, "via": "function", "status": 200,
-                 "ok": True, "changes": ["mail:outbox"]},
+                 "ok": True, "changes": [  # as the Claw services audit them (recipes/claw/sandbox/claw_tools.py)
+                     {"op": "insert", "at": "mail.sent", "key": "s1", "before": None, "after": {"id": "s1"}},
+                     {"op": "update", "at": "mail.inbox", "key": "m1.read", "before": False, "after": True}]},
                 {"seq": 2, "t": 0.9, "tool": "calendar_add", "args": {"day": "mon"}, "via": "cli", "status": 503,
                  "ok": False, "error": "injected fault", "fault": 503}]}, **common,
         ),

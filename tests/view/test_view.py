@@ -17,10 +17,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from orchard_async.apps import cli
-from orchard_async.apps.view.app import create_app
+from orchard_async.apps.view.app import create_app, screenshot_folder
 from orchard_async.apps.view.index import RunIndex
 from orchard_async.records.passk import summarize_groups
-from orchard_async.records.trajectory import TrajectoryWriter, read_trajectories
+from orchard_async.records.trajectory import Trajectory, TrajectoryWriter, read_trajectories
 from tests.view.conftest import png
 
 
@@ -298,3 +298,92 @@ def test_set_of_marks_boxes_of_a_gui_observation_reach_the_page() -> None:
         {"element": "97", "role": "textbox", "box": [90, 80, 177, 21]},
     ]
     assert "marks" not in screenshot_of(observation.replace("marks: 2", "nothing: 2"))
+
+
+# -- screenshots kept elsewhere (view --screenshots DIR) ---------------------------------------
+
+
+async def test_screenshots_from_the_folder_given(
+    tmp_path: Path, runs: dict[str, Path], view_registered, capsys
+) -> None:
+    moved = tmp_path / "elsewhere" / "run.jsonl"
+    moved.parent.mkdir()
+    moved.write_bytes(runs["crafted"].read_bytes())  # the run without its screenshots beside it
+    kept = runs["crafted"].parent / "screenshots"
+    shots = tmp_path / "kept-shots"
+    shots.mkdir()
+    for image in kept.glob("*.png"):
+        if not image.is_symlink():
+            (shots / image.name).write_bytes(image.read_bytes())
+    outside = tmp_path / "secret.png"
+    outside.write_bytes(png(4, 4, (9, 9, 9)))
+    (shots / f"{'e' * 64}.png").symlink_to(outside)  # out of the folder given: never served
+
+    async def episode_and_image(screenshots: Path | None) -> tuple[dict[str, Any], list[int]]:
+        client = TestClient(TestServer(create_app([RunIndex.open(moved)], screenshots)))
+        await client.start_server()
+        try:
+            episode = await get(client, "/api/episode", row=0)
+            statuses = []
+            for digest in (episode["instruction_screenshot"]["sha256"], "e" * 64):
+                response = await client.get("/api/screenshot", params={"run": "0", "sha256": digest})
+                statuses.append(response.status)
+                if response.status == 200:
+                    assert await response.read() == (shots / f"{digest}.png").read_bytes()
+            return episode, statuses
+        finally:
+            await client.close()
+
+    without, statuses = await episode_and_image(None)
+    assert not without["instruction_screenshot"]["available"] and statuses == [404, 404]
+    given, statuses = await episode_and_image(screenshot_folder(str(shots)))
+    assert given["instruction_screenshot"]["available"] and given["steps"][0]["screenshot"]["available"]
+    assert statuses == [200, 404]
+
+    assert cli.main(["view", str(moved), "--screenshots", str(tmp_path / "none"), "--no-open", "--port", "0"]) == 2
+    assert one_error_line(capsys) == (
+        f"error: --screenshots {tmp_path / 'none'}: not a directory (the folder that holds the run's screenshots)"
+    )
+
+
+# -- nothing measured: "-" and null, never nan ---------------------------------------------------
+
+
+def failed_before_any_command(path: Path, episodes: int) -> Path:
+    path.touch()  # a run that has written nothing yet
+    with TrajectoryWriter(path, run_header={"recipe": "toy", "policy": "oracle"}) as writer:
+        for n in range(episodes):
+            writer.write(
+                Trajectory(
+                    episode_id=f"t/g{n}/s0", task_id="t", group_id=f"t/g{n}", sample=0, policy="oracle",
+                    adapter="local", run_id="r", status="failed", end_reason="create_failed",
+                    error="CreateFailed: no sandbox",
+                )
+            )  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize("episodes", [0, 3])
+async def test_a_run_with_nothing_measured_prints_no_nan(
+    tmp_path: Path, episodes: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = failed_before_any_command(tmp_path / "run.jsonl", episodes)
+    capsys.readouterr()
+    assert cli.main(["inspect", str(path)]) == 0
+    table = capsys.readouterr().out
+    assert "nan" not in table.lower()
+    rows = {
+        line.split("│")[1].strip(): line.split("│")[2].strip() for line in table.splitlines() if line.count("│") == 3
+    }
+    assert rows["episodes"] == str(episodes) and rows["exec p50 / p99"] == "-"
+    assert rows["success rate"] == ("-" if episodes == 0 else "0.0%")
+    assert rows["reward mean"] == ("-" if episodes == 0 else "0.000")
+    assert cli.main(["inspect", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["exec_p50_ms"] is data["exec_p99_ms"] is None
+    assert (data["success_rate"] is None) == (data["mean_reward"] is None) == (episodes == 0)
+    client = await client_for(path)
+    try:
+        assert (await get(client, "/api/summary", complete=1))["summary"] == data
+    finally:
+        await client.close()

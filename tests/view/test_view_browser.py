@@ -28,7 +28,7 @@ from tests.view.conftest import VIEW_COMMAND
 CHROMIUM = "/usr/bin/chromium"
 # The command as the installed package runs it (the entry point may predate this checkout's metadata).
 LAUNCHER = (
-    "import sys; from orchard_async import cli; "
+    "import sys; from orchard_async.apps import cli; "
     f"cli.OUTSIDE_COMMANDS.setdefault('view', {VIEW_COMMAND!r}); sys.exit(cli.main())"
 )
 
@@ -148,6 +148,9 @@ def test_the_page_in_chromium(served: str, runs: dict[str, Path], browser: Any, 
     page.wait_for_selector("table[data-testid=audit]")
     assert page.locator("table[data-testid=audit] tbody tr").count() == 2
     assert page.locator("table[data-testid=audit] td.status-FAILED").all_inner_texts() == ["503 (injected)"]
+    changes = page.locator("table[data-testid=audit] tbody tr td:last-child").all_inner_texts()
+    assert changes == ["insert mail.sent s1; update mail.inbox m1.read: false → true", "injected fault"]
+    assert "[object Object]" not in page.inner_text("main")
 
     # The group view and the per-task comparison of the two runs.
     page.goto(served + "#/run/1/group/mail-reply%2Fg0")

@@ -140,7 +140,7 @@ async def open_lane(sandbox: Any) -> LaneClient | None:
     try:
         await lane.start(ctl)
     except BaseException:
-        await lane.aclose()
+        await lane.close()
         raise
     return lane
 
@@ -181,4 +181,4 @@ async def close_lane(box: Any) -> None:
         lane = None if lane.cancelled() or lane.exception() else lane.result()
     if lane:
         with contextlib.suppress(Exception):
-            await lane.aclose()
+            await lane.close()

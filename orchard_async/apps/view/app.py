@@ -10,12 +10,13 @@ indexed runs.
     GET /api/group?run=N&group=G   a group's samples side by side, with advantages
     GET /api/compare               per task, every run's reward and time
     GET /api/screenshot?run=N&sha256=H   a GUI screenshot kept by hash in the run's folder
+                                   (or in the folder given with ``view --screenshots DIR``)
     GET /api/file?run=N&path=P     an image the run references, by a path inside the run's folder
 
 Trajectories are untrusted text (a model wrote them): the page puts them in the document as
 text, never as markup, and the Content-Security-Policy allows only this server's own
-scripts. Files are served from the run's folder only (after resolving symlinks) and only
-images. The Host header must name the loopback, so a web page elsewhere cannot reach this
+scripts. Files are served from the run's folder (and screenshots from --screenshots DIR)
+only, after resolving symlinks, and only images. The Host header must name the loopback, so a web page elsewhere cannot reach this
 server through a rebinding DNS name.
 """
 
@@ -65,6 +66,7 @@ SECURITY_HEADERS = {
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 RUNS: web.AppKey[list[RunIndex]] = web.AppKey("runs", list)
+SHOTS: web.AppKey[Path | None] = web.AppKey("screenshots", Path)
 CACHE: web.AppKey[dict[str, Any]] = web.AppKey("cache", dict)
 
 
@@ -86,9 +88,12 @@ def file_inside(folder: Path, relative: str) -> Path | None:
     return resolved
 
 
-def screenshot_file(index: RunIndex, digest: str) -> Path | None:
+def screenshot_file(index: RunIndex, digest: str, given: Path | None = None) -> Path | None:
+    """A screenshot by its hash: in ``given`` (a resolved folder) first, then beside the run."""
     if not _SHA256.fullmatch(digest):
         return None
+    if given is not None and (found := file_inside(given, f"{digest}.png")) is not None:
+        return found
     for folder in SCREENSHOT_DIRS:
         found = file_inside(index.folder, f"{folder}/{digest}.png")
         if found is not None:
@@ -189,7 +194,8 @@ async def episode(request: web.Request) -> web.Response:
     text = request.query.get("row", "")
     if not text.isdigit():
         raise ConfigError(f"row must be a whole number, got {text!r}")
-    return _json(episode_detail(index, int(text), lambda digest: screenshot_file(index, digest)))
+    shots = request.app[SHOTS]
+    return _json(episode_detail(index, int(text), lambda digest: screenshot_file(index, digest, shots)))
 
 
 async def group(request: web.Request) -> web.Response:
@@ -212,7 +218,7 @@ def _image(path: Path | None) -> web.StreamResponse:
 
 async def screenshot(request: web.Request) -> web.StreamResponse:
     index = _run_of(request)
-    return _image(screenshot_file(index, request.query.get("sha256", "")))
+    return _image(screenshot_file(index, request.query.get("sha256", ""), request.app[SHOTS]))
 
 
 async def file(request: web.Request) -> web.StreamResponse:
@@ -220,9 +226,20 @@ async def file(request: web.Request) -> web.StreamResponse:
     return _image(file_inside(index.folder, request.query.get("path", "")))
 
 
-def create_app(indexes: list[RunIndex]) -> web.Application:
+def screenshot_folder(given: str) -> Path:
+    """``--screenshots DIR``, resolved; a ConfigError when it is not a directory."""
+    folder = Path(given).expanduser()
+    if not folder.is_dir():
+        raise ConfigError(f"--screenshots {given}: not a directory (the folder that holds the run's screenshots)")
+    return folder.resolve()
+
+
+def create_app(indexes: list[RunIndex], screenshots: Path | None = None) -> web.Application:
+    """The app over ``indexes``; ``screenshots``: a resolved folder of GUI screenshots by hash
+    (``screenshot_folder``), looked in before the runs' own folders."""
     app = web.Application(middlewares=[guard])
     app[RUNS] = indexes
+    app[SHOTS] = screenshots
     app[CACHE] = {}
     app.cleanup_ctx.append(complete_summaries)
     app.router.add_get("/", page)

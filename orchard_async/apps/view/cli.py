@@ -1,4 +1,4 @@
-"""``orchard-async view RUN [RUN2] [--port 8765] [--no-open]``: look at a run in the browser.
+"""``orchard-async view RUN [RUN2] [--screenshots DIR] [--port 8765] [--no-open]``: look at a run in the browser.
 
 Registered in the ``orchard_async.commands`` entry-point group (value
 ``orchard_async.apps.view.cli:add_view_command``), so the core CLI imports aiohttp only when this
@@ -20,7 +20,7 @@ import webbrowser
 import anyio
 from aiohttp import web
 
-from orchard_async.apps.view.app import create_app
+from orchard_async.apps.view.app import create_app, screenshot_folder
 from orchard_async.apps.view.index import RunIndex
 from orchard_async.errors import ConfigError
 from orchard_async.runtime import run
@@ -34,6 +34,12 @@ def add_view_command(parser: argparse.ArgumentParser) -> None:
     parser.description = VIEW_HELP
     parser.add_argument("run", help="trajectory file (.jsonl or .msgpack)")
     parser.add_argument("compare", nargs="?", help="a second trajectory file: per-task comparison with the first")
+    parser.add_argument(
+        "--screenshots",
+        metavar="DIR",
+        help="the folder of the GUI screenshots (ORCHARD_GUI_SCREENSHOTS of the run; default: the run's "
+        "folder, its screenshots/ or shots/)",
+    )
     parser.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default 8765; 0: any free one)")
     parser.add_argument("--no-open", action="store_true", help="do not open a browser; print the address")
     parser.set_defaults(func=view_command)
@@ -76,6 +82,7 @@ def open_runs(paths: list[str]) -> list[RunIndex]:
 
 
 def view_command(args: argparse.Namespace) -> int:
+    screenshots = screenshot_folder(args.screenshots) if args.screenshots else None
     listener = bind(args.port)
     try:
         indexes = open_runs([args.run] + ([args.compare] if args.compare else []))
@@ -88,7 +95,7 @@ def view_command(args: argparse.Namespace) -> int:
     if not args.no_open:
         # A browser launcher can block until the browser exits: never on the event loop.
         threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
-    run(serve, create_app(indexes), listener)
+    run(serve, create_app(indexes, screenshots), listener)
     return 0
 
 

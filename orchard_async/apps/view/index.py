@@ -24,7 +24,7 @@ import msgspec
 
 from orchard_async.errors import ConfigError
 from orchard_async.records.passk import summarize_groups
-from orchard_async.records.summary import Summary, percentile
+from orchard_async.records.summary import Summary, percentile_ms, share
 from orchard_async.records.trajectory import EndReason, Trajectory, check_trajectory_file, read_run_header
 
 _LENGTH = struct.Struct(">I")
@@ -146,14 +146,14 @@ class SummaryAccumulator:
             episodes=count,
             finished=self.finished,
             failed=count - self.finished,
-            success_rate=self.successes / count if count else 0.0,
-            mean_reward=sum(self.rewards) / count if count else 0.0,
+            success_rate=share(self.successes, count),
+            mean_reward=share(sum(self.rewards), count),
             steps=self.steps,
             exit_reasons=dict(self.end_reasons.most_common()),
             command_reasons=dict(self.command_reasons.most_common()),
             retries=self.retries,
-            exec_p50_ms=percentile(self.exec_times, 50) * 1000,
-            exec_p99_ms=percentile(self.exec_times, 99) * 1000,
+            exec_p50_ms=percentile_ms(self.exec_times, 50),
+            exec_p99_ms=percentile_ms(self.exec_times, 99),
             time_share={phase: round(total / spent, 4) for phase, total in self.phase_totals.items()},
             verifier_errors=self.verifier_errors,
             model_unavailable=self.model_unavailable,

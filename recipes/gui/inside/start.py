@@ -3,14 +3,16 @@
     python3 start.py --width 1280 --height 720 [--sites shop,booking,forum] [--any-host] [--marks] < key
 
 Each daemon gets the key on its own stdin and runs in its own session (it outlives this
-command). Prints one line of timings; exits non-zero, with the daemons' logs, if either
-does not come up in time.
+command). Prints a line of timings, then ``ports: {"shop": 7101, ...}``: where each site
+listens (its usual port, unless another sandbox on a shared network holds it; see
+sites/server.py). Exits non-zero, with the daemons' logs, if either does not come up in time.
 """
 
 # HTML and messages are %-templates: long templates read better with positional fields.
 # ruff: noqa: UP031
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -55,15 +57,24 @@ def main():
     run = os.path.join(HERE, "run")
     os.makedirs(run, exist_ok=True)
     started = time.monotonic()
+    sites_ready = os.path.join(run, "sites.ready")
     sites = spawn(
-        ["sites/server.py", "--ready", os.path.join(run, "sites.ready"), "--sites", args.sites, "--seed", args.seed],
+        [
+            "sites/server.py",
+            "--ready",
+            sites_ready,
+            "--sites",
+            ",".join("%s=%d" % (name, PORTS[name]) for name in args.sites.split(",")),
+            "--seed",
+            args.seed,
+        ],
         key,
         os.path.join(run, "sites.log"),
     )
     driver_argv = ["browserd.py", "--run", run, "--width", args.width, "--height", args.height]
     driver_argv += (["--any-host"] if args.any_host else []) + (["--marks"] if args.marks else [])
     driver = spawn(driver_argv, key, os.path.join(run, "browserd.log"))
-    waiting = {"sites": os.path.join(run, "sites.ready"), "browser": os.path.join(run, "browser.ready")}
+    waiting = {"sites": sites_ready, "browser": os.path.join(run, "browser.ready")}
     ready_at = {}
     while waiting and time.monotonic() - started < args.timeout:
         for name, path in list(waiting.items()):
@@ -88,9 +99,12 @@ def main():
             % (args.timeout, ", ".join(waiting), tail(os.path.join(run, "browserd.log")))
         )
         return 1
+    with open(sites_ready) as ready:
+        ports = json.load(ready)
     for name in args.sites.split(","):
-        urllib.request.urlopen("http://127.0.0.1:%d/__health" % PORTS[name], timeout=5).read()
+        urllib.request.urlopen("http://127.0.0.1:%d/__health" % ports[name], timeout=5).read()
     print("ready " + " ".join("%s=%.3f" % item for item in sorted(ready_at.items())))
+    print("ports: " + json.dumps(ports, sort_keys=True))
     return 0
 
 

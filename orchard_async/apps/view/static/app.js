@@ -283,7 +283,7 @@ function fillInWhenComplete(run) {
 
 function screenshotView(run, shot, action) {
   if (!shot) return null;
-  if (!shot.available) return h("p", { class: "muted", text: `screenshot sha256=${shot.sha256.slice(0, 12)}… is not in the run's folder (keep screenshots there with ORCHARD_GUI_SCREENSHOTS)` });
+  if (!shot.available) return h("p", { class: "muted", text: `screenshot sha256=${shot.sha256.slice(0, 12)}… is not in the run's folder (view --screenshots DIR names the folder that holds them)` });
   const img = h("img", { src: `/api/screenshot?run=${run}&sha256=${shot.sha256}`, alt: "screenshot", "data-testid": "screenshot" });
   const box = h("div", { class: "shot" }, img);
   const draw = () => {
@@ -344,6 +344,21 @@ function statusTable(title, entries) {
     h("tbody", {}, entries.map(([name, status]) => h("tr", {}, h("td", { text: name }), h("td", { class: `status-${status}`, text: String(status) }))))));
 }
 
+// One state change of a Claw audit entry ({op, at, key, before, after}) as a line of text.
+function changeText(change) {
+  if (change === null || typeof change !== "object") return String(change);
+  const where = [change.at, change.key].filter((part) => part !== undefined && part !== null && part !== "").join(" ");
+  // An insert's or a delete's record is in the call's arguments or the state: the key names it.
+  const values = change.op === "insert" || change.op === "delete" ? "" : `: ${brief(change.before)} → ${brief(change.after)}`;
+  return `${change.op || "change"} ${where}${values}`;
+}
+
+function brief(value) {
+  if (value === null || value === undefined) return "–";
+  const text = typeof value === "string" ? value : JSON.stringify(value);
+  return text.length > 80 ? `${text.slice(0, 80)}…` : text;
+}
+
 function infoView(run, info) {
   const parts = [];
   const rest = { ...info };
@@ -385,7 +400,7 @@ function infoView(run, info) {
         h("td", { text: String(call.seq ?? "") }), h("td", { text: String(call.t ?? "") }), h("td", { text: call.tool || "" }),
         h("td", { text: call.via || "" }), h("td", {}, h("code", { text: JSON.stringify(call.args ?? {}) })),
         h("td", { class: call.ok ? "status-PASSED" : "status-FAILED", text: String(call.status ?? "") + (call.fault ? " (injected)" : "") }),
-        h("td", { text: call.ok ? (call.changes || []).join(", ") : call.error || "" }))))));
+        h("td", { text: call.ok ? (call.changes || []).map(changeText).join("; ") : call.error || "" }))))));
     delete rest.audit;
   }
   if (info.model_calls) {

@@ -42,7 +42,6 @@ TASK_MODULES = ("tasks_minicalc", "tasks_textkit", "tasks_datespan")  # order fi
 
 TEST_COMMAND = "python -m pytest -rA -p no:cacheprovider"
 CREATED_AT = "2026-12-02"
-STATUS = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS)\s+(.*)$")
 
 
 def _load(name: str, path: pathlib.Path) -> ModuleType:
@@ -55,6 +54,7 @@ def _load(name: str, path: pathlib.Path) -> ModuleType:
 
 
 make_repo = _load("_swe_builtin_make_repo", BUILTIN / "make_repo.py")
+pytest_summary = _load("_swe_pytest_summary", BUILTIN.parent / "pytest_summary.py")
 
 
 def load_task_definitions() -> list[dict]:
@@ -65,25 +65,12 @@ def load_task_definitions() -> list[dict]:
 
 
 def outcomes(cwd: pathlib.Path) -> tuple[dict[str, str], str]:
-    """Node id -> status from the ``-rA`` short summary (a repeated node keeps its worst status)."""
+    """Node id -> status from the ``-rA`` short summary, read as the recipe's scorer reads it."""
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", COLUMNS="200")
     env.pop("PYTEST_ADDOPTS", None)
     argv = [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider"]
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
-    result: dict[str, str] = {}
-    in_summary = False
-    for line in proc.stdout.splitlines():
-        if "short test summary info" in line:
-            in_summary = True
-            continue
-        if not in_summary:
-            continue
-        match = STATUS.match(line)
-        if match:
-            nodeid = match.group(2).split(" - ", 1)[0].strip()
-            if result.get(nodeid, "PASSED") == "PASSED":
-                result[nodeid] = match.group(1)
-    return result, proc.stdout
+    return pytest_summary.parse_test_outcomes(proc.stdout), proc.stdout
 
 
 def apply_edits(root: pathlib.Path, edits: list[tuple]) -> None:
