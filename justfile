@@ -8,8 +8,9 @@ demo:
 test:
     pip install -e '.[dev]' && python -m pytest
 
+# ruff, then mypy against its baseline (scripts/typecheck.py: every module of the namespace)
 lint:
-    ruff check . && ruff format --check orchard_async adapters bench
+    ruff check . && ruff format --check orchard_async adapters bench && python scripts/typecheck.py
 
 # exec round trip on the local adapter, next to the bare-spawn floor
 bench:

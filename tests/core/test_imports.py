@@ -84,7 +84,7 @@ def help_of(tmp_path: Path, *argv: str) -> str:
 def test_help_lists_every_command_and_each_command_has_its_own_help(tmp_path: Path) -> None:
     listed = re.search(r"\{([a-z,-]+)\}", help_of(tmp_path))
     assert listed is not None and set(listed[1].split(",")) == EVERY_COMMAND
-    assert "a command of the swe recipe" in help_of(tmp_path)
+    assert "a command of the gui recipe" in help_of(tmp_path)
     export = help_of(tmp_path, "export")
     assert "{sft,rl,grpo}" in export and "--min-reward" in export and "--out" in export
     assert "--screenshots" in help_of(tmp_path, "export-gui")

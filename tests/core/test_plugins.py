@@ -140,7 +140,7 @@ def test_a_broken_recipe_is_one_line_when_used_and_harmless_until_then(
 def test_the_bundled_recipes_are_registered_and_have_the_recipe_shape() -> None:
     assert {"claw", "swe", "toy"} <= set(oa.recipe_names())
     toy = oa.load_recipe("toy")
-    assert set(toy.POLICIES) == {"oracle", "random"} and toy.make_policy("oracle").name == "oracle"
+    assert set(toy.POLICIES) == {"oracle", "random", "empty"} and toy.make_policy("oracle").name == "oracle"
     assert [task.id for task in toy.load_tasks("builtin")][:2] == ["sum-0", "fix-script-0"]
     with pytest.raises(oa.ConfigError, match="unknown recipe 'nope'"):
         oa.load_recipe("nope")

@@ -160,7 +160,7 @@ def test_a_bad_variable_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytes
     (line,) = capsys.readouterr().err.splitlines()
     assert "ORCHARD_SWE_PULL='sometimes' is not a valid pull option of the swe recipe" in line
     # given as an option, the variable is not read: it is only the default
-    assert cli.main(["run", "swe", "--adapter", "sim", "--recipe-options", '{"pull": "never"}', "--episodes", "1",
+    assert cli.main(["run", "swe", "--adapter", "local", "--recipe-options", '{"pull": "never"}', "--episodes", "1",
                      "--tasks", "builtin:minicalc__1", "--policy", "empty", "--out", "t.jsonl"]) == 0  # fmt: skip
 
 

@@ -33,7 +33,7 @@ SENTENCE_END = re.compile(r"[.?!][\"'`’”)\]]*$")
 
 def bundled_prompts() -> list[tuple[str, str, str]]:
     """(recipe, task id, the text the agent is given) of every bundled task."""
-    prompts = [("claw", t.id, t.prompt) for t in claw.load_tasks("builtin", user_model=None)]
+    prompts = [("claw", t.id, t.prompt) for t in claw.load_tasks("builtin", user_base_url="")]
     prompts += [("gui", t.id, t.line.intent) for t in gui.load_tasks("builtin") + gui.load_tasks("deepshop:builtin")]
     prompts += [("swe", t.id, t.instance.problem_statement) for t in swe.load_tasks("builtin")]
     prompts += [("toy", t.id, t.instruction) for t in toy.load_tasks("builtin")]
@@ -84,13 +84,13 @@ def test_a_user_task_whose_text_yaml_cut_is_refused_in_one_line(tmp_path: Path) 
     path = tmp_path / "task.yaml"
     path.write_text(TASK.format(prompt="Summarise the #design channel."))
     with pytest.raises(oa.ConfigError) as caught:
-        claw.load_tasks(str(path), user_model=None)
+        claw.load_tasks(str(path), user_base_url="")
     assert str(caught.value) == (
         f"{path}: line 2: the value stops at 'Summarise the', since YAML reads ' #design channel.' as a comment: "
         "quote the whole value"
     )
     path.write_text(TASK.format(prompt="'Summarise the #design channel.'"))
-    (task,) = claw.load_tasks(str(path), user_model=None)
+    (task,) = claw.load_tasks(str(path), user_base_url="")
     assert task.prompt == "Summarise the #design channel." and task.max_steps == 5
 
 
@@ -111,7 +111,7 @@ def failed_steps(trajectory: oa.Trajectory) -> list[str]:
 
 def oracle_tasks(recipe: str) -> list[Any]:
     if recipe == "claw":
-        return claw.load_tasks("builtin", user_model=None)
+        return claw.load_tasks("builtin", user_base_url="")
     if recipe == "gui":
         return gui.load_tasks("builtin") + gui.load_tasks("deepshop:builtin")
     return {"swe": swe, "toy": toy}[recipe].load_tasks("builtin")

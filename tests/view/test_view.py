@@ -376,12 +376,12 @@ async def test_a_run_with_nothing_measured_prints_no_nan(
         line.split("│")[1].strip(): line.split("│")[2].strip() for line in table.splitlines() if line.count("│") == 3
     }
     assert rows["episodes"] == str(episodes) and rows["exec p50 / p99"] == "-"
-    assert rows["success rate"] == ("-" if episodes == 0 else "0.0%")
-    assert rows["reward mean"] == ("-" if episodes == 0 else "0.000")
+    # nothing was judged (none ran, or every one failed before its scorer): no rate, not 0%
+    assert rows["success rate"] == "- (none judged)" and rows["reward mean"] == "-"
     assert cli.main(["inspect", str(path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["exec_p50_ms"] is data["exec_p99_ms"] is None
-    assert (data["success_rate"] is None) == (data["mean_reward"] is None) == (episodes == 0)
+    assert data["success_rate"] is data["mean_reward"] is None and data["judged"] == 0
     client = await client_for(path)
     try:
         assert (await get(client, "/api/summary", complete=1))["summary"] == data

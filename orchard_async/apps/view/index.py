@@ -24,7 +24,7 @@ import msgspec
 
 from orchard_async.errors import ConfigError
 from orchard_async.records.passk import summarize_groups
-from orchard_async.records.summary import Summary, percentile_ms, share
+from orchard_async.records.summary import SCORED_END_REASONS, Summary, percentile_ms, share
 from orchard_async.records.trajectory import EndReason, Trajectory, check_trajectory_file, read_run_header
 
 _LENGTH = struct.Struct(">I")
@@ -76,6 +76,7 @@ class SummaryAccumulator:
     def __init__(self) -> None:
         self.episodes = 0
         self.finished = 0
+        self.judged = 0  # what the success rate and the mean reward are over, as in records.summary
         self.successes = 0
         self.rewards = array("d")
         self.steps = 0
@@ -93,8 +94,10 @@ class SummaryAccumulator:
     def add(self, trajectory: Trajectory) -> None:
         self.episodes += 1
         self.finished += trajectory.status == "finished"
-        self.successes += trajectory.success
-        self.rewards.append(trajectory.reward)
+        if trajectory.status == "finished" and trajectory.end_reason in SCORED_END_REASONS:
+            self.judged += 1
+            self.successes += trajectory.success
+            self.rewards.append(trajectory.reward)
         self.steps += len(trajectory.steps)
         for step in trajectory.steps:
             if step.reason is not None:
@@ -146,8 +149,8 @@ class SummaryAccumulator:
             episodes=count,
             finished=self.finished,
             failed=count - self.finished,
-            success_rate=share(self.successes, count),
-            mean_reward=share(sum(self.rewards), count),
+            success_rate=share(self.successes, self.judged),
+            mean_reward=share(sum(self.rewards), self.judged),
             steps=self.steps,
             exit_reasons=dict(self.end_reasons.most_common()),
             command_reasons=dict(self.command_reasons.most_common()),
@@ -159,6 +162,7 @@ class SummaryAccumulator:
             model_unavailable=self.model_unavailable,
             pass_at_k={str(k): round(v, 4) for k, v in groups["pass_at_k"].items()} if repeated else {},
             pass_hat_k={str(k): round(v, 4) for k, v in groups["pass_hat_k"].items()} if repeated else {},
+            judged=self.judged,
         )
 
 
