@@ -213,7 +213,14 @@ class DockerApi:
         docker = await self.client()
 
         async def setup() -> tuple[yarl.URL, None, bool]:
-            query = {"stream": 1, "stdin": 0, "stdout": 1, "stderr": 1, "logs": 0, "detachKeys": ""}
+            query: dict[str, str | int] = {
+                "stream": 1,
+                "stdin": 0,
+                "stdout": 1,
+                "stderr": 1,
+                "logs": 0,
+                "detachKeys": "",
+            }
             return yarl.URL(f"containers/{container.id}/attach").with_query(query), None, False
 
         stream = Stream(docker, setup, docker._resolve_long_running_timeout(SENTINEL))
