@@ -47,6 +47,7 @@ from orchard_async.adapters.local_reap import (
     _sandbox_processes,
     reap_local,
 )
+from orchard_async.capabilities import AdapterFacts, Doctor, Facts, Snapshots
 from orchard_async.errors import ConfigError, CreateFailed, SandboxLost
 from orchard_async.kit import labels as names
 from orchard_async.kit import procfs
@@ -141,6 +142,7 @@ def isolation_report(isolation: str = "auto") -> dict[str, str]:
 
 class LocalAdapter:
     name = "local"
+    capabilities = frozenset({Snapshots, Doctor, Facts})
 
     def __init__(
         self,
@@ -164,10 +166,14 @@ class LocalAdapter:
         self.snapshot_ttl = snapshot_ttl
 
     @property
+    def facts(self) -> AdapterFacts:
+        return AdapterFacts(host_dir=str(self.root))
+
+    @property
     def namespaces(self) -> bool:
         return self.isolation != "none"
 
-    async def create(self, spec: SandboxSpec) -> Sandbox:
+    async def create(self, spec: SandboxSpec) -> ShellSandbox:
         if not self.namespaces and self.requested_isolation != "none" and spec.network == "none":
             raise ConfigError(
                 f"the local adapter cannot isolate a sandbox here ({self._probe.why}), so network='none' cannot "
@@ -239,7 +245,7 @@ class LocalAdapter:
         isolation = self.isolation if self.namespaces else f"none ({self._probe.why})"
         return f"isolation {isolation}; {snaps.describe(method, why)}"
 
-    async def _create(self, spec: SandboxSpec) -> Sandbox:
+    async def _create(self, spec: SandboxSpec) -> ShellSandbox:
         sandbox_id = f"lo-{uuid.uuid4().hex[:16]}"
         base = self.root / sandbox_id
         work, ctl = base / "work", base / "ctl"

@@ -15,6 +15,12 @@ than running the command a second time. Connection errors and 503s are retried f
 ``retry_for`` seconds (default 30: a service's restart fits; a 503's ``Retry-After`` is
 honoured), a create's within its deadline too.
 
+Streams (``open_stream``, ``connect``) go over the service's ``WS /sandboxes/{id}/exec/pty``
+(one websocket per stream, JSON frames with the bytes in base64): the process runs in the
+service's sandbox through that sandbox's own ``open_stream``, started by the same wrapper as
+every adapter's (``kit.streams``), so its pid, a missing program and ``connect``'s relay behave
+as they do there; its stderr is dropped, as everywhere.
+
 Entering the adapter (``async with``) checks that something answers at ``url`` within a few
 seconds (``REACH_FOR``): a wrong URL is one clear error, not minutes of retried creates.
 
@@ -29,14 +35,16 @@ import math
 import os
 import posixpath
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import anyio
+import anyio.abc
 import msgspec
 
+from orchard_async.capabilities import Doctor, FileRoot
 from orchard_async.errors import (
     AdapterUnavailable,
     BackendUnavailable,
@@ -45,6 +53,7 @@ from orchard_async.errors import (
     PathOutsideSandbox,
     SandboxLost,
 )
+from orchard_async.kit import streams
 from orchard_async.kit.deadline import explained_deadline
 from orchard_async.kit.retry import Attempts, Backoff, retry_after
 from orchard_async.protocols import DEFAULT_EXEC_TIMEOUT
@@ -65,6 +74,17 @@ READ_TIMEOUT = 60.0  # a call without a timeout of its own: the longest wait for
 DEFAULT = object()  # a call's timeout: the client's default (READ_TIMEOUT between bytes)
 # Connection errors and client timeouts: the service did not answer (retried).
 TRANSPORT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
+STDIN_FRAME = 1 << 20  # bytes of stdin per frame: well under the service's 4 MiB frames once in base64
+# What the service's PTY socket closes with before a process starts (apps/serve/pty.py): the
+# error each means here.
+REFUSED = {
+    4400: ConfigError,  # a bad init frame
+    4401: ConfigError,  # no or a bad API key
+    4404: SandboxLost,
+    4409: BackendUnavailable,  # not ready: being re-adopted by a restarted service
+    4500: SandboxLost,  # the service's sandbox could not start the process
+    4501: ConfigError,  # the service's adapter has no streams (sim)
+}
 
 
 class Answer:
@@ -83,6 +103,60 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
+class ServiceStream(anyio.abc.ByteStream):
+    """stdin and stdout of a process in a service's sandbox: its PTY websocket, once the
+    service said ``ready``. The process's end is the ``exit`` frame; closing the socket ends
+    the process (the service kills it)."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse):
+        self._ws = ws
+        self._received = b""  # decoded past what a receive returned
+        self._ended = False
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        while not self._received:
+            if self._ended:
+                raise anyio.EndOfStream
+            if self._ws.closed:
+                raise anyio.ClosedResourceError
+            message = await self._ws.receive()
+            if message.type is aiohttp.WSMsgType.TEXT:
+                frame = msgspec.json.decode(message.data)
+                if frame.get("type") == "stdout":
+                    self._received = base64.b64decode(frame.get("data", ""))
+                elif frame.get("type") == "exit":
+                    self._ended = True
+                elif frame.get("type") == "error":
+                    raise anyio.BrokenResourceError(f"the service: {frame.get('message')}")
+            elif message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
+                raise anyio.BrokenResourceError(
+                    f"the service closed the stream before the process ended ({message.extra})"
+                )
+            elif message.type is aiohttp.WSMsgType.ERROR:
+                raise anyio.BrokenResourceError(f"the stream to the service failed: {message.data!r}")
+        chunk, self._received = self._received[:max_bytes], self._received[max_bytes:]
+        return chunk
+
+    async def _send(self, frame: dict[str, Any]) -> None:
+        if self._ws.closed:
+            raise anyio.ClosedResourceError
+        try:
+            await self._ws.send_str(msgspec.json.encode(frame).decode())  # the service reads text frames
+        except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+            raise anyio.BrokenResourceError(f"the stream to the service is gone ({exc!r})") from None
+
+    async def send(self, item: bytes) -> None:
+        for start in range(0, len(item), STDIN_FRAME):
+            await self._send({"type": "stdin", "data": _b64(item[start : start + STDIN_FRAME])})
+
+    async def send_eof(self) -> None:
+        await self._send({"type": "eof"})
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CONNECT_TIMEOUT):
+            await self._ws.close()
+
+
 class RemoteSession:
     """A stateful shell of a remote sandbox (held by the service)."""
 
@@ -97,6 +171,8 @@ class RemoteSession:
 
 
 class RemoteSandbox:
+    capabilities = frozenset({FileRoot})
+
     def __init__(self, adapter: RemoteAdapter, info: dict[str, Any]):
         self._adapter = adapter
         self.id: str = info["sandbox_id"]
@@ -168,6 +244,14 @@ class RemoteSandbox:
                 except (SandboxLost, FileNotFoundError, BackendUnavailable):
                     pass  # the sandbox (and its sessions) went first
 
+    # -- streams -----------------------------------------------------------------------------
+
+    async def open_stream(self, argv: Sequence[str]) -> streams.SandboxStream:
+        return await streams.start_stream(self, self._adapter._open_stream, argv)
+
+    async def connect(self, port: int) -> streams.SandboxStream:
+        return await streams.connect(self, port)
+
     # -- files -------------------------------------------------------------------------------
 
     async def read_file(self, path: str) -> bytes:
@@ -226,6 +310,7 @@ class RemoteSandbox:
 
 class RemoteAdapter:
     name = "remote"
+    capabilities = frozenset({Doctor})
 
     def __init__(
         self,
@@ -330,21 +415,66 @@ class RemoteAdapter:
         timeout: float | None | object = DEFAULT,
     ) -> Answer:
         """One HTTP exchange, its body read whole. Raises TRANSPORT_ERRORS."""
+        if timeout is DEFAULT:
+            limits = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
+        else:
+            limits = aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_TIMEOUT)  # type: ignore[arg-type]
+        query = {name: str(value) for name, value in params.items()} if params else None
+        async with self._http().request(
+            method, self.url + path, json=json, params=query, headers=headers, timeout=limits
+        ) as response:
+            return Answer(response.status, response.headers, await response.read())
+
+    def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 headers=self._headers,
                 connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=self._max_connections),
                 json_serialize=lambda value: msgspec.json.encode(value).decode(),
             )
-        if timeout is DEFAULT:
-            limits = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
-        else:
-            limits = aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_TIMEOUT)  # type: ignore[arg-type]
-        query = {name: str(value) for name, value in params.items()} if params else None
-        async with self._session.request(
-            method, self.url + path, json=json, params=query, headers=headers, timeout=limits
-        ) as response:
-            return Answer(response.status, response.headers, await response.read())
+        return self._session
+
+    async def _open_stream(self, sandbox: RemoteSandbox, command: list[str]) -> ServiceStream:
+        """``command`` running in the service's sandbox, its stdin and stdout over the PTY socket
+        (stderr dropped). A connection refused is retried for ``retry_for`` seconds, as calls are
+        (nothing started); anything later is not retried: the process may have started."""
+        url = f"{self.url}{sandbox._path}/exec/pty"
+        init = {"type": "init", "cmd": ["sh", "-c", 'exec "$@" 2>/dev/null', "orchard-stream", *command]}
+        attempts = Attempts(NO_ANSWER_BACKOFF, deadline=anyio.current_time() + self.retry_for)
+        said = ""  # what the service's error frame said before it closed the socket
+        try:
+            with anyio.fail_after(self.retry_for + CONNECT_TIMEOUT + streams.START_TIMEOUT):
+                while True:
+                    try:
+                        ws = await self._http().ws_connect(url)
+                        break
+                    except aiohttp.ClientConnectorError:
+                        pause = attempts.next_pause()
+                        if pause is None:
+                            raise
+                        await anyio.sleep(pause)
+                try:
+                    await ws.send_str(msgspec.json.encode(init).decode())
+                    while True:
+                        message = await ws.receive()
+                        if message.type is not aiohttp.WSMsgType.TEXT:
+                            break
+                        frame = msgspec.json.decode(message.data)
+                        if frame.get("type") == "ready":
+                            return ServiceStream(ws)
+                        said = frame.get("message") or said
+                except BaseException:
+                    with anyio.CancelScope(shield=True):
+                        await ws.close()
+                    raise
+        except (*TRANSPORT_ERRORS, aiohttp.WSServerHandshakeError) as exc:
+            raise BackendUnavailable(
+                f"no stream into {sandbox.id}: the service at {self.url} did not answer ({exc!r})"
+            ) from None
+        await ws.close()
+        code = message.data if message.type is aiohttp.WSMsgType.CLOSE else 0
+        why = said or message.extra or f"the socket ended ({message.type.name})"
+        raise REFUSED.get(code, BackendUnavailable)(f"no stream into {sandbox.id}: {why}")
 
     def _answer(self, response: Answer, file: bool) -> dict[str, Any]:
         try:

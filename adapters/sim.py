@@ -26,6 +26,7 @@ from typing import NoReturn
 import anyio
 import msgspec
 
+from orchard_async.capabilities import AdapterFacts, Facts
 from orchard_async.errors import (
     BackendUnavailable,
     ConfigError,
@@ -218,6 +219,7 @@ class SimSandbox:
 
 class SimAdapter:
     name = "sim"
+    capabilities = frozenset({Facts})
     # A fact recipes read (their ADAPTER_NEEDS): commands here only pretend to run.
     runs_commands = False
 
@@ -236,6 +238,10 @@ class SimAdapter:
         )
         self._token = uuid.uuid4().hex[:6]
         self._ids = itertools.count()
+
+    @property
+    def facts(self) -> AdapterFacts:
+        return AdapterFacts(runs_commands=self.runs_commands)
 
     def _rng(self, spec: SandboxSpec) -> random.Random:
         key = f"{self.config.seed}/{spec.labels.get(names.EPISODE, '')}/{spec.labels.get(names.ATTEMPT, '')}"

@@ -4,7 +4,6 @@ by name, and counting what a run left behind."""
 from __future__ import annotations
 
 import asyncio
-import inspect
 import resource
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -13,6 +12,7 @@ from typing import Any
 import anyio
 
 from orchard_async import Adapter, get_adapter, percentile
+from orchard_async.capabilities import Doctor
 from orchard_async.kit import procfs
 
 Op = Callable[[], Awaitable[object]]
@@ -92,13 +92,7 @@ async def open_adapter(name: str, options: dict[str, Any] | None = None) -> tupl
     missing daemon is one clear error, not a thousand failed creates). Returns the adapter
     and what its doctor said."""
     adapter = get_adapter(name, **(options or {}))
-    notes = None
-    doctor = getattr(adapter, "doctor", None)
-    if doctor is not None:
-        value = doctor()
-        if inspect.isawaitable(value):
-            value = await value
-        notes = None if value is None else str(value)
+    notes = await adapter.doctor() if isinstance(adapter, Doctor) else None
     return adapter, notes
 
 
@@ -139,7 +133,7 @@ class TrackingAdapter:
 
     def __init__(self, inner: Adapter):
         self.inner = inner
-        self.name = getattr(inner, "name", "?")
+        self.name = inner.name
         self.created: list[str] = []
 
     async def create(self, spec: Any) -> Any:

@@ -22,6 +22,7 @@ from orchard_async import Pool, SandboxSpec, percentile
 from orchard_async.bench.common import TrackingAdapter, close_and_count, open_adapter
 from orchard_async.bench.report import latency_row
 from orchard_async.bench.scenario import Outcome
+from orchard_async.capabilities import Ping
 
 
 async def run_warm_burst(
@@ -62,10 +63,9 @@ async def run_warm_burst(
                 return
             acquires.append(time.perf_counter() - start)
             try:
-                ping = getattr(sandbox, "ping", None)
-                if ping is not None:  # the warm check's round trip, beside the commands' in the same phase
+                if isinstance(sandbox, Ping):  # the warm check's round trip, beside the commands' in the same phase
                     mark = time.perf_counter()
-                    if await ping(min(60.0, op_timeout)):
+                    if await sandbox.ping(min(60.0, op_timeout)):
                         pings[name].append(time.perf_counter() - mark)
                 for _ in range(commands):
                     mark = time.perf_counter()

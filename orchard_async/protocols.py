@@ -2,8 +2,11 @@
 
 Backends implement ``Adapter`` and ``Sandbox`` (and ``Session``); recipes provide ``Task``s
 (optionally ``GradedApart``) and ``Policy``s, and register as a ``Recipe`` module. Nothing
-else is asked of them. The plain data they exchange is in ``types`` (``SandboxSpec``,
-``ExecResult``), ``task`` (``Reward``, ``Observation``) and ``trajectory`` (``Action``).
+else is asked of them. What a backend may offer besides (forks, taking over sandboxes, a
+doctor line, a ping, its facts) are the optional capabilities in ``capabilities``, each
+declared by the class that offers it. The plain data they exchange is in ``types``
+(``SandboxSpec``, ``ExecResult``), ``task`` (``Reward``, ``Observation``) and ``trajectory``
+(``Action``).
 
 Command timeouts (``timeout=`` of ``Sandbox.exec`` and ``Session.exec``), one meaning for
 every adapter:
@@ -30,15 +33,7 @@ Lifetimes, one verb each:
   (``orchard_async.kit.background``); closing it closes every sandbox it still has, cancels
   that work and waits for it.
 
-Forks (optional, for adapters that can): ``async def snapshot(self, sandbox) -> str`` freezes
-a sandbox's file system (not its processes) and returns a snapshot id; a sandbox created
-from ``msgspec.structs.replace(spec, snapshot=id)`` starts with that file system, and every
-such fork is independent (a write in one is never seen in another or in the snapshot).
-``async def drop_snapshot(self, snapshot_id) -> None`` removes it (idempotent). A snapshot
-carries the run's lease labels, so ``reap`` removes it after a crash like a sandbox; an
-adapter that cannot snapshot here raises ``ConfigError`` saying why. The rollout engine
-uses it for groups of a task that opts in (``Task.fork_after_setup = True``): set up once,
-``group_size`` samples started from the snapshot.
+Forks (optional, for adapters that can): ``capabilities.Snapshots``.
 
 Create timeout: the caller owns it (the ``Pool``'s ``create_timeout``, 120 s by default),
 as a cancel scope around ``Adapter.create``. An adapter has no create timeout of its own;
@@ -143,17 +138,8 @@ class SandboxRecord(Protocol):
 class Adapter(Protocol):
     """A backend connection that makes sandboxes. Found by name with ``get_adapter``.
 
-    Optional: ``async def doctor(self) -> str``, one line saying what this backend is and
-    what isolation it gives here (``orchard-async doctor`` prints it; an adapter without
-    one is reported as "ready"). It raises ``AdapterUnavailable`` when the backend cannot
-    be used on this machine.
-
-    Optional, for taking over sandboxes another controller made (``orchard-async serve``
-    after a restart; docker and kubernetes with a ``reattach_grace``):
-    ``async def find_sandboxes(self, labels: dict[str, str]) -> dict[str, dict[str, str]]``
-    (sandboxes carrying those labels: id -> labels) and ``async def attach(self, sandbox_id)
-    -> Sandbox`` (a new shell session on one whose controller is gone; ``SandboxLost`` when
-    it cannot be used, ``CreateFailed`` while another controller still holds it).
+    Optional (``capabilities``): ``Doctor`` (``orchard-async doctor``'s line), ``Snapshots``
+    (forks), ``Reattach`` (taking over sandboxes another controller made), ``Facts``.
 
     A sandbox it made is ended by ``sandbox.close()``; the adapter itself by leaving
     ``async with adapter`` or by ``close()`` (see the module docstring)."""

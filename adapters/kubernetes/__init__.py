@@ -13,6 +13,8 @@ The package, bottom up (each module imports only those above it):
   node's containerd (``ctr``, GNU tar);
 * ``snapshot``: the snapshot store and the tar-of-the-work-dir method; ``forks``: which
   method an adapter uses;
+* ``attach``: checking a pod of a gone controller for a new session; ``reap``: removing
+  abandoned pods and their policies (both given the api and the transport, not the adapter);
 * ``adapter``: ``KubernetesAdapter``, which ties them to the core's container shell.
 
 Layout on the cluster. Every sandbox of a run is a pod in one namespace (``orchard`` by

@@ -18,6 +18,7 @@ import msgspec
 
 from orchard_async.adapters.kubernetes import snapshot as snaps
 from orchard_async.adapters.kubernetes.api import NETWORKING, ApiError, KubeApi
+from orchard_async.adapters.kubernetes.attach import adoptable
 from orchard_async.adapters.kubernetes.config import KubernetesConfig
 from orchard_async.adapters.kubernetes.forks import Forks
 from orchard_async.adapters.kubernetes.hollow import (
@@ -39,9 +40,11 @@ from orchard_async.adapters.kubernetes.manifests import (
     sandbox_labels,
 )
 from orchard_async.adapters.kubernetes.podip import PodIpTransport
+from orchard_async.adapters.kubernetes.reap import reap
 from orchard_async.adapters.kubernetes.relay import new_secret
-from orchard_async.adapters.kubernetes.transport import ExecTransport, PodRef, Transport
+from orchard_async.adapters.kubernetes.transport import ExecTransport, Outputs, PodRef, PodRelays, Streams, Transport
 from orchard_async.adapters.kubernetes.watch import PodInformer, pod_state, pod_verdict
+from orchard_async.capabilities import AdapterFacts, Doctor, Facts, Reattach, Snapshots
 from orchard_async.errors import ConfigError, CreateFailed, OrchardError, SandboxLost
 from orchard_async.images import ImageMissing, missing_image_hint
 from orchard_async.kit import container_reattach, container_shell
@@ -75,6 +78,7 @@ class KubernetesAdapter(BackgroundOwner):
     (orchard_async.kit.background)."""
 
     name = "kubernetes"
+    capabilities = frozenset({Snapshots, Reattach, Doctor, Facts})
 
     def __init__(self, config: KubernetesConfig | None = None, *, transport: Transport | None = None, **options: Any):
         try:
@@ -115,7 +119,7 @@ class KubernetesAdapter(BackgroundOwner):
             transport = PodIpTransport(ExecTransport(), relay_port=config.relay_port)
         self.transport: Transport = transport or ExecTransport()
         # the transport reaches a relay in each pod (podip): the pods get one, with a secret
-        self.relay_port: int | None = getattr(self.transport, "relay_port", None)
+        self.relay_port = self.transport.relay_port if isinstance(self.transport, PodRelays) else None
         self.identity = names.controller_identity()
         self.controller = names.controller_label(self.identity)
         # Event-loop objects are made on first use: the constructor may run outside a loop.
@@ -133,6 +137,10 @@ class KubernetesAdapter(BackgroundOwner):
         self.forks = Forks(config)
         self.snapshot_dir = self.forks.store
         self._pod_images: dict[str, str] = {}  # live sandbox -> its image (its forks' default)
+
+    @property
+    def facts(self) -> AdapterFacts:
+        return AdapterFacts(image=self.image, max_creating=self.config.max_creating)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -218,7 +226,7 @@ class KubernetesAdapter(BackgroundOwner):
 
     # -- create -----------------------------------------------------------------------------
 
-    async def create(self, spec: SandboxSpec) -> Sandbox:
+    async def create(self, spec: SandboxSpec) -> ShellSandbox | ControlPlaneSandbox:
         # The create timeout is the caller's (the pool's, see pool.py), counted from here:
         # give up a little before it, so that the error says why the pod is not ready
         # (unschedulable, an image still pulling, the watch reconnecting), not only that
@@ -283,9 +291,8 @@ class KubernetesAdapter(BackgroundOwner):
             self._pod_images.pop(name, None)
             client.lost = client.lost or "the sandbox was closed"
             await self._remove(name, allow)
-            forget = getattr(self.transport, "forget", None)
-            if forget is not None:
-                forget(PodRef(self.namespace, name))
+            if isinstance(self.transport, PodRelays):
+                self.transport.forget(PodRef(self.namespace, name))
             # The websockets' close handshakes (up to seconds while the kubelet is busy
             # killing the pod) are not the caller's to wait for: they run in the background,
             # and close() waits for them (they end by themselves: CLOSE_TIMEOUT bounds each).
@@ -416,11 +423,13 @@ class KubernetesAdapter(BackgroundOwner):
         else:
             command = container_shell.shell_command()
         stream = await self.transport.open_shell(pod, command)
-        opener = getattr(self.transport, "open_output", None)
+        transport = self.transport
         return await container_shell.start_shell(
             stream,
             workdir=workdir,
-            open_output=(lambda command: opener(pod, command)) if opener else None,
+            open_output=(lambda command: transport.open_output(pod, command))
+            if isinstance(transport, Outputs)
+            else None,
             interrupt=lambda shell: self._interrupt(pod, shell),
             output_cap=self.config.output_cap,
             mount="an emptyDir",
@@ -429,11 +438,10 @@ class KubernetesAdapter(BackgroundOwner):
 
     async def _open_stream(self, pod: PodRef, sandbox: Sandbox, command: list[str]) -> Any:
         """One exec websocket with stdin: ``open_stream``'s transport."""
-        opener = getattr(self.transport, "open_stream", None)
-        if opener is None:
+        if not isinstance(self.transport, Streams):
             raise ConfigError(f"the kubernetes transport {self.transport.name!r} cannot open streams into pods")
         try:
-            return await opener(pod, command)
+            return await self.transport.open_stream(pod, command)
         except CreateFailed as exc:  # the pod is gone, or the API server refused the exec
             raise SandboxLost(f"no stream into {sandbox.id}: {exc}") from None
 
@@ -514,13 +522,17 @@ class KubernetesAdapter(BackgroundOwner):
             return
         self._unremoved.pop(name, None)
 
-    async def attach(self, sandbox_id: str) -> Sandbox:
+    async def attach(self, sandbox_id: str) -> ShellSandbox | ControlPlaneSandbox:
         """A new shell session on a live pod another controller made with a reattach grace (and
         that controller gone): SandboxLost when it ended or expired (deleted then), or was made
-        without one; CreateFailed while another controller's session is alive."""
-        from orchard_async.adapters.kubernetes.attach import attach
-
-        return await attach(self, sandbox_id)
+        without one; CreateFailed while another controller's session is alive (attach.py)."""
+        if sandbox_id in self._live:
+            return self._live[sandbox_id]
+        await self._start()
+        allow = self.config.manage_network_policies  # its allow policy, if any, goes with it
+        found = await adoptable(self.api, self.transport, sandbox_id, remove=lambda name: self._remove(name, allow))
+        client, relays = await self._open_shell(found.pod, found.workdir)
+        return self._sandbox(sandbox_id, client, relays, found.labels, found.expires_at, allow)
 
     async def find_sandboxes(self, labels: dict[str, str]) -> dict[str, dict[str, str]]:
         """Sandbox pods (anyone's, live or ended but not yet deleted) carrying every one of
@@ -538,9 +550,10 @@ class KubernetesAdapter(BackgroundOwner):
         """Delete orchard pods in the namespace (anyone's) whose TTL passed ``older_than``
         seconds ago, that ended, or whose controller is dead; allow policies whose pod is gone;
         snapshots of dead runs (reap.py)."""
-        from orchard_async.adapters.kubernetes.reap import reap
-
-        return await reap(self, older_than)
+        await self._start()
+        pods = await reap(self.api, older_than, keep=set(self._live), policies=self.config.manage_network_policies)
+        # after the pods: a fork's container holds its snapshot's layer
+        return sorted(pods + await self.forks.reap(older_than))
 
     async def close(self) -> None:
         """Destroy every live sandbox, drop this run's snapshots, retry unconfirmed

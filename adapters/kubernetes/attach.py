@@ -1,31 +1,42 @@
-"""``KubernetesAdapter.attach``: a new shell session on a sandbox pod made with a reattach
-grace whose controller is gone (see orchard_async.kit.container_shell, "re-attaching")."""
+"""Taking over a sandbox pod made with a reattach grace whose controller is gone (see
+orchard_async.kit.container_reattach): ``adoptable`` finds the pod through the ``api``, checks it
+through the ``transport`` and waits until its old session has ended; the adapter then opens
+its own shell on it."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
-from orchard_async.adapters.kubernetes.transport import PodRef
+from orchard_async.adapters.kubernetes.api import KubeApi
+from orchard_async.adapters.kubernetes.transport import PodRef, Transport
 from orchard_async.adapters.kubernetes.watch import pod_verdict
 from orchard_async.errors import CreateFailed, SandboxLost
 from orchard_async.kit import container_reattach
 from orchard_async.kit import labels as names
-from orchard_async.kit.sandbox import ShellSandbox
-
-if TYPE_CHECKING:
-    from orchard_async.adapters.kubernetes.adapter import KubernetesAdapter
 
 CHECK_TIMEOUT = 20.0
 PATIENCE = 10.0  # an old session being killed, or a websocket the kubelet has not closed yet
 
 
-async def attach(adapter: KubernetesAdapter, name: str) -> ShellSandbox:
-    if name in adapter._live:
-        return adapter._live[name]
-    await adapter._start()
+class Adoptable(NamedTuple):
+    """A live sandbox pod free for a new session: what the adapter's sandbox is made of."""
+
+    pod: PodRef
+    labels: dict[str, str]
+    expires_at: float
+    workdir: str
+
+
+async def adoptable(
+    api: KubeApi, transport: Transport, name: str, *, remove: Callable[[str], Awaitable[object]]
+) -> Adoptable:
+    """Pod ``name`` of the api's namespace, once its old session has ended. SandboxLost when it
+    ended or expired, or cannot take a new session (``remove``d then: of no use to anyone), or
+    was made without a reattach grace; CreateFailed while another controller's session is alive."""
     # a list by the pod's own label, not a GET: the Role the adapter needs has no "get" on pods
-    pods = await adapter.api.list_all(adapter.api.path("pods"), f"{names.SANDBOX}={name}", "pod lookup for attach")
+    pods = await api.list_all(api.path("pods"), f"{names.SANDBOX}={name}", "pod lookup for attach")
     if not pods:
         raise SandboxLost(f"sandbox {name} is gone")
     pod = pods[0]
@@ -33,19 +44,18 @@ async def attach(adapter: KubernetesAdapter, name: str) -> ShellSandbox:
     labels = metadata.get("labels") or {}
     if names.OWNER not in labels:
         raise SandboxLost(f"pod {name} is not an orchard sandbox")
-    allow = adapter.config.manage_network_policies  # its allow policy, if any, goes with it
     expires_at = names.expiry(labels)
     verdict, why = pod_verdict(pod)
     if metadata.get("deletionTimestamp") or verdict != "ready" or expires_at <= time.time():
-        await adapter._remove(name, allow)
+        await remove(name)
         raise SandboxLost(f"sandbox {name} has ended ({why or 'its TTL passed'})")
     if names.REATTACH not in labels:
         raise SandboxLost(f"sandbox {name} was made without a reattach grace: it ends with its controller")
-    ref = PodRef(adapter.namespace, name, (pod.get("status") or {}).get("podIP"))
+    ref = PodRef(api.namespace, name, (pod.get("status") or {}).get("podIP"))
 
     async def check() -> bytes:
         try:
-            _, out, _ = await adapter.transport.run(ref, container_reattach.attach_check_command(), CHECK_TIMEOUT)
+            _, out, _ = await transport.run(ref, container_reattach.attach_check_command(), CHECK_TIMEOUT)
         except CreateFailed as exc:
             raise SandboxLost(f"sandbox {name} cannot be attached to: {exc}") from None
         except TimeoutError:
@@ -54,8 +64,7 @@ async def attach(adapter: KubernetesAdapter, name: str) -> ShellSandbox:
 
     try:
         workdir = await container_reattach.wait_attachable(check, name, PATIENCE)
-    except SandboxLost:  # it takes no exec, or its timer is not on record: of no use to anyone
-        await adapter._remove(name, allow)
+    except SandboxLost:  # it takes no exec, or its timer is not on record
+        await remove(name)
         raise
-    client, relays = await adapter._open_shell(ref, workdir)
-    return adapter._sandbox(name, client, relays, labels, expires_at, allow)
+    return Adoptable(ref, labels, expires_at, workdir)

@@ -1,67 +1,60 @@
-"""``KubernetesAdapter.reap``: what a controller removes of sandboxes that are no one's any
-more (their TTL passed, they ended, or their controller is dead), and their leftovers."""
+"""What a controller removes of sandboxes that are no one's any more (their TTL passed, they
+ended, or their controller is dead), and their leftover allow policies, through the ``api``."""
 
 from __future__ import annotations
 
 import functools
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection
+from typing import Any
 
-from orchard_async.adapters.kubernetes.api import NETWORKING, ApiError
+from orchard_async.adapters.kubernetes.api import NETWORKING, ApiError, KubeApi
 from orchard_async.errors import OrchardError
 from orchard_async.kit import container_shell
 from orchard_async.kit import labels as names
 
-if TYPE_CHECKING:
-    from orchard_async.adapters.kubernetes.adapter import KubernetesAdapter
 
-
-async def reap(adapter: KubernetesAdapter, older_than: float) -> list[str]:
-    """Delete orchard pods in the namespace (anyone's) whose TTL passed ``older_than``
-    seconds ago, that ended, or whose controller is dead; and allow policies whose pod is
-    gone. Lists first, completely: a failed list raises before anything is deleted."""
-    await adapter._start()
-    policy_path = adapter.api.path("networkpolicies", group=NETWORKING)
+async def reap(api: KubeApi, older_than: float, *, keep: Collection[str], policies: bool) -> list[str]:
+    """Delete orchard pods in the api's namespace (anyone's but ``keep``) whose TTL passed
+    ``older_than`` seconds ago, that ended, or whose controller is dead; and, with
+    ``policies`` (the adapter manages NetworkPolicies), allow policies whose pod is gone.
+    Lists first, completely: a failed list raises before anything is deleted. Returns the
+    deleted pods."""
+    policy_path = api.path("networkpolicies", group=NETWORKING)
     # policies before pods: a policy is created after its pod, so one whose pod is
     # missing from the later pod list belongs to a pod that is really gone
-    policies = (
-        await adapter.api.list_all(policy_path, names.SANDBOX, "policy list")
-        if adapter.config.manage_network_policies
-        else []
-    )
+    found_policies = await api.list_all(policy_path, names.SANDBOX, "policy list") if policies else []
     # page by page, keeping names only: bounded memory however many pods the namespace has
     now = time.time()
     doomed: list[str] = []
     present: set[str] = set()
-    async for pods in adapter.api.pages(
-        adapter.api.path("pods"), f"{names.OWNER},{names.EXPIRES}", "pod list for reap"
-    ):
+    async for pods in api.pages(api.path("pods"), f"{names.OWNER},{names.EXPIRES}", "pod list for reap"):
         for pod in pods:
             name = pod["metadata"]["name"]
             present.add(name)
             if (
-                name not in adapter._live
+                name not in keep
                 and not pod["metadata"].get("deletionTimestamp")
                 and _pod_abandoned(pod, now, older_than)
             ):
                 doomed.append(name)
     orphans = [
         policy["metadata"]["name"]
-        for policy in policies
+        for policy in found_policies
         if policy["metadata"].get("labels", {}).get(names.SANDBOX) not in present
     ]
     removed: list[str] = []
 
     async def remove_pod(name: str) -> None:
         try:
-            await adapter.api.delete(adapter.api.path("pods", name), f"pod {name} delete")
+            await api.delete(api.path("pods", name), f"pod {name} delete")
         except (OrchardError, ApiError):
             return  # the next reap tries again
         removed.append(name)
 
     async def remove_policy(name: str) -> None:
         try:
-            await adapter.api.delete(f"{policy_path}/{name}", f"policy {name} delete")
+            await api.delete(f"{policy_path}/{name}", f"policy {name} delete")
         except (OrchardError, ApiError):
             return
 
@@ -69,9 +62,7 @@ async def reap(adapter: KubernetesAdapter, older_than: float) -> list[str]:
         *(functools.partial(remove_pod, name) for name in doomed),
         *(functools.partial(remove_policy, name) for name in orphans),
     )
-    # after the pods: a fork's container holds its snapshot's layer
-    removed += await adapter.forks.reap(older_than)
-    return sorted(removed)
+    return removed
 
 
 def _pod_abandoned(pod: dict[str, Any], now: float, older_than: float) -> bool:

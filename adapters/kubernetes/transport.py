@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import aiohttp
 import anyio
@@ -50,17 +50,38 @@ class Transport(Protocol):
 
     async def open_shell(self, pod: PodRef, command: list[str]) -> anyio.abc.ByteStream: ...
 
-    # Optional: the stdout of a command, read on demand (the output relays). A transport
-    # without it runs the shell protocol in spool mode (output in files in the pod).
-    # async def open_output(self, pod: PodRef, command: list[str]) -> OutputStream: ...
-
-    # Optional: stdin and stdout of a command, read on demand (Sandbox.open_stream). A
-    # transport without it has no streams into its pods.
-    # async def open_stream(self, pod: PodRef, command: list[str]) -> anyio.abc.ByteStream: ...
-
     async def run(self, pod: PodRef, command: list[str], timeout: float) -> tuple[int | None, bytes, bytes]: ...
 
     async def close(self) -> None: ...
+
+
+# What a transport may offer besides (both of ours offer the first two; the adapter asks with isinstance).
+
+
+@runtime_checkable
+class Outputs(Protocol):
+    """The stdout of a command, read on demand (the output relays). A transport without it
+    runs the shell protocol in spool mode (output in files in the pod)."""
+
+    async def open_output(self, pod: PodRef, command: list[str]) -> OutputStream: ...
+
+
+@runtime_checkable
+class Streams(Protocol):
+    """stdin and stdout of a command, read on demand (``Sandbox.open_stream``). A transport
+    without it has no streams into its pods."""
+
+    async def open_stream(self, pod: PodRef, command: list[str]) -> anyio.abc.ByteStream: ...
+
+
+@runtime_checkable
+class PodRelays(Protocol):
+    """A transport that reaches a relay in each pod: the adapter puts one there, listening on
+    ``relay_port`` with a secret, and tells the transport when a pod is gone (``forget``)."""
+
+    relay_port: int
+
+    def forget(self, pod: PodRef) -> None: ...
 
 
 class WebSocketConnection:

@@ -28,6 +28,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from orchard_async.capabilities import Doctor
 from orchard_async.engine.rollout import collect, plan
 from orchard_async.errors import AdapterUnavailable, ConfigError, OrchardError
 from orchard_async.protocols import Adapter, Recipe
@@ -345,10 +346,9 @@ def cmd_reap(args: argparse.Namespace) -> int:
 
 
 async def _doctor(name: str) -> str:
-    """The adapter's own report (its optional ``doctor()``; see protocols.Adapter)."""
+    """The adapter's own report (its optional ``doctor()``; see capabilities.Doctor)."""
     async with get_adapter(name) as adapter:
-        doctor = getattr(adapter, "doctor", None)
-        return await doctor() if doctor else "ready"
+        return await adapter.doctor() if isinstance(adapter, Doctor) else "ready"
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 
+from orchard_async.capabilities import FileRoot, Ping
 from orchard_async.errors import ConfigError, PathOutsideSandbox, SandboxLost
 from orchard_async.kit import streams
 from orchard_async.kit.shell import ShellClient, quote
@@ -44,6 +45,8 @@ class ShellSandbox:
     and stdout attached (see ``orchard_async.kit.streams``); without one, ``open_stream`` is a
     ConfigError.
     """
+
+    capabilities = frozenset({Ping, FileRoot})
 
     def __init__(
         self,

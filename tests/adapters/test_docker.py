@@ -30,8 +30,9 @@ from orchard_async import ExitReason
 from tests.conftest import backend_missing
 
 try:
-    from orchard_async.adapters.docker import DockerAdapter, ExecStream
-    from orchard_async.adapters.docker_container import PIDS_OVERHEAD
+    from orchard_async.adapters.docker import DockerAdapter
+    from orchard_async.adapters.docker.container import PIDS_OVERHEAD
+    from orchard_async.kit.exec_streams import ExecStream
 except ImportError as exc:  # aiodocker is an optional dependency
     if os.environ.get("CI", "").lower() == "true":
         raise
@@ -170,13 +171,13 @@ async def test_a_missing_buildable_image_names_the_build_command_once_per_adapte
     monkeypatch.setattr(images, "TEST_IMAGES", [*images.TEST_IMAGES, ImageSpec(tag=tag, base="busybox")])
     adapter = make_adapter()
     asked: list[str] = []
-    present = adapter._image_present
+    present = adapter.api.image_present
 
-    async def counting(docker, image):  # type: ignore[no-untyped-def]
+    async def counting(image):  # type: ignore[no-untyped-def]
         asked.append(image)
-        return await present(docker, image)
+        return await present(image)
 
-    monkeypatch.setattr(adapter, "_image_present", counting)
+    monkeypatch.setattr(adapter.api, "image_present", counting)
     expected = rf"^image {tag} is not on the Docker daemon.*`orchard-async images build {tag}`$"
     for pull in ("missing", "missing", "never", "never"):
         with pytest.raises(ImageMissing, match=expected):
@@ -192,10 +193,10 @@ async def test_the_recipe_image_is_named_by_the_plain_build_command(make_adapter
     tag = swe.IMAGES[0].tag
     adapter = make_adapter()
 
-    async def absent(docker, image):  # type: ignore[no-untyped-def]
+    async def absent(image):  # type: ignore[no-untyped-def]
         return False
 
-    monkeypatch.setattr(adapter, "_image_present", absent)
+    monkeypatch.setattr(adapter.api, "image_present", absent)
     with pytest.raises(ImageMissing, match=rf"^image {tag} .*build it with `orchard-async images build`$"):
         await adapter.create(oa.SandboxSpec(image=tag, ttl=60))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.docker_doctor import known_deadlock
+from orchard_async.adapters.docker.doctor import known_deadlock
 
 
 @pytest.mark.parametrize("version", ["20.10.24+dfsg1", "20.10.5", "19.03.15"])

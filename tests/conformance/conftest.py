@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 import orchard_async as oa
+from orchard_async.capabilities import Doctor
 from tests.conftest import backend_missing, cluster_configured
 
 BACKENDS = {
@@ -53,10 +54,9 @@ async def make_adapter(request: pytest.FixtureRequest) -> AsyncIterator[Callable
         return adapter
 
     adapter = make()
-    doctor = getattr(adapter, "doctor", None)
-    if doctor is not None:
+    if isinstance(adapter, Doctor):
         try:
-            await doctor()
+            await adapter.doctor()
         except oa.OrchardError as exc:
             backend_missing(f"{backend}: {exc}")
     yield make

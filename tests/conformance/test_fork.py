@@ -20,6 +20,7 @@ import msgspec
 import pytest
 
 import orchard_async as oa
+from orchard_async.capabilities import Snapshots, facts_of
 from tests.conformance.conftest import BACKENDS, adapter_name
 
 FORKS = 8
@@ -29,12 +30,13 @@ LISTING = 'find . -path ./.cache -prune -o -print | LC_ALL=C sort | while read -
 
 
 def requires_snapshot(adapter: oa.Adapter) -> None:
-    if not callable(getattr(adapter, "snapshot", None)):
-        pytest.skip(f"the {adapter.name} adapter has no snapshot() (forks are optional in protocols.py)")
+    if not isinstance(adapter, Snapshots):
+        pytest.skip(f"the {adapter.name} adapter has no snapshot() (forks are optional: capabilities.Snapshots)")
 
 
 def local_root(adapter: oa.Adapter) -> Path | None:
-    return getattr(adapter, "root", None) if adapter.name == "local" else None
+    host_dir = facts_of(adapter).host_dir
+    return Path(host_dir) if host_dir and adapter.name == "local" else None
 
 
 async def leftovers(adapter: oa.Adapter, ids: set[str]) -> list[str]:

@@ -22,7 +22,13 @@ FOLDERS = {
     "orchard_async.recipes": ROOT / "recipes",
     "orchard_async.bench": ROOT / "bench",
 }
-CONTRACT = {"orchard_async.protocols", "orchard_async.types", "orchard_async.errors", "orchard_async.task"}
+CONTRACT = {
+    "orchard_async.protocols",
+    "orchard_async.capabilities",
+    "orchard_async.types",
+    "orchard_async.errors",
+    "orchard_async.task",
+}
 BOOTSTRAP = "orchard_async._checkout"  # imports nothing of ours; makes a checkout import from itself
 
 # layer -> the layers its module-level imports may reach (its own always included)

@@ -1,6 +1,6 @@
 """The remote adapter: the library's conformance suite, run through a service.
 
-Every conformance test of commands and files runs here with sandboxes of a ``local``
+Every conformance test of commands, files and streams runs here with sandboxes of a ``local``
 service reached over HTTP: what the library promises holds through the service too."""
 
 from __future__ import annotations
@@ -33,6 +33,13 @@ from tests.conformance.test_files import (  # noqa: F401
     test_empty_and_large_files,
     test_missing_file_and_paths_outside,
     test_write_read_and_list,
+)
+from tests.conformance.test_stream import (  # noqa: F401 - over the service's PTY socket
+    test_a_stream_reports_a_missing_program,
+    test_a_stream_to_a_process_echoes_100_mb_both_ways_and_its_process_ends_with_it,
+    test_an_http_server_inside_is_reached_by_connect_httpx_and_a_forward,
+    test_connect_echoes_both_ways,
+    test_connect_to_a_port_nothing_listens_on_is_refused,
 )
 from tests.service.conftest import Service
 
@@ -67,3 +74,20 @@ async def sandbox(make_adapter: Callable[..., oa.Adapter]) -> AsyncIterator[oa.S
         yield box
     finally:
         await box.close()
+
+
+async def test_a_stream_into_a_service_without_processes_or_into_a_gone_sandbox_is_refused_in_one_line(
+    start_service: Callable[..., Awaitable[Service]],
+) -> None:
+    """The service's PTY socket says why before any process starts: its adapter runs no
+    processes (sim: ConfigError, as the sim adapter's own sandboxes say), or the sandbox is gone."""
+    sim = await start_service("sim")
+    async with RemoteAdapter(url=sim.url) as adapter:
+        box = await adapter.create(oa.SandboxSpec(ttl=60))
+        with pytest.raises(oa.ConfigError, match="no byte stream into a sandbox"):
+            await box.open_stream(["cat"])
+        with pytest.raises(oa.ConfigError, match="no byte stream into a sandbox"):
+            await box.connect(8080)
+        await box.close()
+        with pytest.raises(oa.SandboxLost, match=f"no stream into {box.id}"):
+            await box.open_stream(["cat"])

@@ -14,9 +14,9 @@ What a restarted service must know of a sandbox lives with the sandbox:
 At start the service lists the backend's live sandboxes with its name, answers 503 (retry)
 for ids it does not know until that list is in, registers each sandbox of a known key at
 once as ``pending`` (so quotas count it and ``/wait`` waits for it), and re-attaches a shell
-to each in the background (``Adapter.attach``). One that cannot be attached (it ended, its
+to each in the background (``capabilities.Reattach``). One that cannot be attached (it ended, its
 TTL passed) is removed and its id answers 404 saying it was lost in the restart. Sandboxes
-of a key no longer in the keys file are removed. Adapters without ``attach`` (local: its
+of a key no longer in the keys file are removed. Adapters without ``Reattach`` (local: its
 sandboxes end with the controller's pipes) re-adopt nothing.
 """
 
@@ -26,12 +26,13 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import msgspec
 
 from orchard_async.apps.serve.keys import Tenant
 from orchard_async.apps.serve.schema import CreateRequest
+from orchard_async.capabilities import Reattach, facts_of
 from orchard_async.errors import InfraError, OrchardError, SandboxLost
 from orchard_async.kit.container_shell import CTL_DIR
 from orchard_async.kit.labels import expiry
@@ -52,8 +53,8 @@ class Record(msgspec.Struct, kw_only=True):
     ttl: float
 
 
-def can_adopt(adapter: Any) -> bool:
-    return callable(getattr(adapter, "attach", None)) and callable(getattr(adapter, "find_sandboxes", None))
+def can_adopt(adapter: object) -> TypeGuard[Reattach]:
+    return isinstance(adapter, Reattach)
 
 
 async def write_record(box: Box) -> None:
@@ -85,7 +86,7 @@ async def adopt(registry: Registry, tenants: dict[str, Tenant]) -> None:
         return
     registry.adopting = True
     try:
-        found: dict[str, dict[str, str]] = await adapter.find_sandboxes({NAME_LABEL: registry.service_name})  # type: ignore[attr-defined]
+        found = await adapter.find_sandboxes({NAME_LABEL: registry.service_name})
     except (OrchardError, OSError) as exc:
         # they end themselves after their reattach grace; nothing else can be done
         log.warning("could not list sandboxes to re-adopt: %s", exc)
@@ -94,14 +95,14 @@ async def adopt(registry: Registry, tenants: dict[str, Tenant]) -> None:
     for sandbox_id, labels in found.items():
         tenant, public_id = tenants.get(labels.get(TENANT_LABEL, "")), labels.get(ID_LABEL)
         if tenant is None or not public_id or (tenant.name, public_id) in registry.boxes:
-            registry.spawn(_remove(registry, sandbox_id, f"key {labels.get(TENANT_LABEL)!r} is not in the keys file"))
+            registry.spawn(_remove(adapter, sandbox_id, f"key {labels.get(TENANT_LABEL)!r} is not in the keys file"))
             continue
         request = CreateRequest(image=None, sandbox_id=public_id)  # until the record is read back
         expires_at = expiry(labels)
         box = Box(public_id, tenant, request, max(1.0, expires_at - time.time()), registry.idle_timeout)
         box.adopting, box.readopted, box.expires_at = True, True, expires_at
         registry.boxes[(tenant.name, public_id)] = box
-        registry.spawn(_attach(registry, box, sandbox_id))
+        registry.spawn(_attach(registry, adapter, box, sandbox_id))
     registry.adopting = False
     log.info("re-adopting %d sandboxes of service %s", len(found), registry.service_name)
 
@@ -117,11 +118,11 @@ def handed_out(registry: Registry) -> dict[str, tuple[str, str]]:
     ``sandbox_lost`` saying why, not a bare "not found"."""
     from orchard_async.apps.serve.registry import ID_LABEL, NAME_LABEL, TENANT_LABEL
 
-    root = getattr(registry.adapter, "root", None)
-    if not registry.service_name or can_adopt(registry.adapter) or not isinstance(root, Path):
+    host_dir = facts_of(registry.adapter).host_dir
+    if not registry.service_name or can_adopt(registry.adapter) or host_dir is None:
         return {}
     found = {}
-    for lease_file in root.glob("*/lease.json"):
+    for lease_file in Path(host_dir).glob("*/lease.json"):
         try:
             labels = msgspec.json.decode(lease_file.read_bytes()).get("labels") or {}
         except (OSError, msgspec.DecodeError, AttributeError):
@@ -136,10 +137,10 @@ def lost_in_restart(registry: Registry, public: tuple[str, str]) -> None:
     registry.metrics.deletes[(public[0], "lost_in_restart")] += 1
 
 
-async def _attach(registry: Registry, box: Box, sandbox_id: str) -> None:
+async def _attach(registry: Registry, adapter: Reattach, box: Box, sandbox_id: str) -> None:
     key = (box.tenant.name, box.id)
     try:
-        sandbox = await _attach_retrying(registry.adapter, sandbox_id)
+        sandbox = await _attach_retrying(adapter, sandbox_id)
     except (InfraError, OrchardError, OSError) as exc:
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         log.warning("could not re-adopt key=%s sandbox=%s (%s): %s", box.tenant.name, box.id, sandbox_id, why)
@@ -168,7 +169,7 @@ async def _attach(registry: Registry, box: Box, sandbox_id: str) -> None:
         registry.spawn(registry._destroy(box))
 
 
-async def _attach_retrying(adapter: Any, sandbox_id: str) -> Any:
+async def _attach_retrying(adapter: Reattach, sandbox_id: str) -> Any:
     """``attach``, again after a pause when the backend did not answer or the sandbox was busy
     (both may pass); a lost sandbox is lost at once."""
     for attempt in range(ATTACH_ATTEMPTS):
@@ -183,10 +184,10 @@ async def _attach_retrying(adapter: Any, sandbox_id: str) -> Any:
     raise AssertionError("unreachable")
 
 
-async def _remove(registry: Registry, sandbox_id: str, why: str) -> None:
+async def _remove(adapter: Reattach, sandbox_id: str, why: str) -> None:
     """A sandbox of this service that no key can reach: attach to it to end it."""
     try:
-        sandbox = await registry.adapter.attach(sandbox_id)  # type: ignore[attr-defined]
+        sandbox = await adapter.attach(sandbox_id)
     except (InfraError, OrchardError, OSError):
         return  # ended already, or ends itself after its reattach grace
     log.info("removing %s: %s", sandbox_id, why)

@@ -40,6 +40,7 @@ import os
 import secrets
 from typing import Any
 
+from orchard_async.kit.sandbox import ShellSandbox
 from orchard_async.kit.shell import SERVER_SCRIPT, ShellClient, make_output_pipes, quote
 
 log = logging.getLogger("orchard_async.apps.serve")
@@ -101,9 +102,11 @@ def usable_for(request: Any) -> bool:
 async def open_lane(sandbox: Any) -> LaneClient | None:
     """Start a lane in the sandbox, or None where it cannot be the same as `bash -c` (see
     the module docstring); the plain way is then used for every command of that sandbox."""
-    main = getattr(sandbox, "_client", None)  # a ShellSandbox's shell: where its FIFOs are
-    pipes = getattr(main, "output_pipes", None)
-    if not isinstance(main, ShellClient) or not pipes or main.output_relays or not hasattr(sandbox, "open_stream"):
+    if not isinstance(sandbox, ShellSandbox):
+        return None
+    main = sandbox._client  # its shell: where its FIFOs are
+    pipes = main.output_pipes
+    if not pipes or main.output_relays:
         return None
     name = "lane-" + secrets.token_hex(4)
     ctl = f"{sandbox.spool_dir}/{name}"

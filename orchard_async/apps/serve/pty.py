@@ -5,8 +5,8 @@ Authentication and lookup answer in-band, as Orchard does: the socket is accepte
 closed with 4401 (no or bad key), 4404 (unknown sandbox), 4409 (not ready). A first frame
 that is not an ``init`` object gets an ``error`` frame and close code 4400.
 
-The process runs over the sandbox's byte stream (``Sandbox.open_stream``) where the adapter
-has one. It is not a terminal: stdin and stdout are pipes (stderr merged into stdout),
+The process runs over the sandbox's byte stream (``Sandbox.open_stream``); an adapter whose
+sandboxes run no processes refuses it (close code 4501). It is not a terminal: stdin and stdout are pipes (stderr merged into stdout),
 ``rows``/``cols``/``resize`` are accepted and ignored.
 """
 
@@ -22,6 +22,7 @@ import anyio
 from aiohttp import WSMsgType, web
 
 from orchard_async.apps.serve.schema import ApiError
+from orchard_async.errors import ConfigError
 from orchard_async.kit.shell import quote
 
 MAX_FRAME = 4 << 20
@@ -29,11 +30,14 @@ INIT_TIMEOUT = 30.0
 SIGNALS = {"TERM", "KILL", "INT", "HUP"}
 
 # `$1` the exit marker's nonce, then the program: run it with stderr on stdout, then say how it
-# ended on a line of its own (the bridge strips that line and turns it into the exit frame).
+# ended (the bridge strips the marker, found by its nonce, and turns it into the exit frame).
+# The marker follows the output directly, with no newline of its own before it: the bridge holds
+# back only what may be the marker's start, and a held newline would delay every line a
+# program prints until its next output (a prompt, a stream's reply).
 # The program's redirection is made inside a subshell: dash applies a command's redirections
 # in the shell itself while it waits, and would print "Terminated" (a killed child) into the
 # output; the runner's own stderr goes nowhere.
-RUNNER = 'n=$1; shift; exec 2>/dev/null; (exec "$@" 2>&1); c=$?; printf "\\n@@EXIT %s %s\\n" "$n" "$c"'
+RUNNER = 'n=$1; shift; exec 2>/dev/null; (exec "$@" 2>&1); c=$?; printf "@@EXIT %s %s\\n" "$n" "$c"'
 
 
 async def handle(request: web.Request) -> web.WebSocketResponse:
@@ -58,10 +62,6 @@ async def handle(request: web.Request) -> web.WebSocketResponse:
         return ws
     init = await _init_frame(ws)
     if init is None:
-        return ws
-    opener = getattr(box.sandbox, "open_stream", None)
-    if opener is None:
-        await _fail(ws, "this service's adapter gives no byte stream into a sandbox, so it cannot run a PTY", 4501)
         return ws
     await _bridge(ws, box, init)
     return ws
@@ -120,10 +120,15 @@ async def _bridge(ws: web.WebSocketResponse, box: Any, init: dict[str, Any]) -> 
     nonce = secrets.token_hex(8)
     try:
         stream = await box.sandbox.open_stream(_argv(box, init, nonce))
+    except ConfigError as exc:  # a backend that runs no processes (sim) refuses every stream
+        await _fail(
+            ws, f"this service's adapter gives no byte stream into a sandbox, so it cannot run a PTY ({exc})", 4501
+        )
+        return
     except Exception as exc:  # noqa: BLE001 - reported to the client in its protocol
         await _fail(ws, f"could not start {init['cmd'][0]}: {exc}", 4500)
         return
-    marker = f"\n@@EXIT {nonce} ".encode()
+    marker = f"@@EXIT {nonce} ".encode()
     exit_code = -1
     try:
         await ws.send_json({"type": "ready", "pid": stream.pid})

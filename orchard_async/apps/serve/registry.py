@@ -29,6 +29,7 @@ from orchard_async.apps.serve.keys import CreateRate, Tenant
 from orchard_async.apps.serve.lane import close_lane
 from orchard_async.apps.serve.metrics import Metrics
 from orchard_async.apps.serve.schema import SANDBOX_ID, ApiError, CreateRequest, parse_cpu
+from orchard_async.capabilities import FileRoot
 from orchard_async.kit.labels import label_value
 
 log = logging.getLogger("orchard_async.apps.serve")
@@ -104,7 +105,7 @@ class Box:
             "expires_at": self.expires_at,
             # extensions: what the remote adapter's Sandbox exposes
             "workdir": self.sandbox.workdir if self.sandbox else None,
-            "root": getattr(self.sandbox, "root", "/") if self.sandbox else None,
+            "root": (self.sandbox.root if isinstance(self.sandbox, FileRoot) else "/") if self.sandbox else None,
             "labels": dict(self.sandbox.labels) if self.sandbox else dict(request.labels),
         }
 

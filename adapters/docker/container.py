@@ -1,13 +1,13 @@
 """What a docker sandbox's container is: its create config (the self-destruct timer as its main
 process, limits, mounts, network), built from the adapter's options and the spec. The adapter
-(adapters/docker.py) creates, starts and drives it."""
+(adapter.py) creates, starts and drives it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from orchard_async.adapters.docker_config import DockerConfig
-from orchard_async.adapters.docker_fork import snapshot_tmpfs
+from orchard_async.adapters.docker.config import DockerConfig
+from orchard_async.adapters.docker.fork import snapshot_tmpfs
 from orchard_async.kit import container_reattach
 from orchard_async.kit.container_shell import CTL_DIR, RELAYS_IN_MAIN, timer_args
 from orchard_async.types import SandboxSpec
@@ -63,7 +63,7 @@ def container_config(
         "ReadonlyRootfs": config.read_only,
         "Tmpfs": tmpfs_mounts(config, spec, workdir),
         "LogConfig": {"Type": "none", "Config": {}},  # the timer prints nothing
-        "CapDrop": ["ALL"],  # the shell server needs none (see adapters/docker.py's docstring)
+        "CapDrop": ["ALL"],  # the shell server needs none (see the package's docstring)
         "SecurityOpt": ["no-new-privileges"],
     }
     if spec.cpu:
