@@ -190,9 +190,10 @@ def run_group_id(sample: Sample) -> str:
 # -- records --------------------------------------------------------------------------------
 
 
-# The token counts every record carries, each always present (0: none reported): a dict
-# whose keys varied from record to record would not load back unchanged as one column.
-USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+# The token counts (and the model requests retried) every record carries, each always present
+# (0: none reported): a dict whose keys varied from record to record would not load back
+# unchanged as one column.
+USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens", "retries")
 
 
 def _usage(trajectory: Trajectory) -> dict[str, int]:

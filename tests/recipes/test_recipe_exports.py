@@ -225,9 +225,9 @@ def test_usage_has_the_same_keys_in_every_record(toy_run, tmp_path) -> None:
     first = trajectories[0]
     step = msgspec.structs.replace(first.steps[0], action=oa.Action(command="ls", usage={"prompt_tokens": 7}))
     trajectories[0] = msgspec.structs.replace(first, steps=[step, *first.steps[1:]])
-    from orchard_async.records.export import export
+    from orchard_async.records.export import USAGE_KEYS, export
 
     export("rl", trajectories, tmp_path / "rl.jsonl", toy.toy_messages)
     records = read_jsonl(tmp_path / "rl.jsonl")
-    assert {tuple(r["usage"]) for r in records} == {("prompt_tokens", "completion_tokens", "total_tokens")}
+    assert {tuple(r["usage"]) for r in records} == {USAGE_KEYS}
     assert records[0]["usage"]["prompt_tokens"] == 7 and load_back(tmp_path / "rl.jsonl", tmp_path / "c") == records
