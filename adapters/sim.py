@@ -221,7 +221,7 @@ class SimAdapter:
     name = "sim"
     capabilities = frozenset({Facts})
     # A fact recipes read (their ADAPTER_NEEDS): commands here only pretend to run.
-    runs_commands = False
+    facts = AdapterFacts(runs_commands=False)
 
     def __init__(self, config: SimConfig | None = None, **options: object):
         self.config = config or msgspec.convert(options, SimConfig)
@@ -238,10 +238,6 @@ class SimAdapter:
         )
         self._token = uuid.uuid4().hex[:6]
         self._ids = itertools.count()
-
-    @property
-    def facts(self) -> AdapterFacts:
-        return AdapterFacts(runs_commands=self.runs_commands)
 
     def _rng(self, spec: SandboxSpec) -> random.Random:
         key = f"{self.config.seed}/{spec.labels.get(names.EPISODE, '')}/{spec.labels.get(names.ATTEMPT, '')}"

@@ -21,6 +21,7 @@ from orchard_async.bench.common import close_and_count, open_adapter
 from orchard_async.bench.floors import DEFAULT_DOCKER_IMAGE, _docker
 from orchard_async.bench.report import Row, latency_row
 from orchard_async.bench.scenario import Outcome
+from orchard_async.capabilities import facts_of
 
 
 async def run_burst(
@@ -159,7 +160,7 @@ async def run_burst(
         )
     )
     if adapter_name == "docker" and commands == 0:
-        parallel = max_creating or getattr(adapter, "max_creating", sandboxes)
+        parallel = max_creating or facts_of(adapter).max_creating or sandboxes
         outcome.rows.extend(await docker_run_floor(sandboxes, parallel, image or DEFAULT_DOCKER_IMAGE, op_timeout))
         outcome.notes.append(
             f"floor:docker-run: `docker run -d IMAGE sleep` then `docker rm -f` through the CLI, {parallel} at a time"

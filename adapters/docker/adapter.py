@@ -206,11 +206,6 @@ class DockerAdapter(BackgroundOwner):
             self._images_ready.add(image)
 
     @property
-    def max_creating(self) -> int:
-        """Containers created at once (the create gate): what `bench create` gives `docker run -d` too."""
-        return self.config.max_creating
-
-    @property
     def _relays_in_main(self) -> bool:
         """The output relays run in the container's main process, read over an attach made
         before its start (two fewer execs per create: see RELAYS_IN_MAIN). Not for a sandbox

@@ -150,11 +150,6 @@ class KubernetesAdapter(BackgroundOwner):
     def server(self) -> str:
         return self.api.server
 
-    @property
-    def max_creating(self) -> int:
-        """Pods created at once (the create gate); a Pool over this adapter reads its bound here."""
-        return self.config.max_creating
-
     async def _start(self) -> None:
         """The API client, the create gate and the transport: once, on first use."""
         if self._started:

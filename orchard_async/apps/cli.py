@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from orchard_async.capabilities import Doctor
+from orchard_async.capabilities import Doctor, facts_of
 from orchard_async.engine.rollout import collect, plan
 from orchard_async.errors import AdapterUnavailable, ConfigError, OrchardError
 from orchard_async.protocols import Adapter, Recipe
@@ -183,8 +183,9 @@ async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, re
             recorded = in_force.run_header(given) if in_force is not None else {}
             if recorded:  # only the options given, and only then: a run from before options still resumes
                 header["recipe_options"] = recorded
-            if isinstance(getattr(adapter, "image", None), str):  # the image in force, default or not
-                header["image"] = adapter.image  # type: ignore[attr-defined]
+            image = facts_of(adapter).image  # the image in force, default or not
+            if image is not None:
+                header["image"] = image
             started = time.perf_counter()
             with Progress(
                 TextColumn("[bold]{task.description}"),
@@ -258,7 +259,8 @@ def check_runs_on(adapter: Adapter, args: argparse.Namespace) -> Adapter:
     the adapter must have true, e.g. ``runs_commands``, which the sim adapter has false); else
     a ConfigError before the first sandbox."""
     recipe = load_recipe(args.recipe)
-    lacking = sorted(need for need in getattr(recipe, "ADAPTER_NEEDS", ()) if not getattr(adapter, need, True))
+    facts = facts_of(adapter)
+    lacking = sorted(need for need in getattr(recipe, "ADAPTER_NEEDS", ()) if not getattr(facts, need, True))
     if lacking:
         raise ConfigError(
             f"the {args.recipe} recipe cannot run on the {args.adapter} adapter: it needs an adapter with "

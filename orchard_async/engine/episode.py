@@ -127,7 +127,7 @@ async def run_attempt(
         group_id=episode.group_id,
         sample=episode.sample,
         policy=policy.name,
-        adapter=getattr(pool.adapter, "name", "?"),
+        adapter=pool.adapter.name,
         run_id=run_id,
         status="finished" if outcome.end_reason.scored else "failed",
         end_reason=outcome.end_reason,

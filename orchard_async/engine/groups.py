@@ -54,7 +54,7 @@ class Fork:
 
     def instruction_for(self, sandbox: Any) -> str:
         """The instruction as the fork's setup would have written it: naming its own work dir."""
-        own = getattr(sandbox, "workdir", self.workdir)
+        own = sandbox.workdir
         return self.instruction.replace(self.workdir, own) if self.workdir and own != self.workdir else self.instruction
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
+from orchard_async.capabilities import Snapshots
 from orchard_async.engine.warm import warm_key
 from orchard_async.errors import ConfigError
 from orchard_async.kit import labels as names
@@ -141,7 +142,7 @@ def opts_in(task: Any) -> bool:
 
 def can_fork(adapter: Any) -> bool:
     """Whether the adapter can snapshot a sandbox and drop the snapshot (both optional)."""
-    return callable(getattr(adapter, "snapshot", None)) and callable(getattr(adapter, "drop_snapshot", None))
+    return isinstance(adapter, Snapshots)
 
 
 def forked_groups(adapter: Any, episodes: Sequence[Episode]) -> set[str]:
@@ -195,7 +196,7 @@ def warm_size(adapter: Any, warm: int | None, concurrency: int, episodes: int) -
         if warm < 0:
             raise ConfigError(f"warm must be 0 or more sandboxes, got {warm}")
         return min(warm, episodes)
-    name = getattr(adapter, "name", "")
+    name = adapter.name
     return min(concurrency, episodes) if name in WARM_BY_DEFAULT else 0
 
 

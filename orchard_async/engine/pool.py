@@ -27,6 +27,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 
+from orchard_async.capabilities import facts_of
 from orchard_async.engine.warm import DEFAULT_MAX_IDLE, WARM_STATS, WarmStock
 from orchard_async.errors import BackendUnavailable, ConfigError, CreateFailed
 from orchard_async.kit.background import Background, BackgroundOwner
@@ -171,7 +172,7 @@ class Pool(BackgroundOwner):
 
 
 def max_creating_of(adapter: Adapter) -> int:
-    """The adapter's bound on creates in flight (``adapter.max_creating``, where its backend
+    """The adapter's bound on creates in flight (its facts' ``max_creating``, where its backend
     needs one and its options set it), else ``DEFAULT_MAX_CREATING``."""
-    declared = getattr(adapter, "max_creating", None)  # optional: only adapters that gate their creates
-    return declared if isinstance(declared, int) and not isinstance(declared, bool) else DEFAULT_MAX_CREATING
+    declared = facts_of(adapter).max_creating
+    return DEFAULT_MAX_CREATING if declared is None else declared

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import anyio
 import msgspec
 
+from orchard_async.capabilities import Ping
 from orchard_async.errors import BackendUnavailable, ConfigError, CreateFailed
 from orchard_async.kit import labels as names
 from orchard_async.kit.background import Background
@@ -306,10 +307,9 @@ async def _healthy(sandbox: Sandbox) -> bool:
     process on the far side of a working stream. A shell sandbox (local, docker,
     kubernetes) is pinged (``ShellSandbox.ping``: its shell answers a line itself, no
     fork, no output relays); any other runs ``true``."""
-    ping = getattr(sandbox, "ping", None)
     try:
-        if ping is not None:
-            return bool(await ping(HEALTH_TIMEOUT))
+        if isinstance(sandbox, Ping):
+            return bool(await sandbox.ping(HEALTH_TIMEOUT))
         result = await sandbox.exec("true", timeout=HEALTH_TIMEOUT)
     except Exception:  # noqa: BLE001 - any failure to answer means it is not handed out
         return False

@@ -34,8 +34,9 @@ from orchard_async.recipes import noisy_oracle
 from orchard_async.recipes.gui.actions import ActionParseError, parse_text, tool_schemas
 from orchard_async.recipes.gui.doctor import doctor
 from orchard_async.recipes.gui.export import add_export_arguments, training_chats
+from orchard_async.recipes.gui.lines import SITES
 from orchard_async.recipes.gui.policies import EmptyPolicy, OraclePolicy
-from orchard_async.recipes.gui.task import IMAGE, SITES, GuiOptions, GuiTask, load_tasks
+from orchard_async.recipes.gui.task import IMAGE, GuiOptions, GuiTask, load_tasks
 
 IMAGES = [IMAGE]  # what `orchard-async images build` builds for this recipe
 OPTIONS = GuiOptions  # what `--recipe-options` takes

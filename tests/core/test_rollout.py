@@ -12,6 +12,7 @@ import pytest
 
 import orchard_async as oa
 from orchard_async.adapters.sim import Latency, SimAdapter, SimConfig
+from orchard_async.capabilities import AdapterFacts
 
 
 @dataclass
@@ -335,12 +336,12 @@ async def test_scoring_gives_the_tasks_verdict_or_a_verifier_error() -> None:
 
 
 class GatedSim(SimAdapter):
-    """A sim adapter that declares its own bound on creates in flight, as docker and
-    kubernetes do (their ``max_creating`` option), and records the most it saw at once."""
+    """A sim adapter that declares its own bound on creates in flight in its facts, as docker
+    and kubernetes do (their ``max_creating`` option), and records the most it saw at once."""
 
     def __init__(self, max_creating: int):
         super().__init__(SimConfig(create_latency=Latency.parse("const:0.02")))
-        self.max_creating = max_creating
+        self.facts = AdapterFacts(runs_commands=False, max_creating=max_creating)
         self.in_flight = self.peak = 0
 
     async def create(self, spec: oa.SandboxSpec):  # type: ignore[override]
