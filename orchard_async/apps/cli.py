@@ -356,11 +356,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     table.add_column("adapter", style="bold")
     table.add_column("usable")
     table.add_column("why / notes")
+    # An adapter's report is plain text, never markup: rich would take `[docker]` in
+    # `pip install 'orchard-async[docker]'` for a style and print the command without it.
     for name in ADAPTERS:
         try:
-            table.add_row(name, "yes", run(_doctor, name))
+            table.add_row(name, "yes", escape(run(_doctor, name)))
         except (AdapterUnavailable, OrchardError) as exc:
-            table.add_row(name, "no", str(exc))
+            table.add_row(name, "no", escape(str(exc)))
         except Exception as exc:  # noqa: BLE001 - one adapter's bug must not hide the others' reports
             table.add_row(name, "no", f"[red]its doctor failed (a bug):[/] {escape(f'{type(exc).__name__}: {exc}')}")
     out = Console()
@@ -371,7 +373,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     isolation.add_column("what", style="bold")
     isolation.add_column("status")
     for what, status in isolation_report().items():
-        isolation.add_row(what, status)
+        isolation.add_row(what, escape(status))
     out.print(isolation)
     out.print(_recipes_report())
     out.print(f"event loop: {loop_choice()} (set ORCHARD_LOOP=asyncio|uvloop|auto)")
@@ -387,7 +389,7 @@ def _recipes_report() -> Table:
     for name in recipe_names():
         try:
             check = getattr(load_recipe(name), "doctor", None)
-            lines = check() if callable(check) else {}
+            lines = {what: escape(status) for what, status in (check() if callable(check) else {}).items()}
         except Exception as exc:  # noqa: BLE001 - one recipe's bug must not hide the others' reports
             lines = {"doctor": f"[red]failed:[/] {escape(f'{type(exc).__name__}: {exc}')}"}
         for what, status in lines.items():

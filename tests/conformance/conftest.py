@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 import orchard_async as oa
-from tests.conftest import backend_missing, cluster_configured
+from tests.conftest import backend_missing, cluster_configured, docker_unready
 
 BACKENDS = {
     "local-bwrap": {"isolation": "bwrap"},
@@ -53,6 +53,9 @@ async def make_adapter(request: pytest.FixtureRequest) -> AsyncIterator[Callable
         return adapter
 
     adapter = make()
+    if name == "docker":  # a daemon that answers is not enough: the test image must be built
+        if reason := await docker_unready(adapter.image):  # type: ignore[attr-defined]
+            backend_missing(reason)
     doctor = getattr(adapter, "doctor", None)
     if doctor is not None:
         try:

@@ -300,6 +300,22 @@ def test_doctor_reports_every_adapter_when_one_doctor_has_a_bug(
     assert BrokenDoctorAdapter.closed == 1
 
 
+def test_doctor_prints_the_install_command_of_an_adapter_whose_package_is_missing(
+    work: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for a user who installed without the docker extra: the command keeps its `[docker]`
+    (rich would read it as markup and print `pip install 'orchard-async'`)."""
+    for name in [name for name in runtime.ADAPTERS if name not in ("local", "sim", "docker")]:
+        monkeypatch.delitem(runtime.ADAPTERS, name)
+    monkeypatch.setitem(sys.modules, "aiodocker", None)  # import aiodocker: ModuleNotFoundError
+    monkeypatch.delitem(sys.modules, "orchard_async.adapters.docker", raising=False)
+    monkeypatch.setenv("COLUMNS", "500")
+    capsys.readouterr()
+    assert cli.main(["doctor"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "│ docker │ no │ the docker adapter needs aiodocker; pip install 'orchard-async[docker]' │" in out
+
+
 def test_images_build_without_the_images_module_is_one_line(
     work: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
