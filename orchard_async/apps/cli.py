@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import math
+import shlex
 import sys
 import time
 import warnings
@@ -311,7 +312,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     args.group_size, args.max_retries = 1, 2
     # A demo starts fresh (`run` is the command that resumes): the old file is replaced when
     # the first episode ends, so a demo that fails before that leaves it as it was.
-    return run(_rollout_command, args, out, False, True)
+    code = run(_rollout_command, args, out, False, True)
+    print_next_steps(out)
+    return code
+
+
+def next_steps(run_file: Path) -> list[tuple[str, str]]:
+    """What a newcomer does with a run file next: (the exact command, what it gives)."""
+    here = shlex.quote(str(run_file))
+    sft = shlex.quote(str(run_file.with_name("sft.jsonl")))
+    return [
+        (f"orchard-async view {here}", "every episode in the browser: steps, outputs, scores"),
+        (f"orchard-async inspect {here}", "this summary again (--json for scripts)"),
+        (f"orchard-async export sft {here} --out {sft}", "the judged episodes as chat training data"),
+    ]
+
+
+def print_next_steps(run_file: Path) -> None:
+    console.print("next steps:", highlight=False)
+    for command, what in next_steps(run_file):
+        console.print(f"  {command}  # {what}", markup=False, highlight=False, soft_wrap=True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -42,7 +42,7 @@ def browser() -> Iterator[Any]:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        backend_missing("playwright is not installed (pip install playwright; no browser download needed)")
+        backend_missing("playwright is not installed: pip install -e '.[browser]' (no browser download needed)")
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
         yield chromium
