@@ -6,6 +6,7 @@ included) so that the many cases stay fast; a few run the real command in a subp
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from orchard_async import runtime
 from orchard_async.apps import cli
 from orchard_async.records.trajectory import read_run_header
 
+HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 UNWRITABLE_DIR = "/proc/orchard-no-such-dir"  # no one can create files in /proc, not even root
 
 
@@ -99,7 +101,8 @@ CASES = [
     (["bench", "exec", "--json", f"{UNWRITABLE_DIR}/b.json"], "cannot write in /proc"),
     (["bench", "exec", "--json", "afile/b.json"], "afile is a file, not a directory"),
     (["bench", "exec", "--markdown", "adir"], "--markdown adir is a directory"),
-    (["bench", "exec", "--plot", "picture.xyz"], "picture suffix"),
+    # the formats come from matplotlib (the plot extra): without it, that is the one line
+    (["bench", "exec", "--plot", "picture.xyz"], "picture suffix" if HAVE_MATPLOTLIB else "--plot needs matplotlib"),
     (["bench", "compare", "result.txt", "result.txt"], "result.txt is not a bench result"),
     (["bench", "compare", "other.json", "other.json"], "other.json is JSON but not a bench result"),
     (["bench", "compare", "run.jsonl", "run.jsonl"], "run.jsonl is not a bench result"),
