@@ -3,7 +3,9 @@ except in CI (CI=true), where a missing backend is a failure: skipping is for us
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections import Counter
 
 import pytest
 
@@ -12,6 +14,33 @@ def backend_missing(reason: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"backend required in CI is unavailable: {reason}")
     pytest.skip(reason)
+
+
+async def docker_unready(image: str) -> str | None:
+    """Why the docker tests cannot run here, or None: no aiodocker, no daemon answering, or
+    ``image`` not built on it (then the reason is the exact command that builds it)."""
+    try:
+        from orchard_async.adapters.docker import WHERE, DockerAdapter
+    except ImportError as exc:  # aiodocker is an optional dependency
+        return f"docker: {exc}; pip install -e '.[docker]'"
+    from orchard_async.errors import OrchardError
+    from orchard_async.images import missing_image_hint
+
+    try:
+        status = await DockerAdapter(image=image).doctor()
+    except OrchardError as exc:
+        return f"docker: {exc}"
+    if f"default image {image} present" not in status:
+        return f"docker: image {image} is not on {WHERE}: {missing_image_hint(image, WHERE)}"
+    return None
+
+
+def require_docker(image: str) -> None:
+    """Skip (fail in CI) unless a Docker daemon answers here and has ``image``: a user whose
+    daemon runs but who never built the test images is told the command, not a failure."""
+    reason = asyncio.run(docker_unready(image))
+    if reason:
+        backend_missing(reason)
 
 
 def cluster_configured() -> bool:
@@ -124,3 +153,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             return group_of(nodeid, soak=soak)
 
     return ByBackend(config, log)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """Why tests were skipped, one line per reason with its count: pytest shows skip reasons
+    only with -rs, and a user whose docker tests skipped needs the command that builds the images."""
+    if {"s", "a", "A"} & set(config.option.reportchars or ""):
+        return  # -rs (or -ra) lists every skipped test already
+    reasons: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        if isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+            reasons[report.longrepr[2].removeprefix("Skipped: ")] += 1
+    if reasons:
+        terminalreporter.section("skipped, by reason (-rs lists each test)")
+        for reason, count in reasons.most_common():
+            terminalreporter.line(f"{count:5d}  {reason}")

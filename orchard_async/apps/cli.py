@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import math
+import shlex
 import sys
 import time
 import warnings
@@ -314,7 +315,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     args.group_size, args.max_retries = 1, 2
     # A demo starts fresh (`run` is the command that resumes): the old file is replaced when
     # the first episode ends, so a demo that fails before that leaves it as it was.
-    return run(_rollout_command, args, out, False, True)
+    code = run(_rollout_command, args, out, False, True)
+    print_next_steps(out)
+    return code
+
+
+def next_steps(run_file: Path) -> list[tuple[str, str]]:
+    """What a newcomer does with a run file next: (the exact command, what it gives)."""
+    here = shlex.quote(str(run_file))
+    sft = shlex.quote(str(run_file.with_name("sft.jsonl")))
+    return [
+        (f"orchard-async view {here}", "every episode in the browser: steps, outputs, scores"),
+        (f"orchard-async inspect {here}", "this summary again (--json for scripts)"),
+        (f"orchard-async export sft {here} --out {sft}", "the judged episodes as chat training data"),
+    ]
+
+
+def print_next_steps(run_file: Path) -> None:
+    console.print("next steps:", highlight=False)
+    for command, what in next_steps(run_file):
+        console.print(f"  {command}  # {what}", markup=False, highlight=False, soft_wrap=True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -358,11 +378,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     table.add_column("adapter", style="bold")
     table.add_column("usable")
     table.add_column("why / notes")
+    # An adapter's report is plain text, never markup: rich would take `[docker]` in
+    # `pip install 'orchard-async[docker]'` for a style and print the command without it.
     for name in ADAPTERS:
         try:
-            table.add_row(name, "yes", run(_doctor, name))
+            table.add_row(name, "yes", escape(run(_doctor, name)))
         except (AdapterUnavailable, OrchardError) as exc:
-            table.add_row(name, "no", str(exc))
+            table.add_row(name, "no", escape(str(exc)))
         except Exception as exc:  # noqa: BLE001 - one adapter's bug must not hide the others' reports
             table.add_row(name, "no", f"[red]its doctor failed (a bug):[/] {escape(f'{type(exc).__name__}: {exc}')}")
     out = Console()
@@ -373,7 +395,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     isolation.add_column("what", style="bold")
     isolation.add_column("status")
     for what, status in isolation_report().items():
-        isolation.add_row(what, status)
+        isolation.add_row(what, escape(status))
     out.print(isolation)
     out.print(_recipes_report())
     out.print(f"event loop: {loop_choice()} (set ORCHARD_LOOP=asyncio|uvloop|auto)")
@@ -389,7 +411,7 @@ def _recipes_report() -> Table:
     for name in recipe_names():
         try:
             check = getattr(load_recipe(name), "doctor", None)
-            lines = check() if callable(check) else {}
+            lines = {what: escape(status) for what, status in (check() if callable(check) else {}).items()}
         except Exception as exc:  # noqa: BLE001 - one recipe's bug must not hide the others' reports
             lines = {"doctor": f"[red]failed:[/] {escape(f'{type(exc).__name__}: {exc}')}"}
         for what, status in lines.items():

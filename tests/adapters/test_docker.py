@@ -9,7 +9,6 @@ containers by its own run label, so other users of the daemon do not disturb it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -27,7 +26,7 @@ import pytest
 
 import orchard_async as oa
 from orchard_async import ExitReason
-from tests.conftest import backend_missing
+from tests.conftest import backend_missing, require_docker
 
 try:
     from orchard_async.adapters.docker import DockerAdapter
@@ -48,12 +47,7 @@ IMAGE = os.environ.get("ORCHARD_DOCKER_TEST_IMAGE", "orchard/busybox:test")
 @pytest.fixture(scope="module", autouse=True)
 def docker_daemon() -> None:
     """Skip the module (fail it in CI) unless a daemon answers and has the test image."""
-    try:
-        status = asyncio.run(DockerAdapter(image=IMAGE).doctor())
-    except oa.OrchardError as exc:
-        backend_missing(f"docker: {exc}")
-    if "MISSING" in status:
-        backend_missing(f"docker: {status}")
+    require_docker(IMAGE)
 
 
 @pytest.fixture

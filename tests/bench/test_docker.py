@@ -3,14 +3,12 @@ and in CI, which starts it; ORCHARD_TEST_BACKENDS=local skips them). Small: a fe
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 
 import pytest
 
-import orchard_async as oa
-from tests.conftest import backend_missing
+from tests.conftest import require_docker
 
 IMAGE = os.environ.get("ORCHARD_DOCKER_TEST_IMAGE", "orchard/busybox:test")
 OPTIONS = json.dumps({"image": IMAGE})
@@ -21,18 +19,7 @@ def docker_available() -> None:
     selected = os.environ.get("ORCHARD_TEST_BACKENDS")
     if selected is not None and "docker" not in selected.split(","):
         pytest.skip("docker not in ORCHARD_TEST_BACKENDS")
-
-    async def check() -> None:
-        adapter = oa.get_adapter("docker", image=IMAGE)
-        try:
-            await adapter.doctor()  # type: ignore[attr-defined]
-        finally:
-            await adapter.close()
-
-    try:
-        asyncio.run(check())
-    except (oa.AdapterUnavailable, oa.OrchardError) as exc:
-        backend_missing(f"docker: {exc}")
+    require_docker(IMAGE)
 
 
 def test_exec_docker_with_floors(bench) -> None:

@@ -12,6 +12,7 @@ import pytest
 from orchard_async.apps.cli import main
 from orchard_async.bench.compare import compare, ratios
 from orchard_async.bench.report import read_json, schema_problems
+from tests.bench.conftest import HAVE_MATPLOTLIB
 from tests.conftest import backend_missing
 
 
@@ -46,14 +47,22 @@ def test_exec(bench, adapter: str) -> None:
 
 
 def test_exec_peers(bench) -> None:
-    if importlib.util.find_spec("swerex") is None:  # the dev extra has it: a failure in CI
-        backend_missing("swe-rex is not installed (pip install -e '.[dev]')")
+    if importlib.util.find_spec("swerex") is None:  # .ci/run installs the peers extra: a failure in CI
+        backend_missing("swe-rex is not installed: pip install -e '.[peers]'")
     data = bench("exec", "--adapter", "local", "--concurrency", "1,2", "--ops", "5", "--peers", plot=False)
     (peer,) = rows(data, subject="peer:swe-rex")
     assert peer["concurrency"] == 1 and peer["ops"] == 5  # measured at concurrency 1 only
     assert rows(data, subject="local:session", concurrency=1)[0]["errors"] == 0
     baselines = {(c["subject"], c["baseline"]) for c in data["comparisons"]}
     assert ("local:session", "peer:swe-rex") in baselines and ("local", "peer:swe-rex") in baselines
+
+
+def test_a_scenario_draws_its_plot(bench) -> None:
+    """The other scenarios draw their --plot only where matplotlib is (the plot extra)."""
+    if not HAVE_MATPLOTLIB:  # .ci/run installs the plot extra: a failure in CI
+        backend_missing("matplotlib is not installed, so no --plot is drawn: pip install -e '.[plot]'")
+    data = bench("burst", "--adapter", "sim", "-n", "3", "-k", "1")  # the fixture checks the PNG
+    assert data["lost"] == 0 and data["leaked"] == 0
 
 
 # -- burst -------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 import orchard_async as oa
-from orchard_async.capabilities import Doctor
-from tests.conftest import backend_missing, cluster_configured
+from orchard_async.capabilities import Doctor, facts_of
+from tests.conftest import backend_missing, cluster_configured, docker_unready
 
 BACKENDS = {
     "local-bwrap": {"isolation": "bwrap"},
@@ -54,6 +54,9 @@ async def make_adapter(request: pytest.FixtureRequest) -> AsyncIterator[Callable
         return adapter
 
     adapter = make()
+    if name == "docker":  # a daemon that answers is not enough: the test image must be built
+        if reason := await docker_unready(facts_of(adapter).image):
+            backend_missing(reason)
     if isinstance(adapter, Doctor):
         try:
             await adapter.doctor()

@@ -6,6 +6,7 @@ included) so that the many cases stay fast; a few run the real command in a subp
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from orchard_async import runtime
 from orchard_async.apps import cli
 from orchard_async.records.trajectory import read_run_header
 
+HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 UNWRITABLE_DIR = "/proc/orchard-no-such-dir"  # no one can create files in /proc, not even root
 
 
@@ -99,7 +101,8 @@ CASES = [
     (["bench", "exec", "--json", f"{UNWRITABLE_DIR}/b.json"], "cannot write in /proc"),
     (["bench", "exec", "--json", "afile/b.json"], "afile is a file, not a directory"),
     (["bench", "exec", "--markdown", "adir"], "--markdown adir is a directory"),
-    (["bench", "exec", "--plot", "picture.xyz"], "picture suffix"),
+    # the formats come from matplotlib (the plot extra): without it, that is the one line
+    (["bench", "exec", "--plot", "picture.xyz"], "picture suffix" if HAVE_MATPLOTLIB else "--plot needs matplotlib"),
     (["bench", "compare", "result.txt", "result.txt"], "result.txt is not a bench result"),
     (["bench", "compare", "other.json", "other.json"], "other.json is JSON but not a bench result"),
     (["bench", "compare", "run.jsonl", "run.jsonl"], "run.jsonl is not a bench result"),
@@ -298,6 +301,22 @@ def test_doctor_reports_every_adapter_when_one_doctor_has_a_bug(
     assert "its doctor failed (a bug): KeyError: 'a bug in the doctor'" in out
     assert "│ sim │ yes │ ready" in out and "local adapter isolation in force" in out
     assert BrokenDoctorAdapter.closed == 1
+
+
+def test_doctor_prints_the_install_command_of_an_adapter_whose_package_is_missing(
+    work: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for a user who installed without the docker extra: the command keeps its `[docker]`
+    (rich would read it as markup and print `pip install 'orchard-async'`)."""
+    for name in [name for name in runtime.ADAPTERS if name not in ("local", "sim", "docker")]:
+        monkeypatch.delitem(runtime.ADAPTERS, name)
+    monkeypatch.setitem(sys.modules, "aiodocker", None)  # import aiodocker: ModuleNotFoundError
+    monkeypatch.delitem(sys.modules, "orchard_async.adapters.docker", raising=False)
+    monkeypatch.setenv("COLUMNS", "500")
+    capsys.readouterr()
+    assert cli.main(["doctor"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "│ docker │ no │ the docker adapter needs aiodocker; pip install 'orchard-async[docker]' │" in out
 
 
 def test_images_build_without_the_images_module_is_one_line(

@@ -19,7 +19,7 @@ from orchard_async.adapters.local import LocalAdapter, _sandbox_processes
 from orchard_async.adapters.sim import Latency, SimAdapter, SimConfig
 from orchard_async.engine.plan import WarmAhead
 from orchard_async.kit import labels as names
-from tests.conftest import backend_missing, cluster_configured
+from tests.conftest import backend_missing, cluster_configured, docker_unready
 from tests.core.test_rollout import CountTask, StepsPolicy, tasks
 
 SPEC = oa.SandboxSpec(labels={"orchard.recipe": "warmtest"})
@@ -252,17 +252,14 @@ async def served_warm_by_default(adapter: oa.Adapter) -> None:
 
 
 async def docker_adapter(run_id: str) -> oa.Adapter:
-    """A docker adapter with this run id, or the test skips (fails in CI) without a daemon."""
-    try:
-        from orchard_async.adapters.docker import DockerAdapter
+    """A docker adapter with this run id, or the test skips (fails in CI) without a daemon
+    or its test image."""
+    image = os.environ.get("ORCHARD_DOCKER_TEST_IMAGE", "orchard/busybox:test")
+    if reason := await docker_unready(image):
+        backend_missing(reason)
+    from orchard_async.adapters.docker import DockerAdapter
 
-        adapter = DockerAdapter(
-            image=os.environ.get("ORCHARD_DOCKER_TEST_IMAGE", "orchard/busybox:test"), run_id=run_id
-        )
-        await adapter.doctor()
-    except Exception as exc:  # noqa: BLE001 - any reason docker cannot be used here
-        backend_missing(f"docker: {exc}")
-    return adapter
+    return DockerAdapter(image=image, run_id=run_id)
 
 
 async def test_a_docker_rollout_is_warm_by_default_and_leaves_nothing() -> None:

@@ -4,7 +4,6 @@ with network off, nothing is left behind. Needs a daemon and an image with pytho
 
 from __future__ import annotations
 
-import asyncio
 import os
 import uuid
 
@@ -13,7 +12,7 @@ import pytest
 
 import orchard_async as oa
 from orchard_async.recipes import claw
-from tests.conftest import backend_missing
+from tests.conftest import require_docker
 
 try:
     from orchard_async.adapters.docker import DockerAdapter
@@ -28,12 +27,7 @@ TASKS = "builtin:fault-mail-omar,safety-confirm-delete,docs-expense-totals,multi
 
 @pytest.fixture(scope="module", autouse=True)
 def docker_with_a_python_image() -> None:
-    try:
-        status = asyncio.run(DockerAdapter(image=IMAGE).doctor())
-    except oa.OrchardError as exc:
-        backend_missing(f"docker: {exc}")
-    if "MISSING" in status:
-        backend_missing(f"docker: {status}")
+    require_docker(IMAGE)
 
 
 def test_oracle_passes_and_empty_scores_zero_on_docker() -> None:

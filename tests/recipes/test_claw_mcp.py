@@ -71,7 +71,7 @@ def test_a_real_mcp_client_drives_the_services_over_stdio(tmp_path) -> None:
     try:
         import mcp  # noqa: F401  (the client runs in the sandbox, on this interpreter)
     except ImportError as exc:
-        backend_missing(f"the mcp package: {exc}; pip install 'orchard-async[dev]'")
+        backend_missing(f"the mcp package: {exc}; pip install -e '.[mcp]'")
 
     async def main() -> tuple[dict, list[dict], services.Snapshot]:
         adapter = LocalAdapter(root=tmp_path)

@@ -7,7 +7,6 @@ trajectory. Skips without docker or the image (fails in CI)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -22,7 +21,7 @@ from orchard_async.models.client import ModelConfig
 from orchard_async.models.proxy import ModelCall
 from orchard_async.recipes import claw
 from orchard_async.recipes.claw.harness import MINI_SWE_AGENT_IMAGE, HarnessPolicy
-from tests.conftest import backend_missing
+from tests.conftest import require_docker
 from tests.recipes.swe_support import Reply
 
 try:
@@ -65,12 +64,7 @@ def bash_call(index: int, command: str) -> Reply:
 
 @pytest.fixture(scope="module", autouse=True)
 def docker_with_the_harness_image() -> None:
-    try:
-        status = asyncio.run(DockerAdapter(image=IMAGE).doctor())
-    except oa.OrchardError as exc:
-        backend_missing(f"docker: {exc}")
-    if "MISSING" in status:
-        backend_missing(f"docker: {status} (orchard-async images build {IMAGE})")
+    require_docker(IMAGE)
 
 
 @pytest.mark.soak  # long (a litellm import in a container: ~50 s on a loaded 2-core machine): `pytest -m soak`, CI runs both

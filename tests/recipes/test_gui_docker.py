@@ -4,7 +4,6 @@ daemon and the image `orchard-async images build` makes; skips without them (fai
 
 from __future__ import annotations
 
-import asyncio
 import os
 import uuid
 
@@ -13,7 +12,7 @@ import pytest
 
 import orchard_async as oa
 from orchard_async.recipes import gui
-from tests.conftest import backend_missing
+from tests.conftest import require_docker
 from tests.recipes.swe_support import ScriptPolicy
 from tests.recipes.test_gui_browser import ONE_PER_SITE, REPLACE_SERVER
 
@@ -29,12 +28,7 @@ IMAGE = gui.IMAGES[0].tag
 
 @pytest.fixture(scope="module", autouse=True)
 def docker_with_the_browser_image() -> None:
-    try:
-        status = asyncio.run(DockerAdapter(image=IMAGE).doctor())
-    except oa.OrchardError as exc:
-        backend_missing(f"docker: {exc}")
-    if "MISSING" in status:
-        backend_missing(f"docker: {status} (build it: orchard-async images build)")
+    require_docker(IMAGE)
 
 
 async def rollout_on_docker(tasks: list, policy: object) -> list[oa.Trajectory]:

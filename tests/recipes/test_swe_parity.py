@@ -29,7 +29,7 @@ from tests.recipes.swe_support import run_rollout, side_by_side
 from tests.recipes.swebench_rows import BUILTIN, official_row
 
 if not official.usable():
-    # The dev extra installs swebench: in CI its absence is a failure, not a skip.
+    # .ci/run installs the swebench extra: in CI its absence is a failure, not a skip.
     reason = (
         f"swebench>={official.MIN_VERSION} is not installed (found {official.installed_version()}): "
         "pip install 'orchard-async[swebench]'"

@@ -9,7 +9,6 @@ A missing image is one line naming it. Needs a daemon and the recipe's image
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ from orchard_async.recipes.swe import swebench_harness as official
 from orchard_async.recipes.swe.builtin import make_repo
 from orchard_async.recipes.swe.instances import patch_files
 from orchard_async.recipes.swe.policies import gold_patch_command
-from tests.conftest import backend_missing
+from tests.conftest import backend_missing, require_docker
 from tests.recipes.swe_support import ScriptPolicy
 from tests.recipes.swebench_rows import BUILTIN, official_row
 
@@ -79,12 +78,7 @@ def swebench_style_image(tmp_path_factory):
     commit in the build context (no network), tagged by SWE-bench's convention."""
     if shutil.which("docker") is None:
         backend_missing("docker: no docker CLI to build the test image")
-    try:
-        status = asyncio.run(DockerAdapter(image=BASE_IMAGE).doctor())
-    except oa.OrchardError as exc:
-        backend_missing(f"docker: {exc}")
-    if "MISSING" in status:
-        backend_missing(f"docker: {status} (build it: orchard-async images build)")
+    require_docker(BASE_IMAGE)
     context = tmp_path_factory.mktemp("swebench-image")
     for name in ("Dockerfile", "activate"):
         shutil.copy(IMAGE_DIR / name, context / name)
@@ -121,7 +115,7 @@ async def rollout_on_docker(tasks: list, policy: object) -> list[oa.Trajectory]:
 @pytest.mark.parametrize("harness", ["pytest", "swebench"])
 def test_gold_resolves_and_empty_does_not_in_the_image_named_by_convention(tmp_path, harness):
     if harness == "swebench" and not official.usable():
-        pytest.skip(f"swebench>={official.MIN_VERSION} is not installed: pip install 'orchard-async[swebench]'")
+        backend_missing(f"swebench>={official.MIN_VERSION} is not installed: pip install -e '.[swebench]'")
     row = swebench_row() if harness == "pytest" else official_swebench_row()
     (task,) = swe.load_tasks(write_rows(tmp_path / "swe-bench.jsonl", [row]), harness=harness)
     assert task.source is None and (task.spec.image, task.spec.workdir) == (IMAGE, "/testbed")

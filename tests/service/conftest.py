@@ -15,8 +15,9 @@ from aiohttp import web
 
 import orchard_async as oa
 from orchard_async.apps.serve import KeyStore, create_app, hash_key, load_keys
-from tests.conftest import backend_missing
+from tests.conftest import backend_missing, docker_unready
 
+TEST_IMAGE = "orchard/busybox:test"  # what the contract tests create, on docker too
 KEY_A, KEY_B = "key-of-team-a-0123456789", "key-of-team-b-0123456789"
 
 
@@ -72,6 +73,8 @@ async def start_service(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable
 # (a daemon must answer; skipped without one, failed in CI). Both hold the same tests.
 @pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.soak)])
 async def service(request: pytest.FixtureRequest, start_service: Callable[..., Awaitable[Service]]) -> Service:
+    if request.param == "docker" and (reason := await docker_unready(TEST_IMAGE)):
+        backend_missing(reason)
     try:
         return await start_service(request.param)
     except oa.AdapterUnavailable as exc:
@@ -86,7 +89,7 @@ async def client(service: Service) -> AsyncIterator[httpx.AsyncClient]:
 
 async def make_sandbox(http: httpx.AsyncClient, **body: Any) -> str:
     """A ready sandbox, made the way Orchard's client makes one: create, then wait."""
-    created = await http.post("/sandboxes", json={"image": "orchard/busybox:test", "block_network": True, **body})
+    created = await http.post("/sandboxes", json={"image": TEST_IMAGE, "block_network": True, **body})
     assert created.status_code == 200, created.text
     sandbox_id = created.json()["sandbox_id"]
     ready = await http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60})

@@ -9,7 +9,7 @@ import pytest
 
 import orchard_async as oa
 from orchard_async.bench import service_load as load
-from tests.conftest import backend_missing
+from tests.conftest import require_docker
 
 
 def check(result: dict, *, killed: bool) -> None:
@@ -40,14 +40,7 @@ def check(result: dict, *, killed: bool) -> None:
 
 
 def needs_docker() -> None:
-    try:
-        from adapters.docker import DockerAdapter
-
-        status = oa.run(DockerAdapter(image=load.IMAGE).doctor)
-    except (ImportError, oa.OrchardError) as exc:
-        backend_missing(f"docker: {exc}")
-    if "MISSING" in status:
-        backend_missing(f"docker: {status}")
+    require_docker(load.IMAGE)
 
 
 def run(*argv: str) -> dict:

@@ -15,7 +15,7 @@ import pytest
 
 import orchard_async as oa
 from orchard_async.bench.service import free_port
-from tests.conftest import backend_missing
+from tests.conftest import backend_missing, docker_unready
 from tests.service.cutting_proxy import CuttingProxy
 from tests.service.test_restart import IMAGE, Serve, containers
 
@@ -98,14 +98,8 @@ async def test_a_create_whose_answer_was_lost_in_a_kill_makes_one_sandbox_local(
 
 @pytest.mark.soak
 async def test_a_create_and_an_exec_whose_answers_were_lost_in_kills_docker(tmp_path: Path) -> None:
-    try:
-        from adapters.docker import DockerAdapter
-
-        status = await DockerAdapter(image=IMAGE).doctor()
-    except (ImportError, oa.OrchardError) as exc:
-        backend_missing(f"docker: {exc}")
-    if "MISSING" in status:
-        backend_missing(f"docker: {status}")
+    if reason := await docker_unready(IMAGE):
+        backend_missing(reason)
     second, sandbox, landed, proxy, remote = await create_through_a_kill(tmp_path, "docker")
     name = second.process.args[second.process.args.index("--name") + 1]
     port = int(second.url.rsplit(":", 1)[1])

@@ -4,7 +4,6 @@ answers 404 saying it was lost in the restart. Real processes, a real daemon."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 import signal
 import subprocess
@@ -17,9 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-import orchard_async as oa
 from orchard_async.apps.serve.app import b64decode, b64encode
-from tests.conftest import backend_missing
+from tests.conftest import require_docker
 from tests.service.conftest import KEY_A, KEY_B, write_keys
 
 IMAGE = "orchard/busybox:test"
@@ -32,14 +30,7 @@ PROGRAM = (
 
 @pytest.fixture(scope="module", autouse=True)
 def docker_daemon() -> None:
-    try:
-        from adapters.docker import DockerAdapter
-
-        status = asyncio.run(DockerAdapter(image=IMAGE).doctor())
-    except (ImportError, oa.OrchardError) as exc:
-        backend_missing(f"docker: {exc}")
-    if "MISSING" in status:
-        backend_missing(f"docker: {status}")
+    require_docker(IMAGE)
 
 
 class Serve:

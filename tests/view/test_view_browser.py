@@ -42,7 +42,7 @@ def browser() -> Iterator[Any]:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        backend_missing("playwright is not installed (pip install playwright; no browser download needed)")
+        backend_missing("playwright is not installed: pip install -e '.[browser]' (no browser download needed)")
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
         yield chromium
@@ -92,7 +92,9 @@ def inspect_json(path: Path, capsysbinary: pytest.CaptureFixture[bytes]) -> dict
     return json.loads(capsysbinary.readouterr().out)
 
 
-def test_the_page_in_chromium(served: str, runs: dict[str, Path], browser: Any, capsysbinary) -> None:
+# The browser before the server: without Chromium or Playwright the test skips before a server starts
+# (one stopped at once could miss its SIGTERM handler).
+def test_the_page_in_chromium(runs: dict[str, Path], browser: Any, served: str, capsysbinary) -> None:
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     problems: list[str] = []
     page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
