@@ -30,7 +30,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from orchard_async.capabilities import Doctor, facts_of
-from orchard_async.engine.rollout import collect, plan
+from orchard_async.engine.plan import plan
+from orchard_async.engine.rollout import collect
 from orchard_async.errors import AdapterUnavailable, ConfigError, OrchardError
 from orchard_async.protocols import Adapter, Recipe
 from orchard_async.records.paths import check_output_dir, check_output_file

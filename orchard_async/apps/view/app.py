@@ -53,7 +53,7 @@ IMAGE_TYPES = {
     ".gif": "image/gif",
     ".webp": "image/webp",
 }
-# Where a run keeps GUI screenshots by hash, relative to its folder (ORCHARD_GUI_SCREENSHOTS=DIR).
+# Where a run keeps GUI screenshots by hash, relative to its folder (the gui recipe's screenshot_dir option, or ORCHARD_GUI_SCREENSHOTS=DIR).
 SCREENSHOT_DIRS = (".", "screenshots", "shots")
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 SECURITY_HEADERS = {

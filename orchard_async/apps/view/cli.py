@@ -37,7 +37,7 @@ def add_view_command(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--screenshots",
         metavar="DIR",
-        help="the folder of the GUI screenshots (ORCHARD_GUI_SCREENSHOTS of the run; default: the run's "
+        help="the folder of the GUI screenshots (the gui recipe's screenshot_dir option of the run; default: the run's "
         "folder, its screenshots/ or shots/)",
     )
     parser.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default 8765; 0: any free one)")
