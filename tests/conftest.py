@@ -18,10 +18,13 @@ def backend_missing(reason: str) -> None:
 
 async def docker_unready(image: str) -> str | None:
     """Why the docker tests cannot run here, or None: no aiodocker, no daemon answering, or
-    ``image`` not built on it (then the reason is the exact command that builds it)."""
+    ``image`` not built on it (then the reason is the exact command that builds it). Any other
+    failure is a bug, never a skip: a broken import or doctor line must not skip every test."""
     try:
-        from orchard_async.adapters.docker import WHERE, DockerAdapter
-    except ImportError as exc:  # aiodocker is an optional dependency
+        from orchard_async.adapters.docker import DockerAdapter
+    except ModuleNotFoundError as exc:  # aiodocker is an optional dependency
+        if exc.name != "aiodocker":
+            raise
         return f"docker: {exc}; pip install -e '.[docker]'"
     from orchard_async.errors import OrchardError
     from orchard_async.images import missing_image_hint
@@ -30,9 +33,12 @@ async def docker_unready(image: str) -> str | None:
         status = await DockerAdapter(image=image).doctor()
     except OrchardError as exc:
         return f"docker: {exc}"
-    if f"default image {image} present" not in status:
-        return f"docker: image {image} is not on {WHERE}: {missing_image_hint(image, WHERE)}"
-    return None
+    if f"default image {image} present" in status:
+        return None
+    if f"default image {image} MISSING" in status:
+        where = "the Docker daemon"
+        return f"docker: image {image} is not on {where}: {missing_image_hint(image, where)}"
+    raise AssertionError(f"the docker doctor line no longer says whether {image} is present: {status}")
 
 
 def require_docker(image: str) -> None:

@@ -311,10 +311,15 @@ def test_doctor_prints_the_install_command_of_an_adapter_whose_package_is_missin
     for name in [name for name in runtime.ADAPTERS if name not in ("local", "sim", "docker")]:
         monkeypatch.delitem(runtime.ADAPTERS, name)
     monkeypatch.setitem(sys.modules, "aiodocker", None)  # import aiodocker: ModuleNotFoundError
-    monkeypatch.delitem(sys.modules, "orchard_async.adapters.docker", raising=False)
+    for name in [name for name in sys.modules if name.startswith("orchard_async.adapters.docker")]:
+        monkeypatch.delitem(sys.modules, name)  # imported again, as in a process that never had aiodocker
     monkeypatch.setenv("COLUMNS", "500")
     capsys.readouterr()
-    assert cli.main(["doctor"]) == 0
+    try:
+        assert cli.main(["doctor"]) == 0
+    finally:  # what the failed import left half-made goes; monkeypatch puts the real modules back
+        for name in [name for name in sys.modules if name.startswith("orchard_async.adapters.docker")]:
+            del sys.modules[name]
     out = " ".join(capsys.readouterr().out.split())
     assert "│ docker │ no │ the docker adapter needs aiodocker; pip install 'orchard-async[docker]' │" in out
 
