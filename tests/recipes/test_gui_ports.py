@@ -66,6 +66,7 @@ def task_file(path: Path, site_url: str) -> Path:
     return path
 
 
+@pytest.mark.soak  # 30 browser episodes: about 90 s on 2 cores; `pytest -m soak` (CI runs it)
 def test_live_tasks_at_concurrency_4_on_local_never_share_a_port(tmp_path, chat_server, stand_in_site, monkeypatch):
     if _chromium() is None:
         backend_missing("the gui recipe needs Chromium (Debian: apt-get install chromium)")

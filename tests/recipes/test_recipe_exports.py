@@ -65,7 +65,14 @@ def run_and_export(recipe: str, policy: str, root: Path, capsys: pytest.CaptureF
     return files
 
 
-@pytest.mark.parametrize("recipe", sorted(RUNS))
+# claw and gui run a whole browser or service set per episode (about 50 s each on 2 cores):
+# they run with `pytest -m soak` (CI runs both), so the default run stays under 5 minutes.
+HEAVY = {"claw", "gui"}
+
+
+@pytest.mark.parametrize(
+    "recipe", [pytest.param(name, marks=[pytest.mark.soak] if name in HEAVY else []) for name in sorted(RUNS)]
+)
 def test_each_recipe_exports_its_own_chat_and_datasets_loads_it_unchanged(
     recipe: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -156,6 +156,7 @@ def test_every_oracle_step_succeeds(oracle_runs: dict[str, RunResult], recipe: s
     assert_clean(oracle_runs[recipe], oracle_tasks(recipe))
 
 
+@pytest.mark.soak  # every bundled GUI task in a browser: about 95 s on 2 cores; `pytest -m soak` (CI runs it)
 def test_every_gui_oracle_action_succeeds(tmp_path: Path) -> None:
     if _chromium() is None:
         backend_missing("the gui recipe needs Chromium (Debian: apt-get install chromium)")
