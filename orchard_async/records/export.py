@@ -609,17 +609,25 @@ def export_command(args: argparse.Namespace) -> int:
         out,
         chats.messages_of,
         finish=chats.finish,
-        min_reward=args.min_reward,
-        only_resolved=args.only_resolved,
-        advantage=args.advantage,
-        min_group_size=args.min_group_size,
-        skip_degenerate=args.skip_degenerate,
-        complete_groups_only=args.complete_groups_only,
-        allow_mixed_runs=args.allow_mixed_runs,
         write_empty=False,
+        **selection_options(args),
     )
     print_summary(summary, args.format, name)
     return 0 if summary.records else 1
+
+
+def selection_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What the export command's options say about which samples become records, as
+    ``export``'s keywords (every recipe's export command parses the same options)."""
+    return {
+        "min_reward": args.min_reward,
+        "only_resolved": args.only_resolved,
+        "advantage": args.advantage,
+        "min_group_size": args.min_group_size,
+        "skip_degenerate": args.skip_degenerate,
+        "complete_groups_only": args.complete_groups_only,
+        "allow_mixed_runs": args.allow_mixed_runs,
+    }
 
 
 def print_summary(summary: ExportSummary, kind: str, recipe: str) -> None:

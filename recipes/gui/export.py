@@ -206,11 +206,5 @@ def run_export(args: argparse.Namespace) -> training_data.ExportSummary:
         [args.trajectories, *getattr(args, "more_trajectories", [])],
         args.out,
         chats,
-        min_reward=args.min_reward,
-        only_resolved=args.only_resolved,
-        advantage=args.advantage,
-        min_group_size=args.min_group_size,
-        skip_degenerate=args.skip_degenerate,
-        complete_groups_only=args.complete_groups_only,
-        allow_mixed_runs=args.allow_mixed_runs,
+        **training_data.selection_options(args),
     )

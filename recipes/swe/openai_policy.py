@@ -1,17 +1,7 @@
 """A policy backed by an OpenAI-compatible chat-completions endpoint (vLLM, SGLang, OpenAI...).
 
-Configured from the environment (``OpenAIPolicy.from_env``):
-
-    OPENAI_BASE_URL            endpoint root, e.g. http://127.0.0.1:8000/v1 (default https://api.openai.com/v1)
-    OPENAI_API_KEY             bearer token (optional for local servers)
-    ORCHARD_MODEL              model name (required; OPENAI_MODEL is accepted too)
-    ORCHARD_MODEL_CONCURRENCY  requests in flight at once, over all episodes (default 16)
-    ORCHARD_MODEL_RETRIES      retries of 429/5xx/connection errors (default 6)
-    ORCHARD_MODEL_TIMEOUT      seconds per request (default 600; never past the episode's deadline)
-    ORCHARD_TEMPERATURE        sampling temperature (default: the server's)
-    ORCHARD_MAX_TOKENS         completion tokens per reply (default: the server's)
-    ORCHARD_TOKEN_BUDGET       total tokens per episode before it is submitted (default 1000000; 0 = none)
-    ORCHARD_EXTRA_BODY         JSON object merged into every request body (e.g. {"top_p": 0.95})
+Configured from the environment (``OpenAIPolicy.from_env``): ``ModelConfig.from_env`` in
+``orchard_async.models.client`` lists the variables (docs/variables.md too).
 
 Retries back off exponentially with jitter and honour ``Retry-After``. Token usage of
 every reply is recorded in the step's ``Action.usage``. A response without a readable
