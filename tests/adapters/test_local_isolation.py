@@ -9,6 +9,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 import orchard_async as oa
@@ -105,7 +106,13 @@ async def test_commands_run_unprivileged_without_capabilities(adapter: LocalAdap
     assert inside["NoNewPrivs"].strip() == "1"
     # The host's view: the process really is that user (not root mapped to a name).
     await box.exec("sleep 30 >/dev/null 2>&1 &")
-    sleeps = [pid for pid in _sandbox_processes().get(box.root, []) if comm(pid) == "sleep"]
+    # The shell answers before its background child has exec'd sleep (its comm is the shell's
+    # until then): look again for a few seconds, as a loaded machine may take that long.
+    for _ in range(100):  # 5 s at most
+        sleeps = [pid for pid in _sandbox_processes().get(box.root, []) if comm(pid) == "sleep"]
+        if sleeps:
+            break
+        await anyio.sleep(0.05)
     assert sleeps, "the sandbox's sleep is not visible from the host"
     uid, gid = iso.sandbox_ids()
     for pid in sleeps:
