@@ -55,6 +55,7 @@ from orchard_async.errors import (
 )
 from orchard_async.kit import streams
 from orchard_async.kit.deadline import explained_deadline
+from orchard_async.kit.expose import Exposures
 from orchard_async.kit.retry import Attempts, Backoff, retry_after
 from orchard_async.protocols import DEFAULT_EXEC_TIMEOUT
 from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec, check_env, check_timeout
@@ -180,6 +181,7 @@ class RemoteSandbox:
         self.root: str = info.get("root") or "/"
         self.labels: dict[str, str] = info.get("labels") or {}
         self.expires_at: float = info.get("expires_at") or 0.0
+        self._exposures = Exposures(self)
         self.closed = False
 
     @property
@@ -252,6 +254,13 @@ class RemoteSandbox:
     async def connect(self, port: int) -> streams.SandboxStream:
         return await streams.connect(self, port)
 
+    async def expose(self, port: int) -> str:
+        """As ``ShellSandbox.expose``: a loopback URL on this controller, over ``connect``."""
+        return await self._exposures.expose(port)
+
+    async def unexpose(self, port: int) -> bool:
+        return await self._exposures.unexpose(port)
+
     # -- files -------------------------------------------------------------------------------
 
     async def read_file(self, path: str) -> bytes:
@@ -296,6 +305,7 @@ class RemoteSandbox:
         self.closed = True
         self._adapter._live.pop(self.id, None)
         with anyio.CancelScope(shield=True):
+            await self._exposures.close()
             try:
                 await self._adapter._call("DELETE", self._path)
             except SandboxLost:
