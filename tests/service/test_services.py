@@ -79,10 +79,13 @@ async def offline_box(adapter_name: str) -> AsyncIterator[oa.Sandbox]:
         adapter = oa.get_adapter(adapter_name, **BACKENDS[adapter_name])
     except oa.AdapterUnavailable as exc:
         backend_missing(f"{adapter_name}: {exc}")
-    async with adapter:
+    # not `async with adapter`: a fixture's setup and teardown may run in different tasks
+    try:
         async with await adapter.create(oa.SandboxSpec(network="none", ttl=300)) as box:
             await start_server(box)
             yield box
+    finally:
+        await adapter.close()
 
 
 # -- sandbox.expose: a loopback URL in this process -----------------------------------------------
