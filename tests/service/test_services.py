@@ -31,7 +31,7 @@ START = f"cat > env_server.py <<'EOF'\n{SERVER}\nEOF\nnohup python3 env_server.p
 PYTHON_IMAGE = "orchard/python:test"
 BACKENDS: dict[str, dict[str, Any]] = {
     "local": {},
-    "docker": {"image": os.environ.get("ORCHARD_DOCKER_PYTHON_IMAGE", PYTHON_IMAGE)},
+    "docker": {"image": PYTHON_IMAGE},
     "kubernetes": {
         "image": os.environ.get("ORCHARD_K8S_IMAGE", PYTHON_IMAGE),
         "namespace": os.environ.get("ORCHARD_K8S_TEST_NAMESPACE", "orchard-test"),
