@@ -13,8 +13,8 @@ made per process: URLs die with the service, as the exposures do.
 
 The bytes go through the library's ``connect`` (a relay process in the sandbox over the
 adapter's stream), never over the sandbox's network: a sandbox without network serves as well,
-on every adapter with streams. HTTP goes through an httpx client per exposure
-(``SandboxTransport``: its connections are kept alive, each one relay); a WebSocket is ended
+on every adapter with streams. HTTP goes through a pool of kept-alive connections per
+exposure (upstream.py: h11, each connection one relay); a WebSocket is ended
 here (aiohttp) and opened again to the sandbox with wsproto over one ``connect``, frames copied
 both ways, close codes passed on. Revoking, or the token expiring, ends open WebSockets too.
 
@@ -35,13 +35,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import httpx
 import msgspec
 from aiohttp import WSMsgType, web
 from wsproto.utilities import LocalProtocolError
 
 import orchard_async as oa
 from orchard_async.apps.serve.schema import ApiError, decode
+from orchard_async.apps.serve.upstream import UpstreamPool
 
 if TYPE_CHECKING:
     from orchard_async.apps.serve.registry import Box, Registry
@@ -90,14 +90,12 @@ class Exposure:
         self.id = secrets.token_urlsafe(12)
         self.box = box
         self.port = port
-        self.http: httpx.AsyncClient | None = None  # made on the first HTTP request
+        self.http: UpstreamPool | None = None  # made on the first HTTP request
         self.sockets: set[anyio.CancelScope] = set()  # open WebSockets, cut on revocation
 
-    def client(self, sandbox: oa.Sandbox) -> httpx.AsyncClient:
+    def client(self, sandbox: oa.Sandbox) -> UpstreamPool:
         if self.http is None:
-            transport = oa.SandboxTransport(sandbox, self.port)
-            # no timeout of its own: a long poll or a stream lasts as the caller's connection does
-            self.http = httpx.AsyncClient(transport=transport, base_url=f"http://127.0.0.1:{self.port}", timeout=None)  # type: ignore[arg-type]
+            self.http = UpstreamPool(sandbox, self.port)
         return self.http
 
     async def close(self) -> None:
@@ -105,8 +103,7 @@ class Exposure:
             scope.cancel()
         if self.http is not None:
             http, self.http = self.http, None
-            with anyio.CancelScope(shield=True):
-                await http.aclose()
+            await http.close()
 
 
 class Services:
@@ -262,8 +259,14 @@ async def wait_ready(exposure: Exposure, sandbox: oa.Sandbox, path: str, within:
     http = exposure.client(sandbox)
     with anyio.move_on_after(within):
         while True:
-            with contextlib.suppress(httpx.TransportError, oa.ConfigError):
-                if (await http.get(path, timeout=max(1.0, within / 4))).status_code < 500:
+            with contextlib.suppress(OSError, oa.ConfigError, *BROKEN), anyio.move_on_after(max(1.0, within / 4)):
+                exchange = await http.request("GET", path, [], b"")
+                try:
+                    async for _ in exchange.body():
+                        pass
+                finally:
+                    await exchange.close()
+                if exchange.status < 500:
                     return
             await anyio.sleep(PROBE_INTERVAL)
     raise ApiError(408, f"nothing answered {path} on port {exposure.port} within {within:g}s", "service_not_ready")
@@ -313,27 +316,26 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     if request.headers.get("Upgrade", "").lower() == "websocket":
         return await proxy_websocket(request, exposure, sandbox, expires_at)
     http = exposure.client(sandbox)
-    upstream_request = http.build_request(
-        request.method, target_of(request), headers=forwarded_headers(request), content=await request.read()
-    )
     try:
-        upstream = await http.send(upstream_request, stream=True)
-    except httpx.TransportError as exc:
+        exchange = await http.request(
+            request.method, target_of(request), forwarded_headers(request), await request.read()
+        )
+    except (OSError, oa.OrchardError, *BROKEN) as exc:
         # the detail stays in the log: a caller learns nothing of the sandbox's insides
         log.warning("service proxy to port %d of %s: %s", exposure.port, exposure.box.id, exc)
         raise ApiError(502, "the service in the sandbox did not answer", "service_unreachable") from None
     try:
-        response = web.StreamResponse(status=upstream.status_code, reason=upstream.reason_phrase or None)
-        for name, value in upstream.headers.multi_items():
+        response = web.StreamResponse(status=exchange.status, reason=exchange.reason or None)
+        for name, value in exchange.headers:
             if name.lower() not in HOP_BY_HOP or name.lower() == "content-length":
                 response.headers.add(name, value)
         await response.prepare(request)
-        async for chunk in upstream.aiter_raw():
+        async for chunk in exchange.body():
             await response.write(chunk)
         await response.write_eof()
         return response
     finally:
-        await upstream.aclose()
+        await exchange.close()
 
 
 async def proxy_websocket(
