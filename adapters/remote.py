@@ -44,7 +44,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from orchard_async.capabilities import Doctor, FileRoot
+from orchard_async.capabilities import Doctor, Exposes, FileRoot
 from orchard_async.errors import (
     AdapterUnavailable,
     BackendUnavailable,
@@ -172,7 +172,7 @@ class RemoteSession:
 
 
 class RemoteSandbox:
-    capabilities = frozenset({FileRoot})
+    capabilities = frozenset({FileRoot, Exposes})
 
     def __init__(self, adapter: RemoteAdapter, info: dict[str, Any]):
         self._adapter = adapter

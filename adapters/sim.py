@@ -202,9 +202,6 @@ class SimSandbox:
     async def connect(self, port: int) -> NoReturn:
         await self.open_stream(["connect", str(port)])
 
-    async def expose(self, port: int) -> NoReturn:
-        await self.open_stream(["connect", str(port)])
-
     async def close(self) -> None:
         if self.closed:
             return

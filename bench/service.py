@@ -49,6 +49,7 @@ import httpx
 
 import orchard_async as oa
 from orchard_async.apps.cli import parse_adapter_options
+from orchard_async.capabilities import Exposes
 from orchard_async.records.paths import check_output_file
 
 IMAGE = "orchard/busybox:test"
@@ -374,6 +375,8 @@ async def measure_exposed(args: argparse.Namespace) -> dict[str, Any]:
     try:
         spec = oa.SandboxSpec(image=EXPOSED_IMAGE, network="on", ttl=3600)
         far, own = await remote.create(spec), await local.create(spec)
+        if not isinstance(own, Exposes):
+            raise oa.ConfigError(f"the {args.adapter} adapter's sandboxes cannot expose a port")
         for sandbox in (far, own):
             await start_keepalive_server(sandbox)
         async with http.post(f"{service.url}/sandboxes/{far.id}/services", json={"port": EXPOSED_PORT}) as response:

@@ -18,7 +18,7 @@ what the class declares).
 Adapters: ``Snapshots`` (forks), ``Reattach`` (taking over sandboxes a gone controller made),
 ``Doctor`` (a one-line report), ``Facts`` (what the backend is: its default image, ...).
 Sandboxes: ``Ping`` (a liveness check that runs no command), ``FileRoot`` (where its paths are
-rooted). Streams (``open_stream``, ``connect``) are not optional: every sandbox has them, and one
+rooted), ``Exposes`` (a port as a loopback URL: ``sandbox.expose(port)``). Streams (``open_stream``, ``connect``) are not optional: every sandbox has them, and one
 whose backend runs no processes refuses them with ``ConfigError`` (see ``protocols.Sandbox``).
 """
 
@@ -113,5 +113,18 @@ class FileRoot(Protocol):
     root: str
 
 
+@runtime_checkable
+class Exposes(Protocol):
+    """A port of the sandbox as a URL on the controller's loopback (``kit.expose``: every
+    connection relayed through ``connect``, so it works with the network off): ``expose``
+    answers ``http://127.0.0.1:N`` (the same for the same port) until ``unexpose(port)`` or the
+    sandbox's close; for HTTP and WebSocket clients in the controller's process (OpenEnv, MCP).
+    ``unexpose`` is False for a port that was not exposed."""
+
+    async def expose(self, port: int) -> str: ...
+
+    async def unexpose(self, port: int) -> bool: ...
+
+
 ADAPTER_CAPABILITIES: tuple[type, ...] = (Snapshots, Reattach, Doctor, Facts)
-SANDBOX_CAPABILITIES: tuple[type, ...] = (Ping, FileRoot)
+SANDBOX_CAPABILITIES: tuple[type, ...] = (Ping, FileRoot, Exposes)

@@ -40,6 +40,7 @@ import anyio.from_thread
 import httpx
 
 import orchard_async as oa
+from orchard_async.capabilities import Exposes
 
 try:
     from openenv.core.containers.runtime.providers import ContainerProvider
@@ -162,11 +163,9 @@ class OrchardProvider(ContainerProvider):
         )
         if not started.ok:
             raise RuntimeError(f"the OpenEnv server did not start in {self.sandbox.id}: {started.error_text.strip()}")
-        expose = getattr(self.sandbox, "expose", None)
-        if expose is None:
+        if not isinstance(self.sandbox, Exposes):
             raise oa.ConfigError(f"the {self.adapter_name} adapter's sandboxes cannot expose a port")
-        url: str = await expose(port)
-        return url
+        return await self.sandbox.expose(port)
 
     async def _stop(self) -> None:
         sandbox, adapter = self.sandbox, self._adapter

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 
-from orchard_async.capabilities import FileRoot, Ping
+from orchard_async.capabilities import Exposes, FileRoot, Ping
 from orchard_async.errors import ConfigError, PathOutsideSandbox, SandboxLost
 from orchard_async.kit import streams
 from orchard_async.kit.expose import Exposures
@@ -47,7 +47,7 @@ class ShellSandbox:
     ConfigError.
     """
 
-    capabilities = frozenset({Ping, FileRoot})
+    capabilities = frozenset({Ping, FileRoot, Exposes})
 
     def __init__(
         self,

@@ -203,7 +203,9 @@ async def connection(reader, writer):
                 answer(writer, 200, {"path": target, "method": method, "headers": headers})
             elif path == "/big":
                 size = int(query.get("n", ["1048576"])[0])
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                )
                 sent = 0
                 while sent < size:
                     part = min(65536, size - sent)
