@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from orchard_async import ConfigError
-from orchard_async.recipes.swe import formats
+from orchard_async.recipes.swe import formats, scoring
 from orchard_async.recipes.swe import swebench_harness as swebench
 from orchard_async.recipes.swe.instances import Instance, _Bad, _parquet_rows, _text_rows, parse_instance
 from orchard_async.recipes.swe.task import SweOptions
@@ -30,7 +30,8 @@ def grading_of(instance: Instance, use_swebench: bool) -> str:
     if instance.pro is not None:
         return "SWE-bench Pro's run_script.sh + parser.py (output.json)"
     if instance.log_parser:
-        return f"{instance.test_command!r}, its log read by swebench's {instance.log_parser}"
+        owner = "the recipe's" if instance.log_parser in scoring.OWN_PARSERS else "swebench's"
+        return f"{instance.test_command!r}, its log read by {owner} {instance.log_parser}"
     if swebench.has_official_fields(instance):
         if use_swebench:
             return f"swebench's harness (eval script, {instance.extra['log_parser']})"
@@ -44,7 +45,9 @@ def missing_of(instance: Instance, image: str | None, use_swebench: bool) -> lis
         found = subprocess.run(["docker", "image", "inspect", image], capture_output=True, timeout=30)
         if found.returncode != 0:
             missing.append(f"image {image} is not here")
-    if instance.log_parser and not use_swebench:
+    if instance.log_parser in scoring.OWN_PARSERS:
+        pass
+    elif instance.log_parser and not use_swebench:
         missing.append(f"the swebench package (for {instance.log_parser}): pip install 'orchard-async[swebench]'")
     elif instance.log_parser:
         try:
@@ -71,7 +74,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for number, row in rows:
         label = row.get("instance_id", "?") if isinstance(row, dict) else "?"
         try:
-            instance = parse_instance(row, base_dir=path.parent, where=f"{path}:{number}", format=fmt, pro_scripts=scripts)
+            instance = parse_instance(
+                row, base_dir=path.parent, where=f"{path}:{number}", format=fmt, pro_scripts=scripts
+            )
         except _Bad as exc:
             print(f"{path.name}:{number} {label}: does not load: {exc}")
             continue

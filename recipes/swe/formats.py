@@ -21,8 +21,8 @@ instance's ``extra`` (and so in the trajectory). Formats, by the fields that ide
 * ``swe-smith`` (SWE-bench/SWE-smith): ``repo`` ``swesmith/<owner>__<name>.<commit>``,
   ``image_name`` (else SWE-smith's naming convention). The instance is a branch named by
   its id in the image's repository; ``patch`` is the bug, so the fix is its reverse. The
-  tests: SWE-smith's pytest command on the FAIL_TO_PASS files in the image's conda env,
-  read by swebench's pytest parser.
+  tests: SWE-smith's pytest command (``--verbose``) on the FAIL_TO_PASS files in the image's
+  conda env, its verbose lines read as SWE-smith's Python profiles read them.
 * ``swe-bench-pro`` (ScaleAI/SWE-bench_Pro): ``dockerhub_tag`` (image
   ``jefzda/sweap-images:<tag>``, the repository at ``/app``), ``before_repo_set_cmd`` (its
   last line puts the test files in place, in place of the test patch),
@@ -118,7 +118,9 @@ class Format:
 def _need(row: Mapping[str, Any], fmt: Format) -> None:
     missing = [key for key in fmt.required if key not in row or row[key] is None]
     if missing:
-        raise FormatError(f"a {fmt.name} row needs field{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
+        raise FormatError(
+            f"a {fmt.name} row needs field{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}"
+        )
 
 
 def _text(row: Mapping[str, Any], key: str, default: str = "") -> str:
@@ -255,7 +257,9 @@ def _smith(row: dict[str, Any], context: Context) -> Mapped:
     _need(row, SMITH_FORMAT)
     instance_id, repo = _text(row, "instance_id"), _text(row, "repo")
     if not _REF.match(instance_id) or ".." in instance_id:
-        raise FormatError(f"field 'instance_id' must be a git branch name (SWE-smith's instances are), got {instance_id!r}")
+        raise FormatError(
+            f"field 'instance_id' must be a git branch name (SWE-smith's instances are), got {instance_id!r}"
+        )
     image = _text(row, "image_name") or smith_image_name(repo)
     f2p = _ids(row, "FAIL_TO_PASS")
     quoted = " ".join(f"'{path}'" for path in test_files_of(f2p))
@@ -264,10 +268,11 @@ def _smith(row: dict[str, Any], context: Context) -> Mapped:
         image=image,
         workdir=SMITH_WORKDIR,
         # The instance is a branch of the image's repository (fetched when the image lacks it).
-        enter_commands=(f"git checkout -q {instance_id} 2>/dev/null || {{ git fetch -q && git checkout -q {instance_id}; }}",),
+        enter_commands=(
+            f"git checkout -q {instance_id} 2>/dev/null || {{ git fetch -q && git checkout -q {instance_id}; }}",
+        ),
         test_command=f"{SMITH_TEST_COMMAND} {quoted}",
-        log_parser="parse_log_pytest",
-        activate=". /opt/miniconda3/bin/activate && conda activate testbed",
+        log_parser="pytest_verbose",
         gold_reverse=True,
     )
 
@@ -283,7 +288,9 @@ def _pro(row: dict[str, Any], context: Context) -> Mapped:
         raise FormatError("field 'before_repo_set_cmd' is empty (its last line puts the test files in place)")
     folder = context.pro_scripts
     if folder is None:
-        raise FormatError("SWE-bench Pro grades with run_scripts/<instance_id>/: give the folder (recipe option pro_scripts)")
+        raise FormatError(
+            "SWE-bench Pro grades with run_scripts/<instance_id>/: give the folder (recipe option pro_scripts)"
+        )
     scripts = {}
     for name in ("run_script.sh", "parser.py"):
         path = folder / instance_id / name

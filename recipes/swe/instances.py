@@ -271,7 +271,7 @@ def _json_array_items(text: str, path: Path) -> list[tuple[int, Any]]:
 def _parquet_rows(path: Path) -> list[tuple[int, Any]]:
     """(row number, row) of a Parquet export of a dataset (Hugging Face's ``data/*.parquet``)."""
     try:
-        import pyarrow.parquet as parquet
+        import pyarrow.parquet as parquet  # type: ignore[import-untyped]
     except ImportError:
         raise ConfigError(f"{path}: reading Parquet needs pyarrow: pip install pyarrow") from None
     try:
@@ -281,14 +281,18 @@ def _parquet_rows(path: Path) -> list[tuple[int, Any]]:
     return list(enumerate(rows, 1))
 
 
-def load_instances(path: str | Path, *, format: str | None = None, pro_scripts: str | Path | None = None) -> list[Instance]:
+def load_instances(
+    path: str | Path, *, format: str | None = None, pro_scripts: str | Path | None = None
+) -> list[Instance]:
     """Every instance in a ``.jsonl``, ``.json`` or ``.parquet`` file, validated; errors say
     file:line (a Parquet file's row) and field. ``format`` reads every row in that format
     (formats.FORMATS), else each row's is detected. ``pro_scripts``: SWE-bench Pro's
     ``run_scripts`` folder (default: ``run_scripts`` next to the file)."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise ConfigError(f"{path}: no such task file (give a .jsonl, .json or .parquet file of instances, or 'builtin')")
+        raise ConfigError(
+            f"{path}: no such task file (give a .jsonl, .json or .parquet file of instances, or 'builtin')"
+        )
     if format is not None and format not in formats.FORMATS:
         raise ConfigError(f"unknown SWE dataset format {format!r}; known: {', '.join(formats.FORMATS)}")
     scripts = Path(pro_scripts).expanduser() if pro_scripts else path.parent / "run_scripts"

@@ -222,7 +222,9 @@ async def adopt_checkout(sandbox: Sandbox, head: str, commit: str, time_limit: f
     """Use the image's own checkout: it must be at ``commit`` (a prefix is enough; a branch
     name, as SWE-smith's instances are, is resolved in the repository)."""
     if not re.fullmatch(r"[0-9a-f]{7,64}", commit):
-        resolved = await sandbox.exec(f"git rev-parse --verify -q {shlex.quote(commit + '^{commit}')}", timeout=time_limit)
+        resolved = await sandbox.exec(
+            f"git rev-parse --verify -q {shlex.quote(commit + '^{commit}')}", timeout=time_limit
+        )
         check_result(resolved, f"finding {commit} in the image's repository")
         commit = resolved.text.strip()
     if not head.startswith(commit) and not commit.startswith(head):

@@ -408,7 +408,9 @@ class LogParserTests:
         try:
             outcomes = {str(k): str(v) for k, v in parse(log, None).items()}
         except Exception as exc:  # the parser's own failure on this log: not the agent's
-            raise VerifierError(f"{instance.instance_id}: log parser {self.parser} failed: {type(exc).__name__}: {exc}")
+            raise VerifierError(
+                f"{instance.instance_id}: log parser {self.parser} failed: {type(exc).__name__}: {exc}"
+            ) from None
         exit_code = _exit_code(result.text)
         return TestRun(
             result,
@@ -468,7 +470,8 @@ class ProTests:
             try:
                 outcomes = {str(t["name"]): str(t["status"]) for t in json.loads(output)["tests"]}
             except (ValueError, KeyError, TypeError) as exc:
-                raise VerifierError(f"{instance.instance_id}: parser.py wrote an output.json without its tests: {exc}")
+                detail = f"{instance.instance_id}: parser.py wrote an output.json without its tests: {exc}"
+                raise VerifierError(detail) from None
         await sandbox.exec(f"cp {PRO_DIR}/stdout.log {TEST_LOG} 2>/dev/null; rm -rf {PRO_DIR}", timeout=30.0)
         return TestRun(
             result,
@@ -481,8 +484,29 @@ class ProTests:
         )
 
 
+_VERBOSE_LINE = re.compile(r"^(\S+::\S.*?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)(?:\s+\[\s*\d+%\])?\s*$")
+
+
+def parse_pytest_verbose(log: str, test_spec: Any = None) -> dict[str, str]:
+    """pytest ``--verbose`` lines (``tests/x.py::test_y PASSED [ 10%]``), as SWE-smith's
+    Python profiles run and read their tests; the last status of a test wins."""
+    outcomes: dict[str, str] = {}
+    for line in log.splitlines():
+        found = _VERBOSE_LINE.match(line.strip())
+        if found:
+            outcomes[found.group(1)] = found.group(2)
+    return outcomes
+
+
+# Log parsers of the datasets' own that swebench does not have, by the name rows give.
+OWN_PARSERS: dict[str, Callable[[str, Any], dict[str, str]]] = {"pytest_verbose": parse_pytest_verbose}
+
+
 def swebench_parser(name: str) -> Callable[[str, Any], dict[str, str]]:
-    """swebench's log parser function of that name; ConfigError when swebench lacks it."""
+    """The log parser of that name: one of the recipe's (OWN_PARSERS), else swebench's
+    function; ConfigError when there is none."""
+    if name in OWN_PARSERS:
+        return OWN_PARSERS[name]
     from orchard_async.recipes.swe.swebench_harness import parser_by_name
 
     return parser_by_name(name)

@@ -13,9 +13,8 @@ import anyio
 
 from orchard_async import ConfigError, RecipeOptions, Reward, Sandbox, SandboxSpec, recipe_option
 from orchard_async.images import ImageSpec
-from orchard_async.recipes.swe import formats
+from orchard_async.recipes.swe import formats, scoring
 from orchard_async.recipes.swe import repo as repos
-from orchard_async.recipes.swe import scoring
 from orchard_async.recipes.swe import swebench_harness as swebench
 from orchard_async.recipes.swe.agent import INSTANCE_TEMPLATE
 from orchard_async.recipes.swe.builtin import INSTANCES_PATH
@@ -341,6 +340,11 @@ def load_tasks(
             image = swebench.image_name(inst.instance_id, namespace=namespace, registry=registry, tag=tag)
         image = opts.image_map.get(image, image) if image else image
         activation = _activation(inst, image)
+        if inst.log_parser:  # a parser the row names must exist before anything runs
+            try:
+                scoring.swebench_parser(inst.log_parser)
+            except ConfigError as exc:
+                raise ConfigError(f"{inst.where}: instance {inst.instance_id!r}: {exc}") from None
         official = None
         if use_swebench and harness != "pytest" and swebench.has_official_fields(inst):
             official = swebench.OfficialHarness.build(inst, image)
@@ -378,9 +382,15 @@ def load_tasks(
 
 
 def _activation(inst: Instance, image: str | None) -> Activation:
-    """The instance's own ``activate`` prefix; else SWE-bench's conda env in its images."""
+    """The instance's own ``activate`` prefix; else SWE-bench's conda env in its images (and
+    SWE-smith's), unless the row's own eval script activates none."""
     if inst.activate:
         return Activation(prefix=inst.activate)
+    if inst.format == formats.SMITH:  # SWE-smith's images are built as SWE-bench's: conda's testbed env
+        return swebench.CONDA_TESTBED
+    script = inst.extra.get("eval_script")
+    if isinstance(script, str) and "conda activate" not in script:
+        return Activation()  # a row whose own eval script uses no conda (Multilingual's Go, Rust, ...)
     if swebench.is_official_image(image):
         return swebench.CONDA_TESTBED
     return Activation()

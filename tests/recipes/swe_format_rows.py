@@ -15,8 +15,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from orchard_async.recipes.swe.builtin import make_repo
 from orchard_async.recipes.swe import swebench_harness as official
+from orchard_async.recipes.swe.builtin import make_repo
 from orchard_async.recipes.swe.instances import patch_files
 from tests.recipes.swebench_rows import BUILTIN, HEREDOC
 

@@ -53,7 +53,13 @@ def test_each_format_is_detected_and_by_its_prefix(made, name):
     assert detected.format == named.instance.format == name
     assert named.spec.image == image
     assert detected.extra.keys() >= {k for k in row if k not in ("instance_id", "repo", "base_commit", "patch")} - {
-        "problem_statement", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS", "image", "test_command", "activate"
+        "problem_statement",
+        "test_patch",
+        "FAIL_TO_PASS",
+        "PASS_TO_PASS",
+        "image",
+        "test_command",
+        "activate",
     }
 
 
@@ -72,7 +78,11 @@ def test_scale_swe_adds_its_f2p_script_for_grading_and_enters_with_pre_commands(
     row, image, folder = made[formats.SCALE]
     (task,) = swe.load_tasks(str(write(folder / "s.jsonl", [row])))
     inst = task.instance
-    assert (task.spec.workdir, inst.base_commit, inst.repo) == ("/data/minicalc", row["parent_commit"], "orchard/minicalc")
+    assert (task.spec.workdir, inst.base_commit, inst.repo) == (
+        "/data/minicalc",
+        row["parent_commit"],
+        "orchard/minicalc",
+    )
     assert inst.enter_commands == (row["pre_commands"],)
     assert formats.SCALE_F2P_SCRIPT in inst.test_files and inst.test_patch.startswith(row["f2p_patch"])
     assert isinstance(task.harness, scoring.PytestHarness)
@@ -84,7 +94,9 @@ def test_swe_smith_is_a_branch_whose_fix_is_the_bug_reversed(made):
     (task,) = swe.load_tasks(str(write(folder / "m.jsonl", [row])))
     inst = task.instance
     assert inst.base_commit == row["instance_id"] and inst.gold_reverse and inst.test_patch == ""
-    assert task.spec.workdir == "/testbed" and "conda activate testbed" in task.activation.prefix
+    assert (
+        task.spec.workdir == "/testbed" and "conda activate testbed" in task.activation.prefix and task.activation.env
+    )
     assert isinstance(task.harness, scoring.LogParserTests)
     assert task.test_command.startswith(formats.SMITH_TEST_COMMAND) and "tests/test_evaluator.py" in task.test_command
     without_image = {k: v for k, v in row.items() if k != "image_name"}
@@ -99,7 +111,9 @@ def test_swe_bench_pro_grades_with_its_scripts_and_shows_requirements(made):
     inst = task.instance
     assert task.spec.workdir == "/app" and image == f"jefzda/sweap-images:{row['dockerhub_tag']}"
     assert isinstance(task.harness, scoring.ProTests)
-    assert inst.pro.test_files == tuple(rows.TEST_FILES) and inst.test_stage == row["before_repo_set_cmd"].splitlines()[-1]
+    assert (
+        inst.pro.test_files == tuple(rows.TEST_FILES) and inst.test_stage == row["before_repo_set_cmd"].splitlines()[-1]
+    )
     assert inst.FAIL_TO_PASS == tuple(rows.F2P)  # Python list literals, as Pro stores them
     assert inst.problem_statement.startswith(row["problem_statement"].rstrip())
     assert "Requirements:\n" + row["requirements"] in inst.problem_statement
@@ -123,8 +137,10 @@ def test_a_parquet_export_loads_to_the_same_instances(made, tmp_path):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda r: {k: v for k, v in r.items() if k != "install_config"} | {"install_config": {"test_cmd": "x"}},
-         "field 'install_config' needs a non-empty string 'log_parser'"),
+        (
+            lambda r: {k: v for k, v in r.items() if k != "install_config"} | {"install_config": {"test_cmd": "x"}},
+            "field 'install_config' needs a non-empty string 'log_parser'",
+        ),
         (lambda r: {"instance_id": "odd", "title": "no format"}, "missing required fields 'repo', 'base_commit'"),
     ],
 )
@@ -137,7 +153,9 @@ def test_bad_rows_are_one_line(made, tmp_path, change, message):
 
 def test_pro_without_its_scripts_names_the_missing_file(made, tmp_path):
     row, image, folder = made[formats.PRO]
-    with pytest.raises(oa.ConfigError, match=r"SWE-bench Pro's run_script.sh for this instance is missing: .*run_scripts/"):
+    with pytest.raises(
+        oa.ConfigError, match=r"SWE-bench Pro's run_script.sh for this instance is missing: .*run_scripts/"
+    ):
         load_instances(write(tmp_path / "p.jsonl", [row]))
 
 
@@ -146,10 +164,14 @@ def test_validate_says_per_row_what_it_found(made, tmp_path, capsys):
     path = write(folder / "v.jsonl", [good, {"instance_id": "broken"}])
     parser = argparse.ArgumentParser()
     swe_cli.add_command(parser)
-    args = parser.parse_args(["validate", str(path), "--recipe-options", json.dumps({"image_map": {image: "local/x:1"}})])
+    args = parser.parse_args(
+        ["validate", str(path), "--recipe-options", json.dumps({"image_map": {image: "local/x:1"}})]
+    )
     code = args.func(args)
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith(f"v.jsonl:1 {good['instance_id']}: swe-rebench-v2, image local/x:1 (repository at /minicalc)")
+    assert out[0].startswith(
+        f"v.jsonl:1 {good['instance_id']}: swe-rebench-v2, image local/x:1 (repository at /minicalc)"
+    )
     assert "swebench's parse_log_pytest" in out[0]
     assert out[1].startswith("v.jsonl:2 broken: does not load: missing required fields")
     assert out[-1].endswith("rows can run here") and code == 1

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import uuid
-from pathlib import Path
 
 import anyio
 import pytest
