@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import anyio
 
 from orchard_async.engine.groups import Fork, GroupSetups, SharedSetup
+from orchard_async.engine.phases import enter_phase
 from orchard_async.engine.plan import Episode, agent_spec, forked_spec, scorer_spec
 from orchard_async.engine.pool import Pool
 from orchard_async.engine.recording import RecordingSandbox
@@ -165,9 +166,11 @@ async def run_agent(
                 outcome.instruction = fork.instruction_for(raw)
             else:
                 try:
+                    await enter_phase(task, "setup", raw, sandbox.ops, sandbox.t0)
                     outcome.instruction = await task.setup(sandbox)
                 finally:
                     outcome.setup = time.monotonic() - mark
+            await enter_phase(task, "agent", raw, sandbox.ops, sandbox.t0)
             # Replies in a row that were not actions; at the task's limit (if it sets one) the episode ends.
             parse_failure_limit = getattr(task, "parse_failure_limit", 0) or 0
             parse_failures = 0
@@ -243,6 +246,7 @@ async def score(
     VerifierError when there is no verdict to give (retried like any InfraError)."""
     if isinstance(task, GradedApart):
         return await _grade_apart(task, sandbox, pool, spec, close_agent)
+    await enter_phase(task, "scoring", sandbox.inner, sandbox.ops, sandbox.t0)
     return await _evaluate(task, sandbox)
 
 
@@ -279,6 +283,7 @@ async def _grade_apart(
             scorer = await pool.acquire(scorer_spec(spec))
             sandbox.ops.append(Op("create", start - sandbox.t0, time.monotonic() - start, "scorer"))
             try:
+                await enter_phase(task, "scoring", scorer, sandbox.ops, sandbox.t0)  # type: ignore[arg-type]
                 reward = await task.grade(submission, RecordingSandbox(scorer, sandbox.ops, sandbox.t0))
             finally:
                 await pool.close_sandbox(scorer)

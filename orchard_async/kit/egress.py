@@ -13,7 +13,7 @@ loopback, replies on connections others opened to the sandbox, and the allowlist
 packet is rejected (a TCP reset, else ICMP administratively prohibited), so a refusal is fast.
 Packets of a connection opened before a change to a destination no longer allowed are
 rejected too: nothing carries over from an online phase. A namespace with only loopback (a
-sandbox created offline) gets a veth pair to the host on its first switch, after its filter
+sandbox created offline) gets a veth pair to the host on its first change, after its filter
 is in place: the host end is ``host_address`` (a /30 of 10.213.0.0/16), masqueraded for
 destinations past the host. Forwarding between two sandboxes' links is refused on the host.
 """
@@ -201,8 +201,7 @@ class NamespaceEgress:
         # The filter first: a link added afterwards is never open beyond the policy.
         _run([*namespace, "iptables-restore"], filter_table(policy, 4))
         _run([*namespace, "ip6tables-restore"], filter_table(policy, 6))
-        needs_link = policy.mode == "enabled" or bool(policy.allow)
-        if needs_link and self.host_address is None:
+        if self.host_address is None:  # a link even when restricted to nothing: host_address is then known
             routes = _run([*namespace, "ip", "-4", "route", "show", "default"], check=False).split()
             if "via" in routes:  # the namespace has a network of its own (docker's bridge): use it
                 self.host_address = routes[routes.index("via") + 1]
