@@ -148,7 +148,7 @@ def network_switching() -> str:
         return f"set_network refused ({refusal})"
     return (
         "set_network switches a sandbox created offline (a veth pair to the host, "
-        "an iptables allowlist in the sandbox's own namespace)"
+        "an iptables allowlist in the sandbox's own namespace)" + egress.forwarding_note()
     )
 
 

@@ -37,7 +37,7 @@ from orchard_async.kit.container_shell import (
     shell_command,
     start_shell,
 )
-from orchard_async.kit.egress import NamespaceEgress, NetworkSwitch, namespace_refusal
+from orchard_async.kit.egress import NamespaceEgress, NetworkSwitch, forwarding_note, namespace_refusal
 from orchard_async.kit.exec_streams import DuplexStream, ExecStream, Heartbeat, OutputStream, SplitRelay, close_streams
 from orchard_async.kit.sandbox import ShellSandbox
 from orchard_async.kit.shell import CgroupShellClient
@@ -403,6 +403,6 @@ class DockerAdapter(BackgroundOwner):
             f"set_network refused ({refusal})"
             if refusal
             else "set_network switches a container's egress (a veth pair to the host, an iptables allowlist "
-            "in its namespace)"
+            "in its namespace)" + forwarding_note()
         )
         return f"{line}; {switching}"

@@ -206,6 +206,9 @@ def relay_ingress_policy() -> dict[str, Any]:
     }
 
 
+PORTS_LISTED = 64  # a wider range of an egress rule needs endPort (Kubernetes 1.25 and later)
+
+
 def egress_rules(policy: NetworkPolicy) -> list[dict[str, Any]]:
     """A NetworkPolicy's ``egress`` for one sandbox's policy: every destination (``enabled``),
     else one rule per allowlisted range and ports (none: nothing beyond the namespace's deny)."""
@@ -213,10 +216,13 @@ def egress_rules(policy: NetworkPolicy) -> list[dict[str, Any]]:
         return [{}]
     rules = []
     for rule in policy.allow:
-        port: dict[str, Any] = {"protocol": rule.protocol, "port": rule.port_start}
-        if rule.port_end != rule.port_start:
-            port["endPort"] = rule.port_end  # stable since Kubernetes 1.25
-        rules.append({"to": [{"ipBlock": {"cidr": rule.cidr}}], "ports": [port]})
+        if rule.port_end - rule.port_start < PORTS_LISTED:
+            # One entry a port: endPort is stable only since Kubernetes 1.25, and an older API
+            # server drops it without a word (the range would shrink to its first port).
+            ports = [{"protocol": rule.protocol, "port": port} for port in range(rule.port_start, rule.port_end + 1)]
+        else:
+            ports = [{"protocol": rule.protocol, "port": rule.port_start, "endPort": rule.port_end}]
+        rules.append({"to": [{"ipBlock": {"cidr": rule.cidr}}], "ports": ports})
     return rules
 
 

@@ -15,7 +15,9 @@ Packets of a connection opened before a change to a destination no longer allowe
 rejected too: nothing carries over from an online phase. A namespace with only loopback (a
 sandbox created offline) gets a veth pair to the host on its first change, after its filter
 is in place: the host end is ``host_address`` (a /30 of 10.213.0.0/16), masqueraded for
-destinations past the host. Forwarding between two sandboxes' links is refused on the host.
+destinations past the host, which the host forwards only with its IPv4 forwarding on
+(``net.ipv4.ip_forward=1``, as Docker sets it; it is not turned on here: without it a sandbox
+reaches the host's own addresses only). Forwarding between two sandboxes' links is refused.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import random
 import shutil
 import subprocess
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -47,6 +50,7 @@ LINK_PREFIX = "oeg"  # host ends of the veth pairs: oeg + 8 hex (interface names
 SANDBOX_LINK = "egress0"
 RULE_TAG = "orchard-egress"  # the comment on the host's rules for one link: orchard-egress:<link>
 COMMAND_TIMEOUT = 20.0
+_CHOOSING = threading.Lock()
 
 
 class NetworkSwitch:
@@ -104,6 +108,16 @@ class NetworkSwitch:
 
 
 # -- a network namespace, from the host ------------------------------------------------------
+
+
+def forwarding_note() -> str:
+    """For doctor: what a switched sandbox reaches beyond the host here."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_forward") as forward:
+            on = forward.read().strip() == "1"
+    except OSError:
+        on = False
+    return "" if on else " (IPv4 forwarding is off here: only the host's own addresses are reachable)"
 
 
 def namespace_refusal() -> str:
@@ -170,9 +184,14 @@ def _host_rules(link: str, subnet: str) -> list[tuple[str, list[str]]]:
 
 def remove_host_rules(link: str | None = None) -> None:
     """Delete the host's rules of ``link`` (None: of every link that no longer exists)."""
-    present = set(os.listdir("/sys/class/net"))
-    for table in ("nat", "filter"):
-        for line in _run(["iptables", "-t", table, "-S"], check=False).splitlines():
+    # The rules are read before the links: a link's rules are added after the link, so every
+    # rule read belongs to a link that existed by then (another sandbox's, being set up now).
+    rules = {table: _run(["iptables", "-t", table, "-S"], check=False).splitlines() for table in ("nat", "filter")}
+    present = {
+        line.split(":")[1].strip().split("@")[0] for line in _run(["ip", "-o", "link"], check=False).splitlines()
+    }
+    for table, lines in rules.items():
+        for line in lines:
             if f"{RULE_TAG}:" not in line or not line.startswith("-A "):
                 continue
             owner = line.split(f"{RULE_TAG}:", 1)[1].split()[0].strip('"')
@@ -211,12 +230,18 @@ class NamespaceEgress:
 
     def _add_link(self, pid: int, namespace: list[str]) -> None:
         remove_host_rules(None)  # those of links gone with their sandboxes
+        with _CHOOSING:  # two sandboxes of this process never pick the same free /30
+            self._add_link_locked(pid, namespace)
+
+    def _add_link_locked(self, pid: int, namespace: list[str]) -> None:
         taken = _run(["ip", "-4", "-o", "addr", "show"], check=False)
         subnets = list(LINK_POOL.subnets(new_prefix=30))
         for _ in range(20):
             subnet = random.choice(subnets)
             if f" {subnet[1]}/" not in taken and f" {subnet[2]}/" not in taken:
                 break
+        else:
+            raise ConfigError(f"no free /30 found in {LINK_POOL} for the sandbox's link to the host")
         host, inner = f"{subnet[1]}", f"{subnet[2]}"
         peer = f"{self.link}p"
         _run(["ip", "link", "del", self.link], check=False)
@@ -230,9 +255,6 @@ class NamespaceEgress:
             _run([*namespace, "ip", "link", "set", SANDBOX_LINK, "up"])
             _run([*namespace, "ip", "link", "set", "lo", "up"])
             _run([*namespace, "ip", "route", "add", "default", "via", host])
-            with open("/proc/sys/net/ipv4/ip_forward") as forward:
-                if forward.read().strip() != "1":
-                    raise ConfigError("IPv4 forwarding is off on this machine (sysctl net.ipv4.ip_forward=1)")
             for table, rule in reversed(_host_rules(self.link, str(subnet))):  # each goes first
                 _run(["iptables", "-t", table, "-I", *rule[:1], "1", *rule[1:]])
         except BaseException:
