@@ -45,7 +45,7 @@ from orchard_async.errors import ConfigError
 # The policy's enforcement, returning the host's address as the sandbox reaches it (or None).
 Enforce = Callable[[NetworkPolicy], Awaitable[str | None]]
 
-LINK_POOL = ipaddress.ip_network("10.213.0.0/16")
+LINK_POOL = ipaddress.IPv4Network("10.213.0.0/16")
 LINK_PREFIX = "oeg"  # host ends of the veth pairs: oeg + 8 hex (interface names stop at 15)
 SANDBOX_LINK = "egress0"
 RULE_TAG = "orchard-egress"  # the comment on the host's rules for one link: orchard-egress:<link>
