@@ -1,14 +1,19 @@
 """``GET/PUT /sandboxes/{id}/network`` with Orchard's shapes: a sandbox created offline is
 switched to an allowlist naming a listener on the host and back, a bad rule is a 422, and of two
-changes made at the same revision exactly one wins (the other is a 409)."""
+changes made at the same revision exactly one wins (the other is a 409); the remote adapter's
+``set_network`` goes through them."""
 
 from __future__ import annotations
 
 import anyio
 import httpx
+import pytest
 
+import orchard_async as oa
+from orchard_async.adapters.remote import RemoteAdapter
+from orchard_async.capabilities import NetworkControl
 from tests.conformance.test_attacks import CONNECT, host_listener
-from tests.service.conftest import make_sandbox
+from tests.service.conftest import TEST_IMAGE, Service, make_sandbox
 
 
 async def probe(http: httpx.AsyncClient, sandbox_id: str, address: str, port: int) -> bool:
@@ -69,3 +74,25 @@ async def test_switch_offline_to_an_allowlist_and_back(client: httpx.AsyncClient
         back = await client.put(path, json={"mode": "restricted", "allowlist": []})
         assert back.status_code == 200 and back.json()["revision"] == 4, back.text
         assert not await probe(client, sandbox_id, host, port) and len(peers) == 1
+
+
+async def test_the_remote_adapter_switches_through_the_service(service: Service) -> None:
+    async with RemoteAdapter(url=service.url) as adapter:
+        box = await adapter.create(oa.SandboxSpec(image=TEST_IMAGE, ttl=300))
+        try:
+            assert isinstance(box, NetworkControl)
+            assert (await box.get_network()).revision == 0
+            state = await box.set_network("restricted", [{"cidr": "10.213.0.1", "port_start": 8000, "port_end": 8001}])
+            assert (state.mode, state.revision, state.allow[0].cidr, state.allow[0].port_end) == (
+                "restricted",
+                1,
+                "10.213.0.1/32",
+                8001,
+            )
+            assert await box.get_network() == state
+            with pytest.raises(oa.NetworkConflict):
+                await box.set_network("enabled", revision=0)
+            with pytest.raises(oa.ConfigError, match="every address"):
+                await box.set_network("restricted", [{"cidr": "0.0.0.0/0", "port_start": 1}])
+        finally:
+            await box.close()
