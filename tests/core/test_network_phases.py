@@ -190,3 +190,13 @@ async def test_a_sandbox_that_cannot_switch_is_a_one_line_error() -> None:
     assert ops == []
     with pytest.raises(oa.ConfigError, match="must be a PhaseNetworks"):
         phase_network(PhasedTask("t", {"setup": "on"}), "setup")  # type: ignore[arg-type]
+
+
+def test_switching_a_namespace_needs_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchard_async.kit import egress
+
+    monkeypatch.setattr(egress.os, "geteuid", lambda: 1000)
+    assert "needs root" in egress.namespace_refusal()
+    monkeypatch.setattr(egress.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(egress.shutil, "which", lambda tool: None if tool == "iptables-restore" else "/bin/" + tool)
+    assert egress.namespace_refusal() == "switching a sandbox's network needs iptables-restore on this machine"
