@@ -22,6 +22,7 @@ reaches the host's own addresses only). Forwarding between two sandboxes' links 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import random
@@ -120,6 +121,7 @@ def forwarding_note() -> str:
     return "" if on else " (IPv4 forwarding is off here: only the host's own addresses are reachable)"
 
 
+@functools.cache  # asked at every create; neither the user nor the tools change during a run
 def namespace_refusal() -> str:
     """Why this process cannot switch a namespace's egress here ("" when it can)."""
     if os.geteuid() != 0:

@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from orchard_async.capabilities import OFFLINE, EgressRule, FileRoot, NetworkControl, NetworkState, Ping
+from orchard_async.capabilities import EgressRule, FileRoot, NetworkControl, NetworkState, Ping
 from orchard_async.errors import ConfigError, PathOutsideSandbox, SandboxLost
 from orchard_async.kit import streams
 from orchard_async.kit.egress import NetworkSwitch
@@ -71,7 +71,7 @@ class ShellSandbox:
         self._client = client
         self._on_close = on_close
         self._stream_opener = stream_opener
-        self._network = network or NetworkSwitch(OFFLINE, refusal=f"sandbox {id}'s adapter cannot switch its network")
+        self._network = network
         self._sessions = 0
         self.closed = False
 
@@ -125,10 +125,15 @@ class ShellSandbox:
     ) -> NetworkState:
         if self.closed or self._client.lost:
             raise SandboxLost(f"sandbox {self.id} is {'closed' if self.closed else 'lost'}: its network is gone")
-        return await self._network.set(mode, allow, revision=revision)
+        return await self._switch().set(mode, allow, revision=revision)
 
     async def get_network(self) -> NetworkState:
-        return self._network.state
+        return self._switch().state
+
+    def _switch(self) -> NetworkSwitch:
+        if self._network is None:
+            raise ConfigError(f"sandbox {self.id}'s adapter does not manage its network")
+        return self._network
 
     # -- files -----------------------------------------------------------------------------
 

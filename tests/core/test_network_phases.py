@@ -196,7 +196,12 @@ def test_switching_a_namespace_needs_root(monkeypatch: pytest.MonkeyPatch) -> No
     from orchard_async.kit import egress
 
     monkeypatch.setattr(egress.os, "geteuid", lambda: 1000)
-    assert "needs root" in egress.namespace_refusal()
-    monkeypatch.setattr(egress.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(egress.shutil, "which", lambda tool: None if tool == "iptables-restore" else "/bin/" + tool)
-    assert egress.namespace_refusal() == "switching a sandbox's network needs iptables-restore on this machine"
+    egress.namespace_refusal.cache_clear()
+    try:
+        assert "needs root" in egress.namespace_refusal()
+        monkeypatch.setattr(egress.os, "geteuid", lambda: 0)
+        monkeypatch.setattr(egress.shutil, "which", lambda tool: None if tool == "iptables-restore" else "/bin/" + tool)
+        egress.namespace_refusal.cache_clear()
+        assert egress.namespace_refusal() == "switching a sandbox's network needs iptables-restore on this machine"
+    finally:
+        egress.namespace_refusal.cache_clear()
