@@ -205,3 +205,18 @@ def test_switching_a_namespace_needs_root(monkeypatch: pytest.MonkeyPatch) -> No
         assert egress.namespace_refusal() == "switching a sandbox's network needs iptables-restore on this machine"
     finally:
         egress.namespace_refusal.cache_clear()
+
+
+@pytest.mark.parametrize("kind", [PhasedTask, PhasedApart])
+async def test_a_refused_switch_before_scoring_is_the_tasks_error_not_retried(
+    kind: type[PhasedTask], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchard_async.adapters.sim import SimSandbox
+
+    async def refuse(self: SimSandbox, mode: str, allow: object = (), *, revision: int | None = None) -> None:
+        raise oa.ConfigError("cannot switch here")
+
+    monkeypatch.setattr(SimSandbox, "set_network", refuse)
+    trajectory = await run_one(kind("t", oa.PhaseNetworks(scoring=oa.ONLINE)))
+    assert (trajectory.end_reason, trajectory.retries) == (oa.EndReason.TASK_ERROR, [])
+    assert "cannot switch here" in trajectory.error
