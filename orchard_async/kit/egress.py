@@ -221,7 +221,8 @@ class NamespaceEgress:
         namespace = ["nsenter", f"--net=/proc/{pid}/ns/net"]
         # The filter first: a link added afterwards is never open beyond the policy.
         _run([*namespace, "iptables-restore"], filter_table(policy, 4))
-        _run([*namespace, "ip6tables-restore"], filter_table(policy, 6))
+        if os.path.exists("/proc/sys/net/ipv6"):  # a kernel without IPv6 has nothing to filter there
+            _run([*namespace, "ip6tables-restore"], filter_table(policy, 6))
         if self.host_address is None:  # a link even when restricted to nothing: host_address is then known
             routes = _run([*namespace, "ip", "-4", "route", "show", "default"], check=False).split()
             if "via" in routes:  # the namespace has a network of its own (docker's bridge): use it
@@ -237,9 +238,9 @@ class NamespaceEgress:
 
     def _add_link_locked(self, pid: int, namespace: list[str]) -> None:
         taken = _run(["ip", "-4", "-o", "addr", "show"], check=False)
-        subnets = list(LINK_POOL.subnets(new_prefix=30))
         for _ in range(20):
-            subnet = random.choice(subnets)
+            start = int(LINK_POOL.network_address) + 4 * random.randrange(LINK_POOL.num_addresses // 4)
+            subnet = ipaddress.IPv4Network((start, 30))
             if f" {subnet[1]}/" not in taken and f" {subnet[2]}/" not in taken:
                 break
         else:
