@@ -100,6 +100,7 @@ async def test_offline_to_an_allowlist_and_back(make_adapter: Callable[..., oa.A
         await box.close()
 
 
+@pytest.mark.soak  # the checks are the library's (tests/core/test_network_phases.py): this is each adapter's wiring
 async def test_bad_policies_are_refused_in_one_line(make_adapter: Callable[..., oa.Adapter]) -> None:
     box = await make_adapter().create(oa.SandboxSpec(ttl=300))
     try:
