@@ -18,8 +18,10 @@ what the class declares).
 Adapters: ``Snapshots`` (forks), ``Reattach`` (taking over sandboxes a gone controller made),
 ``Doctor`` (a one-line report), ``Facts`` (what the backend is: its default image, ...).
 Sandboxes: ``Ping`` (a liveness check that runs no command), ``FileRoot`` (where its paths are
-rooted), ``NetworkControl`` (its egress switched while it runs: ``set_network``). Streams (``open_stream``, ``connect``) are not optional: every sandbox has them, and one
-whose backend runs no processes refuses them with ``ConfigError`` (see ``protocols.Sandbox``).
+rooted), ``NetworkControl`` (its egress switched while it runs: ``set_network``, with the policy's
+shapes here: ``EgressRule``, ``NetworkPolicy``, ``NetworkState``). Streams (``open_stream``,
+``connect``) are not optional: every sandbox has them, and one whose backend runs no processes
+refuses them with ``ConfigError`` (see ``protocols.Sandbox``).
 """
 
 from __future__ import annotations
