@@ -67,6 +67,34 @@ def validate(schema, args):
     return None
 
 
+JSON_TYPES = {
+    "string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict, "null": type(None),
+}  # fmt: skip
+
+
+def validate_loose(schema, args):
+    """Why ``args`` do not fit a task's own JSON Schema (None when they do): the required
+    arguments and the top-level types; unknown arguments pass (Claw-Eval's services ignore them)."""
+    if not isinstance(args, dict):
+        return "arguments must be a JSON object"
+    props = schema.get("properties") or {}
+    for name in schema.get("required") or []:
+        if args.get(name) is None:
+            return f"missing required argument {name!r}"
+    for name, value in args.items():
+        kinds = (props.get(name) or {}).get("type")
+        if value is None or kinds is None:
+            continue
+        kinds = kinds if isinstance(kinds, list) else [kinds]
+        wanted = []
+        for kind in kinds:
+            found = JSON_TYPES.get(kind, object)
+            wanted += list(found) if isinstance(found, tuple) else [found]
+        if isinstance(value, bool) and "boolean" not in kinds or not isinstance(value, tuple(wanted)):
+            return "argument {!r} must be {}, got {!r}".format(name, " or ".join(map(str, kinds)), value)
+    return None
+
+
 # -- the catalogue --------------------------------------------------------------------------------
 
 TOOLS = {}  # "service.tool" -> {"description", "schema", "mutates", "fn"}
