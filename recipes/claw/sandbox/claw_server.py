@@ -33,16 +33,14 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-try:
-    from orchard_async.recipes.claw.sandbox import (
-        claw_tools as tools,  # the controller imports this file as part of its package
-    )
-except ImportError:
-    import claw_tools as tools  # in the sandbox, next to this file
-try:
+# In the sandbox the files next to this one win over an orchard_async the sandbox's python may also
+# see (the local adapter's), whose version may differ.
+if __package__:
     from orchard_async.recipes.claw.sandbox import claw_eval_services
-except ImportError:
+    from orchard_async.recipes.claw.sandbox import claw_tools as tools  # the controller imports this package
+else:
     import claw_eval_services
+    import claw_tools as tools  # in the sandbox, next to this file
 
 MAX_BODY = 64 * 1024  # bytes per request
 MAX_CALLS = 2000  # audited tool calls per sandbox; later calls are refused (and counted)

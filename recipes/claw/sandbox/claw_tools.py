@@ -11,9 +11,9 @@ the server and the controller read.
 
 import re
 
-try:
+if __package__:  # in the sandbox the files next to this one win over any installed orchard_async
     from orchard_async.recipes.claw.sandbox import claw_user  # the controller imports this file as part of its package
-except ImportError:
+else:
     import claw_user  # in the sandbox, next to this file
 
 AUDIT_VALUE_CHARS = 2000  # characters of a string kept in an audit entry's before/after
