@@ -428,6 +428,16 @@ def cmd_images(args: argparse.Namespace) -> int:
     return build_images(args.names, adapter=args.adapter, force=args.force)
 
 
+def cmd_claw(args: argparse.Namespace) -> int:
+    """`claw validate DIR`: per Claw-Eval task, loads and runs, or why not; runs nothing."""
+    from orchard_async.recipes.claw import claw_eval
+
+    lines, cannot_run = claw_eval.validate(args.folder)
+    for line in lines:
+        print(line)
+    return 1 if cannot_run else 0
+
+
 # -- parser --------------------------------------------------------------------------------
 
 
@@ -570,6 +580,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     build.add_argument("--adapter", default="docker", choices=["docker", "kubernetes"], help="default docker")
     build.add_argument("--force", action="store_true", help="rebuild even when the image exists")
     build.set_defaults(func=cmd_images)
+
+    claw_p = sub.add_parser("claw", help="the Claw recipe's tools: check Claw-Eval task folders")
+    claw_sub = claw_p.add_subparsers(dest="claw_command", required=True, metavar="ACTION")
+    validate = claw_sub.add_parser("validate", help="per task of a Claw-Eval tasks folder: loads, runs, or why not")
+    validate.add_argument("folder", metavar="DIR", help="a folder of <task_id>/task.yaml folders, or one task folder")
+    validate.set_defaults(func=cmd_claw)
 
     for name, (point, help_line) in outside_commands().items():
         if name in sub.choices:
