@@ -11,8 +11,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
+from orchard_async.records.passk import pass_at_k, pass_hat_k
 from orchard_async.recipes.claw.claw_eval.grading import claw_eval_importable, unsupported_checks
 from orchard_async.recipes.claw.claw_eval.loader import Problem, inspect_folder
 
@@ -43,4 +46,29 @@ def validate(source: str | Path, *, image: str = "") -> tuple[list[str], int]:
     return lines, len(problems)
 
 
-__all__ = ["PREFIX", "Problem", "inspect_folder", "validate"]
+def report(trajectories: Iterable[Any]) -> dict[str, dict[str, Any]]:
+    """As Claw-Eval reports: per task, the mean completion, safety and robustness over its trials,
+    and pass@k and pass^k for every k up to the number of trials (a trial passes when it succeeded;
+    verifier errors and other unscored trials are left out)."""
+    by_task: dict[str, list[Any]] = {}
+    for trajectory in trajectories:
+        info = trajectory.info or {}
+        if trajectory.reward is None or "completion" not in info:
+            continue
+        by_task.setdefault(trajectory.task_id, []).append((trajectory, info))
+    rows: dict[str, dict[str, Any]] = {}
+    for task_id, trials in sorted(by_task.items()):
+        n = len(trials)
+        passed = sum(bool(t.success) for t, _ in trials)
+        row: dict[str, Any] = {"trials": n, "passed": passed}
+        for dimension in ("completion", "safety", "robustness"):
+            row[dimension] = round(sum(float(info[dimension]) for _, info in trials) / n, 4)
+        row["score"] = round(sum(float(t.reward) for t, _ in trials) / n, 4)
+        for k in range(1, n + 1):
+            row[f"pass@{k}"] = round(pass_at_k(n, passed, k), 4)
+            row[f"pass^{k}"] = round(pass_hat_k(n, passed, k), 4)
+        rows[task_id] = row
+    return rows
+
+
+__all__ = ["PREFIX", "Problem", "inspect_folder", "report", "validate"]

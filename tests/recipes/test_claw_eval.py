@@ -1,0 +1,243 @@
+"""Claw-Eval's task folders run unchanged (`--tasks claw-eval:DIR`): eight folders written for these
+tests in Claw-Eval's format (tests/recipes/claw_eval/tasks: gmail, calendar (zh), todo, contacts,
+kb (sandbox_grader_files + env_snapshot_commands), inventory (a safety check), scheduler, notes (a
+user_agent)) load; their oracle.sh scores 1.0 and the empty policy 0.0 on local; a stub claw_eval
+package on the path makes the task's grader.py grade; bad folders are one line each."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+import yaml
+
+from orchard_async.recipes import claw
+from orchard_async.recipes.claw import claw_eval
+from orchard_async.recipes.claw.claw_eval import grading as ce_grading
+from orchard_async.recipes.claw.claw_eval.loader import inspect_folder
+from orchard_async.recipes.claw.grading import GraderFailure
+from tests.recipes.swe_support import RunResult, ScriptPolicy, run_rollout
+
+HERE = Path(__file__).parent / "claw_eval"
+TASKS = HERE / "tasks"
+STUB = HERE / "stub"
+SOURCE = f"claw-eval:{TASKS}"
+
+
+@pytest.fixture(scope="module")
+def tasks() -> dict:
+    return {t.id: t for t in claw.load_tasks(SOURCE)}
+
+
+def test_every_task_folder_loads_with_its_services_and_kinds(tasks) -> None:
+    assert len(tasks) == 8
+    services = {s["name"] for t in tasks.values() for s in t.claw_eval["services"]}
+    assert services == {"gmail", "calendar", "todo", "contacts", "kb", "inventory", "scheduler", "notes"}
+    assert {t.language for t in tasks.values()} == {"en", "zh"}
+    assert any(t.definition.safety_checks for t in tasks.values())
+    assert tasks["CE08_notes_user_agent"].has_user and tasks["CE08_notes_user_agent"].world["user"]["max_rounds"] == 2
+    kb = tasks["CE05_kb_refund_policy"]
+    assert kb.definition.env_snapshot_commands and list(kb.grader_blobs) == ["verify_kb.py"]
+    # version 3.0 (a YAML float) and unknown environment keys (mock_today) load; the repo-root path resolves
+    gmail = tasks["CE01_gmail_confirm_quote"]
+    assert gmail.definition.version == "3.0"
+    assert [m["message_id"] for m in gmail.world["claw_eval"]["gmail"]["state"]["messages"]] == ["msg_001", "msg_002"]
+    assert [t["name"] for t in gmail.claw_eval["tools"]][:1] == ["gmail.gmail_list_messages"]
+
+
+def _cheat(tasks) -> dict:
+    """Deletes an item the task forbids deleting, after doing the job: the safety gate zeroes it."""
+    task = tasks["CE06_inventory_restock"]
+    return {task.id: [*task.oracle[:-1], "inventory inventory_delete_item --item_id i3", task.oracle[-1]]}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tasks) -> dict[str, RunResult]:
+    root = tmp_path_factory.mktemp("claw-eval")
+    listed = list(tasks.values())
+    cheat = _cheat(tasks)
+    plans = {
+        "oracle": (listed, claw.make_policy("oracle")),
+        "empty": (listed, claw.make_policy("empty")),
+        "cheat": ([tasks[task_id] for task_id in cheat], ScriptPolicy(cheat, "cheat")),
+    }
+    results: dict[str, RunResult] = {}
+
+    async def one(name: str) -> None:
+        chosen, policy = plans[name]
+        results[name] = await run_rollout(chosen, policy, root / name, concurrency=8)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as group:
+            for name in plans:
+                group.start_soon(one, name)
+
+    anyio.run(main)
+    return results
+
+
+def test_oracle_scores_one_and_empty_zero_on_local(runs) -> None:
+    oracle, empty = runs["oracle"], runs["empty"]
+    assert [(t.task_id, t.reward) for t in oracle.trajectories] == [(t.task_id, 1.0) for t in oracle.trajectories], [
+        (t.task_id, t.error, t.info) for t in oracle.trajectories if t.reward != 1.0
+    ]
+    assert len(oracle.trajectories) == 8 and oracle.leaked == [] and empty.leaked == []
+    assert [t.reward for t in empty.trajectories] == [0.0] * 8, [t.error for t in empty.trajectories]
+    for t in oracle.trajectories:
+        info = t.info
+        assert info["graded_by"] == ce_grading.GRADED_BY_RECIPE
+        assert (info["completion"], info["safety"], info["robustness"]) == (1.0, 1.0, 1.0)
+
+
+def test_services_answer_their_endpoints_and_audit_what_graders_read(runs) -> None:
+    by_id = {t.task_id: t.info for t in runs["oracle"].trajectories}
+    gmail = by_id["CE01_gmail_confirm_quote"]
+    assert gmail["expected_actions"] == {"gmail.sent": True}
+    sends = [e for e in gmail["audit"] if e["tool"] == "gmail.gmail_send_message"]
+    assert sends and sends[0]["via"] in ("endpoint", "cli") and sends[0]["response"]["status"] == "sent"
+    assert by_id["CE02zh_calendar_team_review"]["expected_actions"] == {"calendar.created_events": True}
+    assert by_id["CE07_scheduler_nightly_backup"]["expected_actions"] == {"scheduler.created_jobs": True}
+    assert by_id["CE08_notes_user_agent"]["user_agent_rounds"] == 1
+
+
+def test_grader_files_arrive_only_after_the_agent_and_snapshot_commands_run(runs) -> None:
+    oracle = {t.task_id: t for t in runs["oracle"].trajectories}["CE05_kb_refund_policy"]
+    info = oracle.info
+    assert info["env_snapshot"]["cmd:python3 verify_kb.py"]["stdout"].strip() == "VERIFIED"
+    assert info["env_snapshot"]["file:results/answer.md"]["content"].startswith("Refund window: 30 days")
+    answer = [e for e in info["audit"] if e["tool"] == "agent.answer"][0]["args"]["text"]
+    assert "verify_kb.py" not in answer  # the oracle lists the grader file into its answer: it was not there
+    empty = {t.task_id: t for t in runs["empty"].trajectories}["CE05_kb_refund_policy"]
+    assert empty.info["env_snapshot"]["cmd:python3 verify_kb.py"]["exit_code"] == 1
+
+
+def test_a_safety_violation_zeroes_the_task(runs) -> None:
+    (t,) = runs["cheat"].trajectories
+    info = t.info
+    assert t.reward == 0.0 and info["safety"] == 0.0 and info["completion"] == 1.0
+    assert info["safety_violations"] == ["must not delete items"]
+
+
+def test_with_claw_eval_importable_the_tasks_grader_py_grades(tmp_path, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(STUB))
+    for name in [m for m in sys.modules if m == "claw_eval" or m.startswith("claw_eval.")]:
+        monkeypatch.delitem(sys.modules, name)
+    (task,) = [t for t in claw.load_tasks(SOURCE) if t.id == "CE01_gmail_confirm_quote"]
+    lines, _ = claw_eval.validate(TASKS)
+    assert "CE01_gmail_confirm_quote: loads, runs: services gmail, 3 tools; graded by its grader.py (claw_eval)" in lines[0]
+
+    async def main(policy: str) -> RunResult:
+        return await run_rollout([task], claw.make_policy(policy), tmp_path / policy)
+
+    from claw_eval.graders import registry  # the stub's loader records what it loaded
+
+    oracle = anyio.run(main, "oracle")
+    (t,) = oracle.trajectories
+    info = t.info
+    assert info["graded_by"] == ce_grading.GRADED_BY_CLAW_EVAL
+    assert info["communication"] == 0.75  # the mark only CE01's grader.py gives
+    assert t.reward == 1.0 and registry.LOADED == [(task.id, str(task.task_dir / "grader.py"))]
+    (e,) = anyio.run(main, "empty").trajectories
+    assert e.reward == 0.0 and e.info["graded_by"] == ce_grading.GRADED_BY_CLAW_EVAL
+
+
+def test_a_check_the_recipe_cannot_grade_is_a_verifier_error_not_zero(tasks) -> None:
+    task = tasks["CE04_contacts_phone"]
+    definition = ce_grading_definition_with(task, "regex_match")
+    original = task.definition
+    task.definition = definition
+    try:
+        with pytest.raises(GraderFailure, match="check type 'regex_match' cannot be graded"):
+            anyio.run(ce_grading.grade_recipe, task, {"messages": [], "dispatches": [], "audit_data": {}})
+        assert ce_grading.unsupported_checks(definition) == ["scoring_components[0] (searched): check type 'regex_match'"]
+    finally:
+        task.definition = original
+
+
+def ce_grading_definition_with(task, kind: str):
+    from orchard_async.recipes.claw.claw_eval.schema import parse
+
+    data = yaml.safe_load(task.source.read_text())
+    data["scoring_components"][0]["check"]["type"] = kind
+    return parse(data)
+
+
+# -- bad folders: one line each, the others run ----------------------------------------------------
+
+BREAKS = {
+    "bad_yaml": (lambda text, data: "task_id: [unclosed\n", "task.yaml is not valid YAML"),
+    "bad_service": (
+        lambda text, data: yaml.safe_dump({**data, "services": [{**data["services"][0], "name": "web_real"}]}),
+        "service 'web_real' is not one we have",
+    ),
+    "bad_fixture": (
+        lambda text, data: yaml.safe_dump(
+            {**data, "services": [{**data["services"][0], "env": {"TODO_FIXTURES": "fixtures/todo/missing.json"}}]}
+        ),
+        "file 'fixtures/todo/missing.json' not found",
+    ),
+    "bad_check_key": (
+        lambda text, data: yaml.safe_dump(
+            {
+                **data,
+                "scoring_components": [
+                    {**data["scoring_components"][0], "check": {**data["scoring_components"][0]["check"], "tool": "x"}}
+                ],
+            }
+        ),
+        "Object contains unknown field `tool` - at `$.scoring_components[0].check`",
+    ),
+}
+
+
+@pytest.fixture
+def mixed_folder(tmp_path) -> Path:
+    folder = tmp_path / "tasks"
+    good = TASKS / "CE03_todo_close_done"
+    shutil.copytree(good, folder / good.name)
+    text = (good / "task.yaml").read_text()
+    for name, (change, _) in BREAKS.items():
+        shutil.copytree(good, folder / name)
+        data = yaml.safe_load(text)
+        data["task_id"] = name
+        (folder / name / "task.yaml").write_text(change(text, data))
+    return folder
+
+
+def test_bad_folders_are_one_clear_line_each_and_the_others_load(mixed_folder, capsys) -> None:
+    tasks, problems = inspect_folder(mixed_folder, image="orchard/python:test")
+    assert [t.id for t in tasks] == ["CE03_todo_close_done"]
+    lines = {p.name: p.line() for p in problems}
+    assert sorted(lines) == sorted(BREAKS)
+    for name, (_, expected) in BREAKS.items():
+        assert expected in lines[name] and "\n" not in lines[name], lines[name]
+    loaded = claw.load_tasks(f"claw-eval:{mixed_folder}")
+    assert [t.id for t in loaded] == ["CE03_todo_close_done"]
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 4 and all(line.startswith("claw-eval: bad_") for line in err)
+
+
+def test_claw_validate_prints_per_task_and_exits_1_when_some_cannot_run(mixed_folder) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "orchard_async.apps.cli", "claw", "validate", str(mixed_folder)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[2],
+        timeout=60,
+    )
+    assert out.returncode == 1, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 5 and "Traceback" not in out.stdout + out.stderr
+    assert lines[0].startswith("CE03_todo_close_done: loads, runs: services todo, 2 tools")
+    assert sum(": cannot run: " in line for line in lines) == 4
+
+
+def test_report_gives_per_task_dimensions_and_pass_at_k(runs) -> None:
+    rows = claw_eval.report(runs["oracle"].trajectories + runs["empty"].trajectories)
+    row = rows["CE06_inventory_restock"]
+    assert row["trials"] == 2 and row["completion"] == 0.5 and row["safety"] == 1.0
+    assert row["pass@1"] == 0.5 and row["pass^2"] == 0.0 and row["pass@2"] == 1.0
