@@ -7,14 +7,16 @@ package on the path makes the task's grader.py grade; bad folders are one line e
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 import yaml
 
+from orchard_async.apps.cli import main as cli_main
 from orchard_async.recipes import claw
 from orchard_async.recipes.claw import claw_eval
 from orchard_async.recipes.claw.claw_eval import grading as ce_grading
@@ -56,14 +58,35 @@ def _cheat(tasks) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tasks) -> dict[str, RunResult]:
+def stub_graded() -> Iterator[Any]:
+    """CE01 loaded with a stub ``claw_eval`` package on the path (its grader.py then grades), and the
+    stub's loader; the path and the stub's modules are gone again after the module."""
+    sys.path.insert(0, str(STUB))
+    try:
+        (task,) = [t for t in claw.load_tasks(SOURCE) if t.id == "CE01_gmail_confirm_quote"]
+        lines, _ = claw_eval.validate(TASKS)
+        from claw_eval.graders import registry
+
+        yield task, registry, lines
+    finally:
+        sys.path.remove(str(STUB))
+        for name in [m for m in sys.modules if m == "claw_eval" or m.startswith("claw_eval.")]:
+            del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tasks, stub_graded) -> dict[str, RunResult]:
+    """Every rollout of this file at once (they mostly wait on commands)."""
     root = tmp_path_factory.mktemp("claw-eval")
     listed = list(tasks.values())
     cheat = _cheat(tasks)
+    graded_by_stub = stub_graded[0]
     plans = {
         "oracle": (listed, claw.make_policy("oracle")),
         "empty": (listed, claw.make_policy("empty")),
         "cheat": ([tasks[task_id] for task_id in cheat], ScriptPolicy(cheat, "cheat")),
+        "stub-oracle": ([graded_by_stub], claw.make_policy("oracle")),
+        "stub-empty": ([graded_by_stub], claw.make_policy("empty")),
     }
     results: dict[str, RunResult] = {}
 
@@ -122,27 +145,17 @@ def test_a_safety_violation_zeroes_the_task(runs) -> None:
     assert info["safety_violations"] == ["must not delete items"]
 
 
-def test_with_claw_eval_importable_the_tasks_grader_py_grades(tmp_path, monkeypatch) -> None:
-    monkeypatch.syspath_prepend(str(STUB))
-    for name in [m for m in sys.modules if m == "claw_eval" or m.startswith("claw_eval.")]:
-        monkeypatch.delitem(sys.modules, name)
-    (task,) = [t for t in claw.load_tasks(SOURCE) if t.id == "CE01_gmail_confirm_quote"]
-    lines, _ = claw_eval.validate(TASKS)
-    assert "CE01_gmail_confirm_quote: loads, runs: services gmail, 3 tools; graded by its grader.py (claw_eval)" in lines[0]
-
-    async def main(policy: str) -> RunResult:
-        return await run_rollout([task], claw.make_policy(policy), tmp_path / policy)
-
-    from claw_eval.graders import registry  # the stub's loader records what it loaded
-
-    oracle = anyio.run(main, "oracle")
-    (t,) = oracle.trajectories
-    info = t.info
-    assert info["graded_by"] == ce_grading.GRADED_BY_CLAW_EVAL
-    assert info["communication"] == 0.75  # the mark only CE01's grader.py gives
-    assert t.reward == 1.0 and registry.LOADED == [(task.id, str(task.task_dir / "grader.py"))]
-    (e,) = anyio.run(main, "empty").trajectories
+def test_with_claw_eval_importable_the_tasks_grader_py_grades(runs, stub_graded) -> None:
+    task, registry, lines = stub_graded
+    assert task.claw_eval_grades and "graded by its grader.py (claw_eval)" in lines[0], lines[0]
+    (t,) = runs["stub-oracle"].trajectories
+    assert t.info["graded_by"] == ce_grading.GRADED_BY_CLAW_EVAL
+    assert t.info["communication"] == 0.75  # the mark only CE01's grader.py gives
+    assert t.reward == 1.0 and (task.id, str(task.task_dir / "grader.py")) in registry.LOADED
+    (e,) = runs["stub-empty"].trajectories
     assert e.reward == 0.0 and e.info["graded_by"] == ce_grading.GRADED_BY_CLAW_EVAL
+    # loaded without the stub, the same task is graded by its yaml
+    assert not [t for t in runs["oracle"].trajectories if t.info["graded_by"] != ce_grading.GRADED_BY_RECIPE]
 
 
 def test_a_check_the_recipe_cannot_grade_is_a_verifier_error_not_zero(tasks) -> None:
@@ -221,17 +234,11 @@ def test_bad_folders_are_one_clear_line_each_and_the_others_load(mixed_folder, c
     assert len(err) == 4 and all(line.startswith("claw-eval: bad_") for line in err)
 
 
-def test_claw_validate_prints_per_task_and_exits_1_when_some_cannot_run(mixed_folder) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "orchard_async.apps.cli", "claw", "validate", str(mixed_folder)],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).parents[2],
-        timeout=60,
-    )
-    assert out.returncode == 1, out.stderr
-    lines = out.stdout.splitlines()
-    assert len(lines) == 5 and "Traceback" not in out.stdout + out.stderr
+def test_claw_validate_prints_per_task_and_exits_1_when_some_cannot_run(mixed_folder, capsys) -> None:
+    assert cli_main(["claw", "validate", str(mixed_folder)]) == 1
+    out = capsys.readouterr()
+    lines = out.out.splitlines()
+    assert len(lines) == 5 and "Traceback" not in out.out + out.err
     assert lines[0].startswith("CE03_todo_close_done: loads, runs: services todo, 2 tools")
     assert sum(": cannot run: " in line for line in lines) == 4
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard_async.records.passk import pass_at_k, pass_hat_k
-from orchard_async.recipes.claw.claw_eval.grading import claw_eval_importable, unsupported_checks
+from orchard_async.recipes.claw.claw_eval.grading import unsupported_checks
 from orchard_async.recipes.claw.claw_eval.loader import Problem, inspect_folder
 
 PREFIX = "claw-eval:"
@@ -27,13 +27,12 @@ def validate(source: str | Path, *, image: str = "") -> tuple[list[str], int]:
     from orchard_async.recipes.claw.task import ClawOptions
 
     tasks, problems = inspect_folder(Path(source).expanduser(), image=image or ClawOptions.from_env().image)
-    grader = claw_eval_importable()
     lines = []
     for task in tasks:
         tools = len((task.claw_eval or {}).get("tools", []))
         services = ", ".join(s["name"] for s in (task.claw_eval or {}).get("services", []))
         has_grader = (task.task_dir / "grader.py").is_file()
-        if grader:
+        if task.claw_eval_grades:
             graded = "its grader.py (claw_eval)" if has_grader else "claw_eval's grader registry"
         else:
             graded = "scoring_components and safety_checks"

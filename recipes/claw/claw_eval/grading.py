@@ -1,6 +1,6 @@
 """Scoring a Claw-Eval task as Claw-Eval scores it.
 
-* When the ``claw_eval`` package is importable (a user's clone installed into the venv), the task's
+* When the ``claw_eval`` package is importable where the task is loaded (a user's clone installed into the venv), the task's
   own ``grader.py`` grades, loaded by Claw-Eval's loader (``claw_eval.graders.registry.get_grader``)
   and called as Claw-Eval calls it: the trace's messages and tool dispatches, the task, the
   services' ``audit_data``, the judge, and the ``env_snapshot`` when the grader takes one. Its
@@ -262,7 +262,7 @@ def grade_claw_eval(task: Any, run: dict[str, Any], env_snapshot: dict[str, Any]
 
 async def grade(task: Any, audit: list[dict[str, Any]], world: dict[str, Any], env_snapshot: dict[str, Any]) -> dict:
     run = trace(task, audit, world)
-    if claw_eval_importable():
+    if task.claw_eval_grades:
         result = await anyio.to_thread.run_sync(grade_claw_eval, task, run, env_snapshot)
         result["graded_by"] = GRADED_BY_CLAW_EVAL
     else:

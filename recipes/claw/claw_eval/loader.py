@@ -28,6 +28,7 @@ import msgspec
 
 from orchard_async import ConfigError, SandboxSpec
 from orchard_async.recipes.claw import services
+from orchard_async.recipes.claw.claw_eval.grading import claw_eval_importable
 from orchard_async.recipes.claw.claw_eval.schema import TaskDefinition, parse
 from orchard_async.recipes.claw.sandbox import claw_eval_services
 
@@ -238,6 +239,7 @@ def build(path: Path, *, image: str) -> Any:
         sandbox_blobs=sandbox_files,
         grader_blobs=grader_files,
         local_grader_blobs=local_files,
+        claw_eval_grades=claw_eval_importable(),
     )
 
 

@@ -37,6 +37,8 @@ class ClawEvalTask(ClawTask):
     sandbox_blobs: dict[str, bytes] = field(default_factory=dict)  # sandbox_files: in the workdir from the start
     grader_blobs: dict[str, bytes] = field(default_factory=dict)  # sandbox_grader_files: only after the agent
     local_grader_blobs: dict[str, bytes] = field(default_factory=dict)  # local_grader_files: the grader's eyes only
+    # claw_eval was importable when the task was loaded: its grader.py grades (else the yaml's checks)
+    claw_eval_grades: bool = False
 
     def instruction(self) -> str:
         lines = [
