@@ -125,6 +125,10 @@ def test_services_answer_their_endpoints_and_audit_what_graders_read(runs) -> No
     assert by_id["CE02zh_calendar_team_review"]["expected_actions"] == {"calendar.created_events": True}
     assert by_id["CE07_scheduler_nightly_backup"]["expected_actions"] == {"scheduler.created_jobs": True}
     assert by_id["CE08_notes_user_agent"]["user_agent_rounds"] == 1
+    # every interface reaches the task's own tools: endpoint or CLI, function tools (`claw batch`), MCP
+    via = {(e["tool"], e["via"]) for info in by_id.values() for e in info["audit"]}
+    assert {("todo.todo_list_tasks", "function"), ("scheduler.scheduler_list_jobs", "mcp")} <= via
+    assert ("contacts.contacts_search", "cli") in via
 
 
 def test_grader_files_arrive_only_after_the_agent_and_snapshot_commands_run(runs) -> None:
