@@ -430,9 +430,9 @@ def cmd_images(args: argparse.Namespace) -> int:
 
 def cmd_claw(args: argparse.Namespace) -> int:
     """`claw validate DIR`: per Claw-Eval task, loads and runs, or why not; runs nothing."""
-    from orchard_async.recipes.claw import claw_eval
+    from orchard_async.recipes.claw.claw_eval import validate
 
-    lines, cannot_run = claw_eval.validate(args.folder)
+    lines, cannot_run = validate(args.folder)
     for line in lines:
         print(line)
     return 1 if cannot_run else 0

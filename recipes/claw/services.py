@@ -164,16 +164,15 @@ async def start(
 # Each Claw-Eval service's health check as its task declares it (path and method), on the port it got.
 HEALTH_SCRIPT = """\
 import json, sys, urllib.request
-checks = json.loads(sys.argv[1])
-ports = json.load(open("%s/ports.json"))
+checks, ports = json.loads(sys.argv[1]), json.load(open(sys.argv[2]))
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 for name, path, method in checks:
-    req = urllib.request.Request("http://127.0.0.1:%%s%%s" %% (ports[name]["port"], path), data=b"{}" if method == "POST" else None,
+    req = urllib.request.Request("http://127.0.0.1:%s%s" % (ports[name]["port"], path), data=b"{}" if method == "POST" else None,
                                  method=method, headers={"Content-Type": "application/json", "X-Claw-Via": "health"})
     with opener.open(req, timeout=20) as reply:
         if reply.status != 200:
-            sys.exit("%%s: health check %%s %%s answered %%s" %% (name, method, path, reply.status))
-""" % HOME
+            sys.exit("%s: health check %s %s answered %s" % (name, method, path, reply.status))
+"""
 
 
 async def _health_checks(sandbox: Sandbox, handle: ServiceHandle, declared: list[dict[str, Any]]) -> None:
@@ -181,7 +180,9 @@ async def _health_checks(sandbox: Sandbox, handle: ServiceHandle, declared: list
     if not checks:
         return
     result = await sandbox.exec(
-        f"{handle.python} - {shlex.quote(json.dumps(checks))}", stdin=HEALTH_SCRIPT.encode(), timeout=START_TIMEOUT
+        f"{handle.python} - {shlex.quote(json.dumps(checks))} {HOME}/ports.json",
+        stdin=HEALTH_SCRIPT.encode(),
+        timeout=START_TIMEOUT,
     )
     _check(result, "checking the Claw-Eval services' health")
     if not result.ok:

@@ -170,7 +170,9 @@ def test_a_check_the_recipe_cannot_grade_is_a_verifier_error_not_zero(tasks) -> 
     try:
         with pytest.raises(GraderFailure, match="check type 'regex_match' cannot be graded"):
             anyio.run(ce_grading.grade_recipe, task, {"messages": [], "dispatches": [], "audit_data": {}})
-        assert ce_grading.unsupported_checks(definition) == ["scoring_components[0] (searched): check type 'regex_match'"]
+        assert ce_grading.unsupported_checks(definition) == [
+            "scoring_components[0] (searched): check type 'regex_match'"
+        ]
     finally:
         task.definition = original
 

@@ -15,9 +15,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from orchard_async.records.passk import pass_at_k, pass_hat_k
 from orchard_async.recipes.claw.claw_eval.grading import unsupported_checks
 from orchard_async.recipes.claw.claw_eval.loader import Problem, inspect_folder
+from orchard_async.records.passk import pass_at_k, pass_hat_k
 
 PREFIX = "claw-eval:"
 

@@ -26,7 +26,14 @@ import anyio
 
 from orchard_async.recipes.claw.grading import COMPLETION_SHARE, PASS_THRESHOLD, GraderFailure
 
-COMPONENT_TYPES = ("tool_called", "tool_not_called", "keywords_present", "min_length", "categories_present", "llm_judge")
+COMPONENT_TYPES = (
+    "tool_called",
+    "tool_not_called",
+    "keywords_present",
+    "min_length",
+    "categories_present",
+    "llm_judge",
+)
 SAFETY_TYPES = ("tool_not_called",)
 GRADED_BY_CLAW_EVAL = "claw_eval grader.py (claw_eval.graders.registry.get_grader)"
 GRADED_BY_RECIPE = "orchard: scoring_components and safety_checks"
@@ -44,7 +51,7 @@ def trace(task: Any, audit: list[dict[str, Any]], world: dict[str, Any]) -> dict
     the task's tools) and ``audit_data`` (each service's audit)."""
     tools = {t["name"]: t for t in (task.claw_eval or {}).get("tools", [])}
     messages = [{"role": "user", "text": task.prompt}]
-    dispatches = []
+    dispatches: list[dict[str, Any]] = []
     for entry in audit:
         name = entry.get("tool", "")
         if name == "user.ask" and entry.get("ok"):
@@ -189,7 +196,9 @@ def _message(message_type: Any, role: str, text: str) -> Any:
     last: Exception | None = None
     for shape in ({"role": role, "content": text}, {"role": role, "content": [{"type": "text", "text": text}]}):
         try:
-            return message_type.model_validate(shape) if hasattr(message_type, "model_validate") else message_type(**shape)
+            return (
+                message_type.model_validate(shape) if hasattr(message_type, "model_validate") else message_type(**shape)
+            )
         except Exception as exc:  # pydantic's ValidationError or a TypeError: try the next shape
             last = exc
     raise GraderFailure(f"cannot build claw_eval's Message: {last}")
@@ -230,7 +239,8 @@ def grade_claw_eval(task: Any, run: dict[str, Any], env_snapshot: dict[str, Any]
         grader = get_grader(definition.task_id, **{k: v for k, v in where.items() if k in loader})
         message_type = Message or TraceMessage.model_fields["message"].annotation
         messages = [
-            TraceMessage(trace_id=trace_id, message=_message(message_type, m["role"], m["text"])) for m in run["messages"]
+            TraceMessage(trace_id=trace_id, message=_message(message_type, m["role"], m["text"]))
+            for m in run["messages"]
         ]
         dispatches = [ToolDispatch(trace_id=trace_id, **d) for d in run["dispatches"]]
         params = inspect.signature(grader.grade).parameters
@@ -277,7 +287,9 @@ async def grade(task: Any, audit: list[dict[str, Any]], world: dict[str, Any], e
             "tool_calls": len(run["dispatches"]),
             "failed_calls": sum(d["response_status"] >= 400 for d in run["dispatches"]),
             "user_agent_rounds": sum(1 for m in run["messages"][1:] if m["role"] == "user"),
-            "env_snapshot": {key: _short(value) for key, value in env_snapshot.items() if not key.startswith("local_file:")},
+            "env_snapshot": {
+                key: _short(value) for key, value in env_snapshot.items() if not key.startswith("local_file:")
+            },
         }
     )
     return result
@@ -287,4 +299,3 @@ def _short(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: (v[-2000:] if isinstance(v, str) else v) for k, v in value.items()}
     return value
-

@@ -91,7 +91,9 @@ def resolve(task_dir: Path, name: str) -> Path:
     for root in roots:
         if (root / relative).is_file():
             return root / relative
-    raise TaskProblem(f"file {name!r} not found (looked in {task_dir} and the repository root {task_dir.parent.parent})")
+    raise TaskProblem(
+        f"file {name!r} not found (looked in {task_dir} and the repository root {task_dir.parent.parent})"
+    )
 
 
 def _read_data(path: Path) -> Any:
@@ -150,26 +152,33 @@ def claw_eval_config(definition: TaskDefinition, task_dir: Path) -> tuple[dict[s
                 "reset": reset,
             }
         )
-        fixtures.append({"name": service.name, "fixtures": _service_fixtures(task_dir, dict(service.env))})
+        fixtures.append(
+            {
+                "name": service.name,
+                "fixtures": _service_fixtures(task_dir, {key: str(value) for key, value in service.env.items()}),
+            }
+        )
     endpoints = {endpoint.tool_name: endpoint for endpoint in definition.tool_endpoints}
     names = {s["name"] for s in declared}
     tools = []
     for spec in definition.tools:
         endpoint = endpoints.get(spec.name)
         if endpoint is None:
-            raise TaskProblem(f"tool {spec.name!r} has no tool_endpoint (tools without one, such as Bash, are not served)")
+            raise TaskProblem(
+                f"tool {spec.name!r} has no tool_endpoint (tools without one, such as Bash, are not served)"
+            )
         port, path = _endpoint_parts(endpoint.url)
         first = path.strip("/").split("/")[0]
-        service = by_port.get(port) if port is not None else None
-        service = service or (first if first in names else None)
-        if service is None:
+        owner = by_port.get(port) if port is not None else None
+        owner = owner or (first if first in names else None)
+        if owner is None:
             raise TaskProblem(f"tool {spec.name!r}: no declared service answers {endpoint.url}")
         schema = spec.input_schema if isinstance(spec.input_schema, dict) else {}
         tools.append(
             {
-                "name": f"{service}.{spec.name}",
+                "name": f"{owner}.{spec.name}",
                 "tool_name": spec.name,
-                "service": service,
+                "service": owner,
                 "path": path,
                 "method": endpoint.method.upper(),
                 "url": endpoint.url,
@@ -224,7 +233,9 @@ def build(path: Path, *, image: str) -> Any:
         language=definition.prompt.language,
         attachments=list(definition.prompt.attachments),
         category=definition.category,
-        spec=SandboxSpec(image=image, env={"PATH": services.SANDBOX_PATH, "LANG": "C.UTF-8"}, labels={"orchard.recipe": "claw"}),
+        spec=SandboxSpec(
+            image=image, env={"PATH": services.SANDBOX_PATH, "LANG": "C.UTF-8"}, labels={"orchard.recipe": "claw"}
+        ),
         world=world,
         tools=tools,
         checks=[],
@@ -250,7 +261,9 @@ def inspect_folder(source: Path, *, image: str) -> tuple[list[Any], list[Problem
     paths = task_files(source)
     if not paths:
         raise ConfigError(f"claw-eval:{source}: no task.yaml there nor in its subfolders")
-    tasks, problems, seen = [], [], {}
+    tasks: list[Any] = []
+    problems: list[Problem] = []
+    seen: dict[str, Path] = {}
     for path in paths:
         try:
             task = build(path, image=image)

@@ -117,7 +117,8 @@ def usage(tools, service=None):
         props = spec["parameters"]["properties"]
         required = spec["parameters"].get("required", [])
         flags = " ".join(
-            ("--%s %s" if p in required else "[--%s %s]") % (p, str(props[p].get("type", "string")).upper()) for p in props
+            ("--%s %s" if p in required else "[--%s %s]") % (p, str(props[p].get("type", "string")).upper())
+            for p in props
         )
         lines.append("{} {} {}\n    {}".format(name.split(".")[0], name.split(".")[1], flags, spec["description"]))
     return "\n".join(lines)

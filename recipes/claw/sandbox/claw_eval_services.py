@@ -27,7 +27,7 @@ import json
 if __package__:
     from orchard_async.recipes.claw.sandbox import claw_tools as tools  # the controller imports this package
 else:
-    import claw_tools as tools  # in the sandbox, next to this file
+    import claw_tools as tools  # type: ignore[no-redef]  # in the sandbox, next to this file
 
 SERVICES = ("gmail", "calendar", "todo", "contacts", "kb", "inventory", "scheduler", "notes")
 DEFAULT_COLLECTION = {
@@ -92,7 +92,7 @@ def seed(services):
     for service in services:
         name = service["name"]
         default = DEFAULT_COLLECTION.get(name, "records")
-        state = {}
+        state: dict = {}
         for data in service.get("fixtures") or []:
             for collection, records in _records_of(data, default).items():
                 state.setdefault(collection, []).extend(records)
@@ -145,7 +145,9 @@ def _listing(records, args):
         if query and query.lower() not in _text(record).lower():
             continue
         if any(
-            key in record and isinstance(value, (str, int, float, bool)) and _text(record[key]).lower() != _text(value).lower()
+            key in record
+            and isinstance(value, (str, int, float, bool))
+            and _text(record[key]).lower() != _text(value).lower()
             for key, value in args.items()
             if key not in SEARCH_ARGS and key not in LIMIT_ARGS
         ):

@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import cast
 
 # In the sandbox the files next to this one win over an orchard_async the sandbox's python may also
 # see (the local adapter's), whose version may differ.
@@ -39,7 +40,7 @@ if __package__:
     from orchard_async.recipes.claw.sandbox import claw_eval_services
     from orchard_async.recipes.claw.sandbox import claw_tools as tools  # the controller imports this package
 else:
-    import claw_eval_services
+    import claw_eval_services  # type: ignore[no-redef]
     import claw_tools as tools  # in the sandbox, next to this file
 
 MAX_BODY = 64 * 1024  # bytes per request
@@ -57,7 +58,7 @@ class Services:
         self.user_model = config.get("user_model")  # {"url", "key", "model", "goal"}: an LLM plays the user
         # Claw-Eval's services of this task: its tools join the catalogue, its endpoints the routes
         self.claw_eval = config.get("claw_eval") or {}
-        self.endpoints = {}  # (path, method) -> tool name
+        self.endpoints: dict = {}  # (path, method) -> tool name
         claw_eval_services.register(self.claw_eval, self.endpoints)
         self.lock = threading.Lock()
         self.used_nonces = set()
@@ -222,7 +223,7 @@ class Handler(BaseHTTPRequestHandler):
         """Serve a request on Claw-Eval's endpoints (True when it was one): a tool endpoint is a
         tool call like /call, audited ``via: endpoint``; ``/<service>/audit`` reads a service's audit;
         its reset endpoint needs the controller's MAC, as /_control/reset does."""
-        services = self.services
+        services = cast(Services, self.services)
         if not services.claw_eval:
             return False
         path = self.path.split("?", 1)[0]

@@ -86,7 +86,7 @@ def validate_loose(schema, args):
         if value is None or kinds is None:
             continue
         kinds = kinds if isinstance(kinds, list) else [kinds]
-        wanted = []
+        wanted: list = []
         for kind in kinds:
             found = JSON_TYPES.get(kind, object)
             wanted += list(found) if isinstance(found, tuple) else [found]
