@@ -57,6 +57,20 @@ def _cheat(tasks) -> dict:
     return {task.id: [*task.oracle[:-1], "inventory inventory_delete_item --item_id i3", task.oracle[-1]]}
 
 
+# Sends a mail, then tries the declared reset endpoint without the controller's MAC and reads the
+# service's audit endpoint over HTTP, answering with what it saw.
+AUDIT_SENT = "python3 -c 'import json, sys; print(len(json.load(sys.stdin)[\"sent\"]))'"
+PROBE = {
+    "CE01_gmail_confirm_quote": [
+        "gmail gmail_send_message --to a@b.example --subject s --body b",
+        "claw answer \"reset=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: application/json' "
+        "-d '{}' http://localhost:9100/gmail/reset) sent=$(curl -s http://localhost:9100/gmail/audit | "
+        + AUDIT_SENT
+        + ')"',
+    ]
+}
+
+
 @pytest.fixture(scope="module")
 def stub_graded() -> Iterator[Any]:
     """CE01 loaded with a stub ``claw_eval`` package on the path (its grader.py then grades), and the
@@ -85,6 +99,7 @@ def runs(tmp_path_factory, tasks, stub_graded) -> dict[str, RunResult]:
         "oracle": (listed, claw.make_policy("oracle")),
         "empty": (listed, claw.make_policy("empty")),
         "cheat": ([tasks[task_id] for task_id in cheat], ScriptPolicy(cheat, "cheat")),
+        "probe": ([tasks["CE01_gmail_confirm_quote"]], ScriptPolicy(PROBE, "probe")),
         "stub-oracle": ([graded_by_stub], claw.make_policy("oracle")),
         "stub-empty": ([graded_by_stub], claw.make_policy("empty")),
     }
@@ -129,6 +144,13 @@ def test_services_answer_their_endpoints_and_audit_what_graders_read(runs) -> No
     via = {(e["tool"], e["via"]) for info in by_id.values() for e in info["audit"]}
     assert {("todo.todo_list_tasks", "function"), ("scheduler.scheduler_list_jobs", "mcp")} <= via
     assert ("contacts.contacts_search", "cli") in via
+
+
+def test_the_reset_endpoint_needs_the_controllers_key_and_the_audit_endpoint_serves(runs) -> None:
+    (t,) = runs["probe"].trajectories
+    answer = [e for e in t.info["audit"] if e["tool"] == "agent.answer"][0]["args"]["text"]
+    assert answer == "reset=403 sent=1"
+    assert t.info["expected_actions"] == {"gmail.sent": True} and t.info["components"]["replied"] is True
 
 
 def test_grader_files_arrive_only_after_the_agent_and_snapshot_commands_run(runs) -> None:

@@ -218,7 +218,8 @@ def build(path: Path, *, image: str) -> Any:
         resolve(task_dir, name)
     grader_files = _files(task_dir, definition.sandbox_grader_files)
     local_files = _files(task_dir, definition.local_grader_files)
-    sandbox_files = _files(task_dir, definition.sandbox_files)
+    # the prompt's attachments go into the working directory with the sandbox_files
+    sandbox_files = _files(task_dir, list(dict.fromkeys([*definition.sandbox_files, *definition.prompt.attachments])))
     tools = [tool["name"] for tool in config["tools"]]
     world: dict[str, Any] = {"claw_eval": seeded}
     user = definition.user_agent

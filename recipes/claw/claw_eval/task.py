@@ -49,6 +49,8 @@ class ClawEvalTask(ClawTask):
             f"\nAttached files (in your working directory): {', '.join(self.attachments)}\n" if self.attachments else ""
         )
         ask = ' You can ask the user a question with `ask "..."`.' if self.has_user else ""
+        if self.has_user and self.definition is not None and self.definition.user_agent.system_prompt_suffix:
+            ask += "\n" + self.definition.user_agent.system_prompt_suffix.strip()
         return INSTRUCTION.format(
             prompt=self.prompt.strip(),
             attachments=attached,
