@@ -548,8 +548,9 @@ def load_task(path: Path, *, image: str | None = None) -> ClawTask:
 def load_tasks(
     source: str = "builtin", options: ClawOptions | Mapping[str, Any] | None = None, **keywords: Any
 ) -> list[ClawTask]:
-    """``builtin`` (the bundled tasks), ``builtin:ID,ID`` (some of them), a task file, or a
-    directory of task files (``*.yaml``). ``options`` (``ClawOptions``, a mapping or keywords):
+    """``builtin`` (the bundled tasks), ``builtin:ID,ID`` (some of them), a task file, a
+    directory of task files (``*.yaml``), or ``claw-eval:DIR`` (Claw-Eval's task folders, see
+    ``claw_eval``). ``options`` (``ClawOptions``, a mapping or keywords):
     the sandbox ``image``, and the model that plays the simulated user (``user_*``; none: the
     tasks' scripts answer, see ``simulated_user``). An ``llm_judge`` check's model is
     ``judge_config``'s."""
