@@ -429,9 +429,17 @@ def cmd_images(args: argparse.Namespace) -> int:
 
 
 def cmd_claw(args: argparse.Namespace) -> int:
-    """`claw validate DIR`: per Claw-Eval task, loads and runs, or why not; runs nothing."""
-    from orchard_async.recipes.claw.claw_eval import validate
+    """`claw validate DIR`: per Claw-Eval task, loads and runs, or why not; runs nothing.
+    `claw report RUN.jsonl`: per task, completion, safety, robustness, pass@k and pass^k."""
+    from orchard_async.recipes.claw.claw_eval import report, report_lines, validate
 
+    if args.claw_command == "report":
+        rows = report(read_trajectories(check_trajectory_file(args.file)))
+        if args.json:
+            sys.stdout.write(json.dumps(rows) + "\n")
+        else:
+            print("\n".join(report_lines(rows)))
+        return 0
     lines, cannot_run = validate(args.folder)
     for line in lines:
         print(line)
@@ -586,6 +594,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     validate = claw_sub.add_parser("validate", help="per task of a Claw-Eval tasks folder: loads, runs, or why not")
     validate.add_argument("folder", metavar="DIR", help="a folder of <task_id>/task.yaml folders, or one task folder")
     validate.set_defaults(func=cmd_claw)
+    claw_report = claw_sub.add_parser("report", help="per task: completion, safety, robustness, pass@k and pass^k")
+    claw_report.add_argument("file", metavar="RUN.jsonl", help="a trajectory file of a claw run")
+    claw_report.add_argument("--json", action="store_true", help="the rows as JSON")
+    claw_report.set_defaults(func=cmd_claw)
 
     for name, (point, help_line) in outside_commands().items():
         if name in sub.choices:

@@ -6,6 +6,7 @@ package on the path makes the task's grader.py grade; bad folders are one line e
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from orchard_async.recipes.claw import claw_eval
 from orchard_async.recipes.claw.claw_eval import grading as ce_grading
 from orchard_async.recipes.claw.claw_eval.loader import inspect_folder
 from orchard_async.recipes.claw.grading import GraderFailure
+from orchard_async.records.trajectory import TrajectoryWriter
 from tests.recipes.swe_support import RunResult, ScriptPolicy, run_rollout
 
 HERE = Path(__file__).parent / "claw_eval"
@@ -271,8 +273,20 @@ def test_claw_validate_prints_per_task_and_exits_1_when_some_cannot_run(mixed_fo
     assert sum(": cannot run: " in line for line in lines) == 4
 
 
-def test_report_gives_per_task_dimensions_and_pass_at_k(runs) -> None:
-    rows = claw_eval.report(runs["oracle"].trajectories + runs["empty"].trajectories)
-    row = rows["CE06_inventory_restock"]
-    assert row["trials"] == 2 and row["completion"] == 0.5 and row["safety"] == 1.0
-    assert row["pass@1"] == 0.5 and row["pass^2"] == 0.0 and row["pass@2"] == 1.0
+def test_claw_report_gives_per_task_dimensions_and_pass_at_k(runs, tmp_path, capsys) -> None:
+    writer = TrajectoryWriter(tmp_path / "run.jsonl")
+    for trajectory in runs["oracle"].trajectories + runs["empty"].trajectories + runs["cheat"].trajectories:
+        writer.write(trajectory)
+    writer.close()
+    assert cli_main(["claw", "report", str(tmp_path / "run.jsonl"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert sorted(rows) == sorted(t.task_id for t in runs["oracle"].trajectories)
+    row = rows["CE06_inventory_restock"]  # oracle, empty, and the cheat that deleted an item
+    assert row["trials"] == 3 and row["passed"] == 1 and row["safety"] == round(2 / 3, 4)
+    assert row["completion"] == round(2 / 3, 4) and row["pass@1"] == round(1 / 3, 4)
+    assert row["pass@3"] == 1.0 and row["pass^3"] == 0.0
+    assert rows["CE01_gmail_confirm_quote"]["pass^2"] == 0.0 and rows["CE01_gmail_confirm_quote"]["pass@2"] == 1.0
+    assert cli_main(["claw", "report", str(tmp_path / "run.jsonl")]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:6] == ["task", "trials", "completion", "safety", "robustness", "score"]
+    assert len(table) == 9

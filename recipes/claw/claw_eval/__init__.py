@@ -70,4 +70,18 @@ def report(trajectories: Iterable[Any]) -> dict[str, dict[str, Any]]:
     return rows
 
 
-__all__ = ["PREFIX", "Problem", "inspect_folder", "report", "validate"]
+def report_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
+    """``report``'s rows as a table (``orchard-async claw report RUN.jsonl``)."""
+    most = max((row["trials"] for row in rows.values()), default=1)
+    ks = [f"pass@{k}" for k in range(1, most + 1)] + [f"pass^{k}" for k in range(1, most + 1)]
+    header = ["task", "trials", "completion", "safety", "robustness", "score", *ks]
+    lines = ["  ".join(header)]
+    for task_id, row in rows.items():
+        cells = [task_id, str(row["trials"])]
+        cells += [f"{row[key]:.2f}" for key in ("completion", "safety", "robustness", "score")]
+        cells += [f"{row[k]:.2f}" if k in row else "-" for k in ks]
+        lines.append("  ".join(cells))
+    return lines
+
+
+__all__ = ["PREFIX", "Problem", "inspect_folder", "report", "report_lines", "validate"]
