@@ -23,6 +23,7 @@ from orchard_async.recipes.claw import claw_eval
 from orchard_async.recipes.claw.claw_eval import grading as ce_grading
 from orchard_async.recipes.claw.claw_eval.loader import inspect_folder
 from orchard_async.recipes.claw.grading import GraderFailure
+from orchard_async.recipes.claw.sandbox import claw_eval_services, claw_tools
 from orchard_async.records.trajectory import TrajectoryWriter
 from tests.recipes.swe_support import RunResult, ScriptPolicy, run_rollout
 
@@ -127,6 +128,8 @@ def test_oracle_scores_one_and_empty_zero_on_local(runs) -> None:
     ]
     assert len(oracle.trajectories) == 8 and oracle.leaked == [] and empty.leaked == []
     assert [t.reward for t in empty.trajectories] == [0.0] * 8, [t.error for t in empty.trajectories]
+    # the controller's health checks (gmail's is its list endpoint) are not the agent's calls
+    assert [t.info["tool_calls"] for t in empty.trajectories] == [0] * 8
     for t in oracle.trajectories:
         info = t.info
         assert info["graded_by"] == ce_grading.GRADED_BY_RECIPE
@@ -290,3 +293,49 @@ def test_claw_report_gives_per_task_dimensions_and_pass_at_k(runs, tmp_path, cap
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:6] == ["task", "trials", "completion", "safety", "robustness", "score"]
     assert len(table) == 9
+
+
+# -- the services' rules, without a sandbox ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "verb"),
+    [
+        ("/gmail/messages", "list"),
+        ("/gmail/messages/get", "get"),
+        ("/gmail/send", "send"),
+        ("/gmail/drafts/save", "draft"),
+        ("/calendar/events/create", "create"),
+        ("/todo/tasks/complete", "update"),
+        ("/inventory/items/delete", "delete"),
+        ("/kb/search", "list"),
+        ("/notes/create", "create"),
+        ("/scheduler/jobs/cancel", "delete"),
+    ],
+)
+def test_an_endpoints_path_says_what_it_does(path, verb) -> None:
+    assert claw_eval_services.verb(path) == verb
+
+
+def test_records_change_and_every_call_is_in_the_services_audit() -> None:
+    world = {
+        "claw_eval": claw_eval_services.seed([{"name": "todo", "fixtures": [[{"task_id": "t1", "status": "open"}]]}])
+    }
+    changes = claw_tools.Changes()
+    created = claw_eval_services.call(world, "todo", "/todo/tasks/create", "POST", {"title": "Call Lee"}, changes)
+    assert created["task_id"] == "task_002"
+    claw_eval_services.call(world, "todo", "/todo/tasks/complete", "POST", {"task_id": "t1"}, changes)
+    with pytest.raises(claw_tools.ToolError, match="no task with task_id='t9'"):
+        claw_eval_services.call(world, "todo", "/todo/tasks/get", "POST", {"task_id": "t9"}, changes)
+    listed = claw_eval_services.call(world, "todo", "/todo/tasks", "POST", {"status": "completed"}, changes)
+    assert [t["task_id"] for t in listed["tasks"]] == ["t1"]
+    audit = world["claw_eval"]["todo"]["audit"]
+    assert [(c["endpoint"], c["status"]) for c in audit["calls"]] == [
+        ("/todo/tasks/create", 200),
+        ("/todo/tasks/complete", 200),
+        ("/todo/tasks/get", 404),
+        ("/todo/tasks", 200),
+    ]
+    assert (
+        audit["created_tasks"][0]["title"] == "Call Lee" and audit["updated_tasks"][0]["after"]["status"] == "completed"
+    )

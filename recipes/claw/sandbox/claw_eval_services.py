@@ -141,16 +141,17 @@ def _text(value):
 def _listing(records, args):
     found = []
     query = next((str(args[k]) for k in SEARCH_ARGS if args.get(k) not in (None, "")), "")
+    fields = {key for record in records for key in record}
+    # an argument that names a field of these records filters by it; others (days_back) do not
+    wanted = {
+        key: _text(value).lower()
+        for key, value in args.items()
+        if key in fields and key not in SEARCH_ARGS and isinstance(value, (str, int, float, bool))
+    }
     for record in records:
         if query and query.lower() not in _text(record).lower():
             continue
-        if any(
-            key in record
-            and isinstance(value, (str, int, float, bool))
-            and _text(record[key]).lower() != _text(value).lower()
-            for key, value in args.items()
-            if key not in SEARCH_ARGS and key not in LIMIT_ARGS
-        ):
+        if any(_text(record.get(key)).lower() != value for key, value in wanted.items()):
             continue
         found.append(record)
     limit = next((args[k] for k in LIMIT_ARGS if isinstance(args.get(k), int) and args[k] > 0), None)
