@@ -214,12 +214,12 @@ def build(path: Path, *, image: str) -> Any:
     definition = read_definition(path)
     task_dir = path.parent
     config, seeded = claw_eval_config(definition, task_dir)
-    for name in definition.environment.fixtures:
-        resolve(task_dir, name)
     grader_files = _files(task_dir, definition.sandbox_grader_files)
     local_files = _files(task_dir, definition.local_grader_files)
-    # the prompt's attachments go into the working directory with the sandbox_files
-    sandbox_files = _files(task_dir, list(dict.fromkeys([*definition.sandbox_files, *definition.prompt.attachments])))
+    # into the working directory: the sandbox_files (else, as Claw-Eval does, environment.fixtures)
+    # and the prompt's attachments
+    given = definition.sandbox_files or definition.environment.fixtures
+    sandbox_files = _files(task_dir, list(dict.fromkeys([*given, *definition.prompt.attachments])))
     tools = [tool["name"] for tool in config["tools"]]
     world: dict[str, Any] = {"claw_eval": seeded}
     user = definition.user_agent
