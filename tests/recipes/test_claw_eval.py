@@ -6,6 +6,7 @@ package on the path makes the task's grader.py grade; bad folders are one line e
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -187,6 +188,22 @@ def test_with_claw_eval_importable_the_tasks_grader_py_grades(runs, stub_graded)
     assert e.reward == 0.0 and e.info["graded_by"] == ce_grading.GRADED_BY_CLAW_EVAL
     # loaded without the stub, the same task is graded by its yaml
     assert not [t for t in runs["oracle"].trajectories if t.info["graded_by"] != ce_grading.GRADED_BY_RECIPE]
+
+
+def test_a_grader_py_that_crashes_is_a_verifier_error_not_zero(stub_graded, tmp_path) -> None:
+    task, _, _ = stub_graded
+    folder = tmp_path / "tasks" / task.id
+    shutil.copytree(task.task_dir, folder)
+    (folder / "grader.py").write_text(
+        "from claw_eval.graders.base import AbstractGrader\n\n\n"
+        "class Broken(AbstractGrader):\n"
+        "    def grade(self, messages, dispatches, task, audit_data=None, judge=None):\n"
+        "        raise KeyError('sent')\n"
+    )
+    moved = dataclasses.replace(task, source=folder / "task.yaml", task_dir=folder)
+    run = {"messages": [{"role": "user", "text": "hi"}], "dispatches": [], "audit_data": {}}
+    with pytest.raises(GraderFailure, match="grader.py failed: KeyError"):
+        ce_grading.grade_claw_eval(moved, run, {})
 
 
 def test_a_check_the_recipe_cannot_grade_is_a_verifier_error_not_zero(tasks) -> None:

@@ -75,13 +75,14 @@ def report_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
     most = max((row["trials"] for row in rows.values()), default=1)
     ks = [f"pass@{k}" for k in range(1, most + 1)] + [f"pass^{k}" for k in range(1, most + 1)]
     header = ["task", "trials", "completion", "safety", "robustness", "score", *ks]
-    lines = ["  ".join(header)]
+    table = [header]
     for task_id, row in rows.items():
         cells = [task_id, str(row["trials"])]
         cells += [f"{row[key]:.2f}" for key in ("completion", "safety", "robustness", "score")]
         cells += [f"{row[k]:.2f}" if k in row else "-" for k in ks]
-        lines.append("  ".join(cells))
-    return lines
+        table.append(cells)
+    widths = [max(len(cells[i]) for cells in table) for i in range(len(header))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip() for cells in table]
 
 
 __all__ = ["PREFIX", "Problem", "inspect_folder", "report", "report_lines", "validate"]
