@@ -509,7 +509,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--exposed",
         action="store_true",
-        help="instead: a request through an exposed URL (serve --services, sandbox.expose) vs to the same server directly",
+        help="instead: a request through an exposed URL (the service's /s/{token}/, sandbox.expose) vs to the same server directly",
     )
     parser.add_argument("--json", dest="json_out", help="write the result as JSON here")
     parser.add_argument("--markdown", help="write the tables as markdown here")
