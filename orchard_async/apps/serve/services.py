@@ -125,7 +125,7 @@ class Services:
         signature = hmac.new(self._secret, payload, hashlib.sha256).digest()
         return f"{_b64(payload)}.{_b64(signature)}"
 
-    def verify(self, token: str) -> tuple[Exposure, oa.Sandbox, float]:
+    async def verify(self, token: str) -> tuple[Exposure, oa.Sandbox, float]:
         """The live exposure a token names, its sandbox and the token's expiry; 403 (one
         answer for every cause: a prober learns nothing) or 404 for a sandbox gone."""
         refused = ApiError(403, "the service URL is not valid (wrong, expired or revoked)", "bad_service_token")
@@ -145,11 +145,21 @@ class Services:
         box = self.registry.boxes.get((tenant, sandbox_id))
         if box is not exposure.box or box.deleted or box.sandbox is None or getattr(box.sandbox, "closed", False):
             self._drop(exposure)
+            await exposure.close()
             raise ApiError(404, f"sandbox {sandbox_id} is gone", "unknown_sandbox")
         box.touch()  # traffic through its services keeps a sandbox from its idle limit
         return exposure, box.sandbox, float(expires_at)
 
     # -- exposures ----------------------------------------------------------------------------
+
+    async def purge(self) -> None:
+        """Close the exposures of sandboxes that are gone (their kept-alive connections
+        included): a deleted sandbox's URLs are refused anyway, this frees what they held."""
+        for exposure in list(self._exposures.values()):
+            box = exposure.box
+            if box.deleted or self.registry.boxes.get((box.tenant.name, box.id)) is not box:
+                self._drop(exposure)
+                await exposure.close()
 
     def expose(self, box: Box, port: int) -> Exposure:
         key = (id(box), port)
@@ -243,6 +253,7 @@ async def create_service(request: web.Request, tenant: Any) -> web.Response:
         raise ApiError(
             400, f"the {services.registry.adapter.name} adapter cannot reach ports in its sandboxes", "no_streams"
         )
+    await services.purge()
     exposure = services.expose(box, body.port)
     if body.wait_ready:
         await wait_ready(exposure, sandbox, body.health_path, body.ready_timeout)
@@ -312,7 +323,7 @@ def target_of(request: web.Request) -> str:
 
 async def proxy(request: web.Request) -> web.StreamResponse:
     services = enabled(request)
-    exposure, sandbox, expires_at = services.verify(request.match_info["token"])
+    exposure, sandbox, expires_at = await services.verify(request.match_info["token"])
     if request.headers.get("Upgrade", "").lower() == "websocket":
         return await proxy_websocket(request, exposure, sandbox, expires_at)
     http = exposure.client(sandbox)
