@@ -270,3 +270,12 @@ async def test_services_are_off_unless_asked(start_service: Callable[..., Awaita
         off = await expose(http, created["sandbox_id"])
         assert off.status_code == 404 and off.json()["reason"] == "services_disabled"
         assert (await http.get("/s/anything/health")).json()["reason"] == "services_disabled"
+
+
+async def test_an_adapter_without_processes_has_no_services(start_service: Callable[..., Awaitable[Service]]) -> None:
+    service = await start_service("sim", expose_services=True)
+    async with service.client() as http:
+        created = (await http.post("/sandboxes", json={"image": None, "block_network": True})).json()
+        assert (await http.get(f"/sandboxes/{created['sandbox_id']}/wait")).json()["ready"]
+        refused = await expose(http, created["sandbox_id"])
+        assert refused.status_code == 400 and refused.json()["reason"] == "no_streams"

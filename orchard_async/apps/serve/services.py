@@ -42,6 +42,7 @@ from wsproto.utilities import LocalProtocolError
 import orchard_async as oa
 from orchard_async.apps.serve.schema import ApiError, decode
 from orchard_async.apps.serve.upstream import UpstreamPool
+from orchard_async.capabilities import Exposes
 
 if TYPE_CHECKING:
     from orchard_async.apps.serve.registry import Box, Registry
@@ -249,7 +250,7 @@ async def create_service(request: web.Request, tenant: Any) -> web.Response:
     if not body.health_path.startswith("/") or not 0 < body.ready_timeout <= 3600:
         raise ApiError(422, "health_path must start with / and ready_timeout be between 0 and 3600 seconds")
     box, sandbox = services.registry.ready(tenant, request.match_info["id"], 404)
-    if getattr(sandbox, "open_stream", None) is None or not hasattr(sandbox, "connect"):
+    if not isinstance(sandbox, Exposes):  # what reaches a port in a sandbox: streams (sim has none)
         raise ApiError(
             400, f"the {services.registry.adapter.name} adapter cannot reach ports in its sandboxes", "no_streams"
         )
