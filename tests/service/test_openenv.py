@@ -26,7 +26,12 @@ from tests.service.test_services import BACKENDS, SERVER, backend_ready
 
 pytestmark = pytest.mark.soak
 
-openenv = pytest.importorskip("openenv.core", reason="openenv-core: pip install -e '.[openenv]'")
+
+def need_openenv() -> None:
+    """In the test, not at collection: importing openenv-core costs ~10 s of every worker's
+    collection of the default run, which leaves these tests out anyway."""
+    pytest.importorskip("openenv.core", reason="openenv-core: pip install -e '.[openenv]'")
+
 
 # openenv-core's own server: an echo environment, as `openenv init` makes one
 ECHO_APP = """
@@ -83,6 +88,7 @@ server.run(transport="streamable-http", host="127.0.0.1", port=int(sys.argv[1]),
 
 
 async def test_an_openenv_server_in_an_offline_local_sandbox_through_the_provider() -> None:
+    need_openenv()
     from openenv.core import GenericEnvClient
 
     from orchard_async.openenv import OrchardProvider
@@ -123,6 +129,7 @@ def with_timeout(wait: Callable[..., None], seconds: float) -> Callable[..., Non
 
 @pytest.mark.parametrize("adapter", ["docker", "kubernetes"])
 async def test_the_provider_on_a_container_adapter(adapter: str) -> None:
+    need_openenv()
     from openenv.core import GenericEnvClient
 
     from orchard_async.openenv import OrchardProvider
