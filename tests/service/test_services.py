@@ -279,3 +279,24 @@ async def test_an_adapter_without_processes_has_no_services(start_service: Calla
         assert (await http.get(f"/sandboxes/{created['sandbox_id']}/wait")).json()["ready"]
         refused = await expose(http, created["sandbox_id"])
         assert refused.status_code == 400 and refused.json()["reason"] == "no_streams"
+
+
+async def test_a_remote_sandbox_exposes_through_the_services_stream(
+    start_service: Callable[..., Awaitable[Service]],
+) -> None:
+    """The remote adapter's sandboxes expose too: their connect is the service's stream."""
+    service = await start_service("local")
+    adapter = oa.get_adapter("remote", url=service.url)
+    try:
+        box = await adapter.create(oa.SandboxSpec(network="none", ttl=300))
+        assert isinstance(box, Exposes)
+        await start_server(box)
+        url = await box.expose(PORT)
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            assert (await http.post("/step", json={"action": {"message": "remote"}})).json()["reward"] == 6.0
+        await box.close()
+        with pytest.raises(httpx.ConnectError):
+            async with httpx.AsyncClient(base_url=url, timeout=5) as http:
+                await http.get("/health")
+    finally:
+        await adapter.close()
