@@ -166,7 +166,9 @@ class LocalProbe(Probe):
 
 
 class DockerProbe(Probe):
-    """Containers carrying this run's ``orchard.bench`` label (the spec's labels)."""
+    """Containers carrying this run's ``orchard.bench`` label (the spec's labels), and how
+    many are in each of docker's states (``state:running``, ``state:removing``, ...): a
+    container still there may hold processes, or be only the daemon's removal under way."""
 
     async def count(self, label: str) -> dict[str, int] | None:
         if shutil.which("docker") is None:
@@ -174,15 +176,18 @@ class DockerProbe(Probe):
         process = await asyncio.create_subprocess_exec(
             "docker",
             "ps",
-            "-aq",
+            "-a",
             "--filter",
             f"label=orchard.bench={label}",
+            "--format",
+            "{{.State}}",
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
         )
         with anyio.fail_after(60):
             out, _ = await process.communicate()
-        return {"sandboxes": len(out.split())}
+        states = out.decode().split()
+        return {"sandboxes": len(states), **{f"state:{state}": n for state, n in Counter(states).items()}}
 
 
 PROBES: dict[str, type[Probe]] = {"local": LocalProbe, "docker": DockerProbe}
