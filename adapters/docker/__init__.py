@@ -47,8 +47,10 @@ Lifetimes, from the most to the least graceful end:
   end it: the adapter's guardian (guardian.py, a process of its own started on the first
   create) removes those when the controller dies. Measured (`bench chaos`, 48 episodes, 16
   at once, three SIGKILLs): every container gone within 3.3 s, before any reap.
-* Without that attach (a grace, another controller) a container whose shell never attached
-  ends after the attach grace (60 s); any other ends at its TTL, whatever happened.
+  With a reattach grace the watch waits the grace first, and ends the container only if
+  no shell attached meanwhile.
+* Behind all that, a container whose shell never attached ends after the attach grace
+  (60 s), and any other at its TTL, whatever happened.
 * ``reap`` removes, by label, containers whose controller process is dead (it is named
   by ``orchard.controller=<host>:<pid>:<start time>``) or whose TTL has passed.
 
