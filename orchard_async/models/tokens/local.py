@@ -79,7 +79,14 @@ class TransformersEngine:
             )
         return await anyio.to_thread.run_sync(self._generate, list(input_ids), sampling)
 
-    def _generate(self, input_ids: list[int], sampling: Sampling) -> Generation:
+    async def continue_with(self, input_ids: Sequence[int], continuation: Sequence[int]) -> Generation:
+        """The generation that samples exactly ``continuation`` after ``input_ids``: its
+        logprobs (temperature 1) computed as sampling computes them, token by token on the KV
+        cache. For tests and scripted replies whose logprobs must still be the model's."""
+        forced = list(continuation)
+        return await anyio.to_thread.run_sync(self._generate, list(input_ids), Sampling(max_tokens=len(forced)), forced)
+
+    def _generate(self, input_ids: list[int], sampling: Sampling, forced: list[int] | None = None) -> Generation:
         torch = self.torch
         if not input_ids:
             raise ConfigError("an empty prompt: a generation needs at least one input token")
@@ -97,7 +104,10 @@ class TransformersEngine:
             out = self.model(torch.tensor([input_ids]), use_cache=True)
             for _ in range(budget):
                 logits = out.logits[0, -1].float()
-                if temperature > 0:
+                if forced is not None:
+                    scores = torch.log_softmax(logits, dim=-1)
+                    token = forced[len(token_ids)]
+                elif temperature > 0:
                     scores = torch.log_softmax(logits / temperature, dim=-1)
                     token = int(torch.multinomial(scores.exp(), 1, generator=generator))
                 else:  # greedy: the logprob of the model's own distribution
