@@ -122,26 +122,3 @@ def test_engine_specs_pick_the_engine() -> None:
     assert isinstance(vllm, VLLMEngine) and vllm.url == "http://127.0.0.1:8000/v1/completions"
     with pytest.raises(ConfigError, match="no such folder"):
         make_engine("transformers:/nonexistent/model")
-
-
-async def test_the_transformers_engine_records_the_models_own_logprobs(tiny_model) -> None:  # type: ignore[no-untyped-def]
-    import torch
-
-    engine = make_engine(f"transformers:{tiny_model}")
-    prompt = [1, 40, 41, 42, 43]
-    first = await engine.generate(prompt, Sampling(max_tokens=12, seed=3))
-    again = await engine.generate(prompt, Sampling(max_tokens=12, seed=3))
-    greedy = await engine.generate(prompt, Sampling(max_tokens=12, temperature=0))
-    assert first == again  # a seed fixes the sample
-    assert len(first.token_ids) == len(first.logprobs) and first.finish_reason in ("stop", "length")
-    assert first.weight_version == "0"
-    with torch.no_grad():
-        logits = engine.model(torch.tensor([prompt + first.token_ids])).logits[0].float()  # type: ignore[attr-defined]
-    recomputed = torch.log_softmax(logits, dim=-1)
-    for i, token in enumerate(first.token_ids):
-        assert abs(float(recomputed[len(prompt) - 1 + i, token]) - first.logprobs[i]) < 1e-4
-    with torch.no_grad():
-        step = engine.model(torch.tensor([prompt])).logits[0, -1]  # type: ignore[attr-defined]
-    assert greedy.token_ids[0] == int(step.argmax())
-    with pytest.raises(ConfigError, match="top_p"):
-        await engine.generate(prompt, Sampling(top_p=0.5))
