@@ -540,7 +540,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "format",
         choices=(*FORMATS, TOKENS),
         help="sft: one chat per good episode; rl (or grpo): one record per sample; tokens: the token ids, mask "
-        "and logprobs of a --policy tokens run",
+        "and logprobs of a token-policy run",
     )
     # The first file is ``args.trajectories`` (one path, as callers that check it expect), the rest apart.
     parser.add_argument("trajectories", help="trajectory file written by `orchard-async run` (.jsonl or .msgpack)")
