@@ -154,7 +154,7 @@ def _so_far(observation: Observation) -> Trajectory:
 
 async def _level(
     path: str, concurrency: int, steps: int, latency: float, adapter_name: str, adapter_options: dict[str, Any]
-) -> Row:
+) -> tuple[Row, int]:
     tokenizer = ByteTokenizer()
     engine = FixedLatencyEngine(latency, tokenizer)
     policy: Any = (
@@ -174,9 +174,10 @@ async def _level(
             if path == "tokens" and any(step.action.tokens is None for step in trajectory.steps):
                 raise RuntimeError("turnaround: a token episode has a step without its tokens")
         wall = time.perf_counter() - started
+        leaked = len(await adapter.list_owned())
     ideal = concurrency / latency
     steps_per_s = steps_done / wall
-    return Row(
+    row = Row(
         subject=path,
         concurrency=concurrency,
         ops=len(engine.turnarounds),
@@ -193,6 +194,7 @@ async def _level(
             "of_ideal": round(steps_per_s / ideal, 3),
         },
     )
+    return row, leaked
 
 
 async def run_turnaround(
@@ -203,10 +205,12 @@ async def run_turnaround(
     latency: float = 0.1,
     adapter_options: dict[str, Any] | None = None,
 ) -> Outcome:
-    outcome = Outcome()
+    outcome = Outcome(leaked=0)
     for level in concurrency:
         for path in ("messages", "tokens"):  # the same level, one after the other, in one run
-            outcome.rows.append(await _level(path, level, steps, latency, adapter_name, adapter_options or {}))
+            row, leaked = await _level(path, level, steps, latency, adapter_name, adapter_options or {})
+            outcome.rows.append(row)
+            outcome.leaked = (outcome.leaked or 0) + leaked
     outcome.comparisons = compare_rows(outcome.rows, "tokens", "messages")
     outcome.notes.append(
         "turnaround: the engine's reply to the same episode's next request (p50/p99 ms); of_ideal: steps/s "
