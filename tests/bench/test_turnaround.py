@@ -9,7 +9,18 @@ import pytest
 
 @pytest.mark.parametrize("adapter", ["sim", "local"])
 def test_turnaround_runs_both_paths_at_every_level(bench, adapter: str) -> None:
-    data = bench("turnaround", "--adapter", adapter, "--concurrency", "1,4", "--steps", "3", "--latency", "0.01")
+    data = bench(
+        "turnaround",
+        "--adapter",
+        adapter,
+        "--concurrency",
+        "1,4",
+        "--steps",
+        "3",
+        "--latency",
+        "0.01",
+        plot=adapter == "sim",
+    )
     assert data["leaked"] == 0
     assert [(row["subject"], row["concurrency"]) for row in data["rows"]] == [
         ("messages", 1),
