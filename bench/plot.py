@@ -31,8 +31,8 @@ def _pyplot() -> Any:
 
 def plot_result(result: Result, path: str | Path) -> Path:
     plt = _pyplot()
-    drawer = {"exec": _exec, "burst": _burst, "episodes": _episodes, "scale": _scale, "chaos": _chaos}
-    drawer = {**drawer, "turnaround": _turnaround}[result.scenario]
+    drawers = {"exec": _exec, "burst": _burst, "episodes": _episodes, "scale": _scale, "chaos": _chaos}
+    drawer = {**drawers, "turnaround": _turnaround}[result.scenario]
     figure = drawer(plt, result)
     machine = result.machine
     figure.suptitle(

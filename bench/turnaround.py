@@ -162,7 +162,7 @@ async def _level(
         if path == "tokens"
         else MessagePolicy(engine)
     )
-    tasks = steps_tasks(concurrency, steps=steps)
+    tasks: list[Any] = steps_tasks(concurrency, steps=steps)
     done = steps_done = 0
     async with get_adapter(adapter_name, **adapter_options) as adapter:
         started = time.perf_counter()
@@ -177,6 +177,7 @@ async def _level(
         leaked = len(await adapter.list_owned())
     ideal = concurrency / latency
     steps_per_s = steps_done / wall
+    percentiles = ms_percentiles(engine.turnarounds)
     row = Row(
         subject=path,
         concurrency=concurrency,
@@ -187,7 +188,10 @@ async def _level(
         ops_per_s=round(steps_per_s, 1),  # what comparisons set side by side: steps/s
         episodes_per_s=round(done / wall, 2),
         wall_s=round(wall, 3),
-        **ms_percentiles(engine.turnarounds),
+        p50_ms=percentiles["p50_ms"],
+        p90_ms=percentiles["p90_ms"],
+        p95_ms=percentiles["p95_ms"],
+        p99_ms=percentiles["p99_ms"],
         extra={
             "engine_latency_ms": latency * 1000,
             "ideal_steps_per_s": ideal,
