@@ -75,16 +75,14 @@ class ByteTokenizer:
         return {"input_ids": ids}
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        out, run = [], bytearray()
-        for token in ids:
-            if token < 256:
-                run.append(token)
-                continue
-            out.append(run.decode(errors="replace"))
-            run = bytearray()
-            if not skip_special_tokens:
-                out.append(self.NAMES[token])
-        out.append(run.decode(errors="replace"))
+        out, start = [], 0
+        for index, token in enumerate(ids):
+            if token >= 256:
+                out.append(bytes(ids[start:index]).decode(errors="replace"))
+                if not skip_special_tokens:
+                    out.append(self.NAMES[token])
+                start = index + 1
+        out.append(bytes(ids[start:]).decode(errors="replace"))
         return "".join(out)
 
 

@@ -135,7 +135,10 @@ class TokenPolicy:
             last = turns[-1]
             assert last is not None
             segment = [turn for turn in turns if turn is not None and turn.segment == last.segment]
-            context = [token for turn in segment for token in (*turn.prompt_ids, *turn.token_ids)]
+            context: list[int] = []
+            for turn in segment:  # list extends, not a loop per token: this runs every turn
+                context += turn.prompt_ids
+                context += turn.token_ids
             before = self.messages_of(_partial(observation, history[:-1]))
             added = self._added(before, now, history[-1])
             if added is not None:
