@@ -29,6 +29,7 @@ import functools
 import json
 import os
 import signal
+import subprocess
 import tempfile
 import time
 import uuid
@@ -47,10 +48,11 @@ from orchard_async.adapters.local_reap import (
     _sandbox_processes,
     reap_local,
 )
-from orchard_async.capabilities import AdapterFacts, Doctor, Facts, Snapshots
+from orchard_async.capabilities import AdapterFacts, Doctor, Facts, Snapshots, spec_network
 from orchard_async.errors import ConfigError, CreateFailed, SandboxLost
+from orchard_async.kit import egress, procfs
 from orchard_async.kit import labels as names
-from orchard_async.kit import procfs
+from orchard_async.kit.egress import NamespaceEgress, NetworkSwitch
 from orchard_async.kit.sandbox import ShellSandbox
 from orchard_async.kit.shell import ShellClient, make_output_pipes, quote
 from orchard_async.kit.streams import PipeStream
@@ -79,6 +81,27 @@ trap 'kill -USR1 $server 2>/dev/null' USR1
 (sleep "$1"; kill -KILL $server) </dev/null >/dev/null 2>&1 &
 while :; do wait $server; kill -0 $server 2>/dev/null || break; done
 if [ "$2" = ns ]; then kill -KILL -1 2>/dev/null; fi
+"""
+
+
+# What the controller starts first, before the sandbox's directory exists: it waits for the
+# controller's `go <cgroup or ->` line on the pipe (`read` takes bytes up to the newline
+# only: the rest is the server's), then sends its stderr to the sandbox's log and becomes the
+# launcher in the work dir. At EOF instead (the controller died, or gave up, while it made
+# the directory) it removes the directory (unmounting a fork's overlay first), so a SIGKILL at
+# any point of a create leaves nothing. `$1` the sandbox dir, `$2` the launcher's script, then
+# the launcher's arguments after its dir and cgroup.
+GATE = r"""
+_o_base=$1 _o_launcher=$2; shift 2
+if IFS=' ' read -r _o_go _o_cg && [ "$_o_go" = go ]; then
+  exec 2>>"$_o_base/ctl/shell.log"
+  cd -- "$_o_base/work" || exit 1
+  [ "$_o_cg" != - ] || _o_cg=
+  exec sh -c "$_o_launcher" launcher "$_o_base" "$_o_cg" "$@"
+fi
+if [ -d "$_o_base/upper" ]; then umount -l -- "$_o_base/work" 2>/dev/null; fi
+rm -rf -- "$_o_base" 2>/dev/null
+exit 1
 """
 
 
@@ -130,7 +153,7 @@ def isolation_report(isolation: str = "auto") -> dict[str, str]:
             "your home, /home, /root and the other sandboxes hidden (but for the interpreter's dirs, read-only)",
             "processes": "the sandbox sees only its own (own /proc); they all end with it",
             "environment": "clean: PATH, HOME, LANG, TERM, the spec's env and ORCHARD_SANDBOX only",
-            "network": "off unless the spec asks (own network namespace with loopback only)",
+            "network": "off unless the spec asks (own network namespace with loopback only); " + network_switching(),
             "output": "not spooled to disk: read from pipes, capped at the output cap",
             "pids": pids,
             "memory": "RLIMIT_AS (address space, per process) from spec.memory",
@@ -138,6 +161,17 @@ def isolation_report(isolation: str = "auto") -> dict[str, str]:
         }
     )
     return report
+
+
+def network_switching() -> str:
+    """What ``set_network`` can do for a local sandbox here, for doctor."""
+    refusal = egress.namespace_refusal()
+    if refusal:
+        return f"set_network refused ({refusal})"
+    return (
+        "set_network switches a sandbox created offline (a veth pair to the host, "
+        "an iptables allowlist in the sandbox's own namespace)" + egress.forwarding_note()
+    )
 
 
 class LocalAdapter:
@@ -243,7 +277,8 @@ class LocalAdapter:
     async def doctor(self) -> str:
         method, why = await anyio.to_thread.run_sync(lambda: self.fork_method)
         isolation = self.isolation if self.namespaces else f"none ({self._probe.why})"
-        return f"isolation {isolation}; {snaps.describe(method, why)}"
+        switching = network_switching() if self.namespaces else "network: the host's, not switchable"
+        return f"isolation {isolation}; {snaps.describe(method, why)}; {switching}"
 
     async def _create(self, spec: SandboxSpec) -> ShellSandbox:
         sandbox_id = f"lo-{uuid.uuid4().hex[:16]}"
@@ -256,21 +291,10 @@ class LocalAdapter:
         }
         lease = {"id": sandbox_id, "labels": labels, "expires_at": expires_at}
         tree = snaps.tree_of(self.root, spec.snapshot) if spec.snapshot else None
-        self._prepare_dirs(base, lease)
-        if tree is not None:
-            try:
-                if self.fork_method[0] == "overlay":  # two mkdirs and a mount: no thread hop for that
-                    snaps.fork_into(tree, base, "overlay", self._owner())
-                else:
-                    await anyio.to_thread.run_sync(snaps.fork_into, tree, base, self.fork_method[0], self._owner())
-            except CreateFailed:
-                snaps.remove_sandbox_dir(base)
-                raise
         plan = iso.layout(self.root, base, network=spec.network == "on")
-        cgroup = iso.make_pids_cgroup(sandbox_id, spec.pids) if spec.pids and self.namespaces else ""
         inner = iso.sandbox_argv(self.isolation, plan, self._probe.user_namespace)
         supervisor = ["sh", "-c", SUPERVISOR, "supervisor", str(int(spec.ttl) + 1), "ns" if self.namespaces else ""]
-        argv = ["sh", "-c", iso.LAUNCHER, "launcher", str(base), cgroup, self.isolation, *inner, *supervisor]
+        argv = ["sh", "-c", GATE, "gate", str(base), iso.LAUNCHER, self.isolation, *inner, *supervisor]
         env = {
             "PATH": f"{base / 'bin'}:{iso.SYSTEM_PATH}",
             "HOME": str(work),
@@ -279,18 +303,35 @@ class LocalAdapter:
             **spec.env,
             SANDBOX_ENV: str(base),
         }
-        # Read back through a handle kept open: a launcher that fails removes the sandbox dir,
-        # log included, before the error would be read by path.
-        log_reader = open(ctl / "shell.log", "a+b")  # noqa: SIM115 (closed below, on every path)
-        with open(ctl / "shell.log", "ab") as log:
-            try:
-                process = await anyio.open_process(argv, stderr=log, cwd=work, env=env, start_new_session=True)
-            except OSError as exc:
-                log_reader.close()
+        # The process first, the sandbox's directory after: a controller killed in between
+        # leaves a gate that sees EOF and removes what was made (see GATE).
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            process = await anyio.open_process(
+                argv, stderr=subprocess.DEVNULL, cwd=self.root, env=env, start_new_session=True
+            )
+        except OSError as exc:
+            raise CreateFailed(f"could not start the sandbox shell: {exc}") from exc
+        assert process.stdin is not None and process.stdout is not None
+        cgroup = ""
+        try:
+            self._prepare_dirs(base, lease)
+            if tree is not None:
+                if self.fork_method[0] == "overlay":  # two mkdirs and a mount: no thread hop for that
+                    snaps.fork_into(tree, base, "overlay", self._owner())
+                else:
+                    await anyio.to_thread.run_sync(snaps.fork_into, tree, base, self.fork_method[0], self._owner())
+            cgroup = iso.make_pids_cgroup(sandbox_id, spec.pids) if spec.pids and self.namespaces else ""
+            # Read back through a handle kept open: a launcher that fails removes the sandbox
+            # dir, log included, before the error would be read by path.
+            log_reader = open(ctl / "shell.log", "a+b")  # noqa: SIM115 (closed below, on every path)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await process.stdin.aclose()  # the gate removes the directory
+                await process.wait()
                 snaps.remove_sandbox_dir(base)
                 iso.remove_cgroup(cgroup)
-                raise CreateFailed(f"could not start the sandbox shell: {exc}") from exc
-        assert process.stdin is not None and process.stdout is not None
+            raise
         server = _ServerPid()
         client = ShellClient(
             StapledByteStream(process.stdin, process.stdout),
@@ -300,6 +341,7 @@ class LocalAdapter:
             output_pipes=str(base / "out"),
         )
         try:
+            await process.stdin.send(f"go {cgroup or '-'}\n".encode())
             limits = self._limits(spec, cgroup)
             if limits:
                 await process.stdin.send(limits.encode())
@@ -315,10 +357,16 @@ class LocalAdapter:
             ) from exc
         log_reader.close()
 
+        async def server_pid() -> int:
+            return server.pid
+
+        egress = NamespaceEgress(server_pid, sandbox_id)
+
         async def teardown() -> None:
             self._live.pop(sandbox_id, None)
             await client.close()
             await self._stop(process, base, cgroup)
+            await egress.close()
 
         sandbox = ShellSandbox(
             id=sandbox_id,
@@ -328,9 +376,21 @@ class LocalAdapter:
             on_close=teardown,
             expires_at=expires_at,
             stream_opener=functools.partial(self._open_stream, base),
+            network=NetworkSwitch(spec_network(spec.network), egress.enforce, refusal=self._network_refusal(spec)),
         )
         self._live[sandbox_id] = (sandbox, process)
         return sandbox
+
+    def _network_refusal(self, spec: SandboxSpec) -> str:
+        """Why a sandbox of ``spec`` cannot have its network switched here ("" when it can)."""
+        if not self.namespaces:
+            return "a local sandbox without isolation is on the host's network: it cannot be switched"
+        if spec.network == "on":
+            return (
+                "a local sandbox created with network='on' shares the host's network namespace: "
+                "create it with network='none' to switch its network"
+            )
+        return egress.namespace_refusal()
 
     async def _open_stream(self, base: Path, sandbox: ShellSandbox, command: list[str]) -> anyio.abc.ByteStream:
         """Start ``command`` in the sandbox on two fresh FIFOs, its stdin and stdout, and

@@ -165,7 +165,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=_positive, help="steps per episode (default 10 on sim, 6 otherwise)")
     p.add_argument("--rounds", type=_positive, default=3, help="controllers SIGKILLed in turn (not sim; default 3)")
     p.add_argument(
-        "--settle", type=float, default=10.0, help="seconds to let a killed run's sandboxes self-destruct before reap"
+        "--settle",
+        type=float,
+        help="seconds to let a killed run's sandboxes self-destruct before reap "
+        "(default: the time the README promises for the adapter, else 10)",
     )
 
     p = sub.add_parser(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import subprocess
 import time
 import uuid
 from typing import Any
@@ -16,13 +17,14 @@ import anyio
 import msgspec
 from aiodocker.containers import DockerContainer
 
-from orchard_async.adapters.docker.api import WHERE, DockerApi
+from orchard_async.adapters.docker import guardian
+from orchard_async.adapters.docker.api import WHERE, AttachConnection, DockerApi
 from orchard_async.adapters.docker.attach import adoptable, find_sandboxes
 from orchard_async.adapters.docker.config import DockerConfig, hosts_dir
 from orchard_async.adapters.docker.container import container_config
 from orchard_async.adapters.docker.doctor import doctor
 from orchard_async.adapters.docker.fork import SNAPSHOT_REPO, Forks, check_snapshot_id
-from orchard_async.capabilities import AdapterFacts, Doctor, Facts, Reattach, Snapshots
+from orchard_async.capabilities import AdapterFacts, Doctor, Facts, NetworkPolicy, Reattach, Snapshots, spec_network
 from orchard_async.errors import BackendUnavailable, ConfigError, CreateFailed, SandboxLost
 from orchard_async.images import ImageMissing, build_command, missing_image_hint
 from orchard_async.kit import container_reattach
@@ -37,6 +39,7 @@ from orchard_async.kit.container_shell import (
     shell_command,
     start_shell,
 )
+from orchard_async.kit.egress import NamespaceEgress, NetworkSwitch, forwarding_note, namespace_refusal
 from orchard_async.kit.exec_streams import DuplexStream, ExecStream, Heartbeat, OutputStream, SplitRelay, close_streams
 from orchard_async.kit.sandbox import ShellSandbox
 from orchard_async.kit.shell import CgroupShellClient
@@ -80,6 +83,9 @@ class DockerAdapter(BackgroundOwner):
         self._unremoved: set[str] = set()  # destroyed, but the daemon did not confirm removal
         self._light_network = config.light_network  # off once the daemon refused our /etc/hosts bind
         self._hosts_dir: str | None = None  # holds the /etc/hosts of light-network sandboxes (config.hosts_dir)
+        # removes this adapter's never-started containers if the process dies (guardian.py)
+        self._guardian: subprocess.Popen[bytes] | None = None
+        self._guarded = False
 
     @property
     def facts(self) -> AdapterFacts:
@@ -89,6 +95,9 @@ class DockerAdapter(BackgroundOwner):
 
     async def create(self, spec: SandboxSpec) -> ShellSandbox:
         await self.api.client()  # connected first: whether the daemon shares this machine decides the network
+        if not self._guarded:
+            self._guarded = True
+            self._guardian = guardian.start(self.api.endpoint, self.controller, self.run_id)
         self._create_gate = self._create_gate or anyio.Semaphore(self.config.max_creating)
         image = spec.snapshot or spec.image or self.image
         async with self._create_gate:  # admission control: the daemon serialises creates
@@ -101,19 +110,22 @@ class DockerAdapter(BackgroundOwner):
             labels = self._labels(spec, expires_at)
             config = self._container_config(spec, image, labels)
             try:
-                container, split = await self._start_container(name, config)
+                container, split, watch = await self._start_container(name, config)
             except ConfigError as exc:
                 if not self._light_network_refused(config, exc):
                     raise
                 config = self._container_config(spec, image, labels)  # the daemon's network "none"
-                container, split = await self._start_container(name, config)
+                container, split, watch = await self._start_container(name, config)
             try:
                 client, relays = await self._open_shell(container, self._workdir(spec), name, split)
             except BaseException:
                 self._heartbeat.discard(name)
                 await self._remove(name)
+                if watch is not None:
+                    await watch.close()
                 raise
-        return self._sandbox(container, name, client, relays, labels, expires_at)
+        network = spec_network(spec.network)
+        return self._sandbox(container, name, client, relays, labels, expires_at, network, watch)
 
     def _sandbox(
         self,
@@ -123,7 +135,15 @@ class DockerAdapter(BackgroundOwner):
         relays: list[OutputStream],
         labels: dict[str, str],
         expires_at: float,
+        network: NetworkPolicy,
+        watch: AttachConnection | None = None,
     ) -> ShellSandbox:
+        async def container_pid() -> int:
+            details = await self.api.call("inspect", container.show())
+            return int(details.get("State", {}).get("Pid") or 0)
+
+        egress = NamespaceEgress(container_pid, name)
+
         async def teardown() -> None:
             self._live.pop(name, None)
             self._heartbeat.discard(name)
@@ -132,12 +152,24 @@ class DockerAdapter(BackgroundOwner):
             await self._remove(name)
             await client.close()
             await close_streams(relays)
+            await egress.close()
+            if watch is not None:
+                with anyio.CancelScope(shield=True):
+                    await watch.close()
 
         opener = functools.partial(self._open_stream, container)
+        switch = NetworkSwitch(network, egress.enforce, refusal=self._network_refusal())
         sandbox = self._live[name] = container_sandbox(
-            name, client, labels, expires_at, teardown=teardown, open_stream=opener
+            name, client, labels, expires_at, teardown=teardown, open_stream=opener, network=switch
         )
         return sandbox
+
+    def _network_refusal(self) -> str:
+        """Why a container's network cannot be switched from here ("" when it can): the rules go
+        into its network namespace from the daemon's machine."""
+        if not self.api.same_host:
+            return "the Docker daemon runs on another machine: a container's network is switched from the daemon's"
+        return namespace_refusal()
 
     def _labels(self, spec: SandboxSpec, expires_at: float) -> dict[str, str]:
         lease = names.lease_labels(owner=self.owner, run=self.run_id, expires_at=expires_at, controller=self.controller)
@@ -212,24 +244,32 @@ class DockerAdapter(BackgroundOwner):
         that outlives its controller: an attach cannot be handed over, an exec can."""
         return self.config.exit_with_shell and not self.reattach_grace
 
-    async def _start_container(self, name: str, config: dict[str, Any]) -> tuple[DockerContainer, SplitRelay | None]:
-        """Create and start the container; with relays in its main process, attach to its
-        output in between (nothing it prints is missed)."""
-        split = None
+    async def _start_container(
+        self, name: str, config: dict[str, Any]
+    ) -> tuple[DockerContainer, SplitRelay | None, AttachConnection | None]:
+        """Create and start the container, attached in between to its stdin (the controller
+        watch of container.py: the container ends when this connection goes) and, with relays
+        in its main process, its output (nothing it prints is missed). Returns the container,
+        the relays in its main process, and the stdin-only attach when there are none."""
+        split = watch = None
         try:
             container = await self.api.create_container(name, config)
             if self._relays_in_main:
                 split = SplitRelay(await self.api.attach_main(container))
+            elif self.config.exit_with_shell:  # no output to read: the connection is only its stdin
+                watch = await self.api.attach_main(container, output=False)
             await self.api.call("container start", container.start())
         except BaseException as exc:
             # Even a create that failed may have made the container (its answer was lost).
             await self._remove(name)
             if split is not None:
                 await split.close()
+            if watch is not None:
+                await watch.close()
             if isinstance(exc, aiodocker.DockerError):
                 raise self._create_error(config["Image"], exc) from None
             raise
-        return container, split
+        return container, split, watch
 
     @staticmethod
     def _create_error(image: str, exc: aiodocker.DockerError) -> Exception:
@@ -305,7 +345,13 @@ class DockerAdapter(BackgroundOwner):
         except BaseException:
             self._heartbeat.discard(sandbox_id)
             raise
-        return self._sandbox(found.container, sandbox_id, client, relays, found.labels, found.expires_at)
+        details = await self.api.call("inspect", found.container.show())
+        mode = details.get("HostConfig", {}).get("NetworkMode")
+        # As it was created; a gone controller's switch is not known (the first change rewrites it all).
+        network = spec_network(
+            "on" if mode not in ("none", None) and not details.get("Config", {}).get("NetworkDisabled") else "none"
+        )
+        return self._sandbox(found.container, sandbox_id, client, relays, found.labels, found.expires_at, network)
 
     async def find_sandboxes(self, labels: dict[str, str]) -> dict[str, dict[str, str]]:
         """Sandboxes (anyone's, live or ended but not yet removed) carrying every one of
@@ -369,7 +415,19 @@ class DockerAdapter(BackgroundOwner):
                 await self.forks.drop(snapshot_id, quiet=True)
             await self._background.close()
             await self.api.close()
+            if self._guardian is not None:
+                await anyio.to_thread.run_sync(guardian.stop, self._guardian)
+                self._guardian, self._guarded = None, False
 
     async def doctor(self) -> str:
         """One line for `orchard-async doctor`; raises AdapterUnavailable when no daemon answers."""
-        return await doctor(self.api, image=self.image, keepalive=self.keepalive)
+        line = await doctor(self.api, image=self.image, keepalive=self.keepalive)
+        await self.api.client()  # whether the daemon shares this machine decides the switching
+        refusal = self._network_refusal()
+        switching = (
+            f"set_network refused ({refusal})"
+            if refusal
+            else "set_network switches a container's egress (a veth pair to the host, an iptables allowlist "
+            "in its namespace)" + forwarding_note()
+        )
+        return f"{line}; {switching}"
