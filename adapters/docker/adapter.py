@@ -41,6 +41,7 @@ from orchard_async.kit.container_shell import (
 )
 from orchard_async.kit.egress import NamespaceEgress, NetworkSwitch, forwarding_note, namespace_refusal
 from orchard_async.kit.exec_streams import DuplexStream, ExecStream, Heartbeat, OutputStream, SplitRelay, close_streams
+from orchard_async.kit.guardian import stop_guardian
 from orchard_async.kit.sandbox import ShellSandbox
 from orchard_async.kit.shell import CgroupShellClient
 from orchard_async.protocols import Sandbox
@@ -416,7 +417,7 @@ class DockerAdapter(BackgroundOwner):
             await self._background.close()
             await self.api.close()
             if self._guardian is not None:
-                await anyio.to_thread.run_sync(guardian.stop, self._guardian)
+                await anyio.to_thread.run_sync(stop_guardian, self._guardian)
                 self._guardian, self._guarded = None, False
 
     async def doctor(self) -> str:

@@ -66,6 +66,7 @@ from orchard_async.kit.background import Background, BackgroundOwner
 from orchard_async.kit.deadline import explained_deadline
 from orchard_async.kit.egress import NetworkSwitch
 from orchard_async.kit.exec_streams import OutputStream, close_streams
+from orchard_async.kit.guardian import stop_guardian
 from orchard_async.kit.retry import Backoff
 from orchard_async.kit.sandbox import ShellSandbox
 from orchard_async.kit.shell import CgroupShellClient, ShellClient
@@ -637,7 +638,7 @@ class KubernetesAdapter(BackgroundOwner):
             await self.api.close()
             self._started = False
             if self._guardian is not None:
-                await anyio.to_thread.run_sync(guardian.stop, self._guardian)
+                await anyio.to_thread.run_sync(stop_guardian, self._guardian)
                 self._guardian, self._guarded = None, False
 
     async def doctor(self) -> str:
