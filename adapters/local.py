@@ -30,6 +30,8 @@ import functools
 import json
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -81,6 +83,52 @@ trap 'kill -USR1 $server 2>/dev/null' USR1
 while :; do wait $server; kill -0 $server 2>/dev/null || break; done
 if [ "$2" = ns ]; then kill -KILL -1 2>/dev/null; fi
 """
+
+
+# Signals a child gets back at their default by subprocess itself (restore_signals).
+RESTORED_BY_SUBPROCESS = frozenset(
+    getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)
+)
+# Runs a command with every signal at its default: where the host's `env` lacks
+# --default-signal (coreutils before 8.31).
+RESET_SIGNALS = (
+    "import os, signal, sys\n"
+    "for s in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:\n"
+    "    try: signal.signal(s, signal.SIG_DFL)\n"
+    "    except (OSError, ValueError): pass\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])\n"
+)
+
+
+def inherited_ignores() -> list[str]:
+    """Signals this process ignores that a child would inherit ignored: nohup's SIGHUP, a
+    background job's SIGINT and SIGQUIT. (A signal a shell ignores on entry is one it cannot
+    trap or reset, so a sandbox's shell would hand them on to every command.)"""
+    ignored = []
+    for sig in signal.valid_signals() - RESTORED_BY_SUBPROCESS:
+        with contextlib.suppress(OSError, ValueError):
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                ignored.append(signal.Signals(sig).name)
+    return sorted(ignored)
+
+
+@functools.cache
+def _env_resets_signals() -> bool:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(["env", "--default-signal=HUP", "true"], capture_output=True, timeout=10)
+        return done.returncode == 0
+    return False
+
+
+def default_signals_argv() -> list[str]:
+    """The prefix that starts a sandbox with default signal dispositions, whatever this
+    process inherited (nothing when it ignores none)."""
+    ignored = inherited_ignores()
+    if not ignored:
+        return []
+    if _env_resets_signals():
+        return ["env", "--default-signal=" + ",".join(name.removeprefix("SIG") for name in ignored)]
+    return [sys.executable, "-S", "-c", RESET_SIGNALS]
 
 
 def default_root() -> Path:
@@ -282,7 +330,10 @@ class LocalAdapter:
         cgroup = iso.make_pids_cgroup(sandbox_id, spec.pids) if spec.pids and self.namespaces else ""
         inner = iso.sandbox_argv(self.isolation, plan, self._probe.user_namespace)
         supervisor = ["sh", "-c", SUPERVISOR, "supervisor", str(int(spec.ttl) + 1), "ns" if self.namespaces else ""]
-        argv = ["sh", "-c", iso.LAUNCHER, "launcher", str(base), cgroup, self.isolation, *inner, *supervisor]
+        argv = [
+            *default_signals_argv(),
+            *["sh", "-c", iso.LAUNCHER, "launcher", str(base), cgroup, self.isolation, *inner, *supervisor],
+        ]
         # Inside a mount namespace the work dir is WORKSPACE, as in a container; without one
         # (isolation "none") it can only be its host path.
         workdir = iso.WORKSPACE if self.namespaces else str(work)
