@@ -231,6 +231,8 @@ class LocalAdapter:
                 f"the local adapter cannot isolate a sandbox here ({self._probe.why}), so network='none' cannot "
                 "hold; install bubblewrap, or pass isolation='none' to run without any isolation"
             )
+        if spec.gpus:
+            raise ConfigError(f"the local adapter gives sandboxes no GPU (gpus={spec.gpus}); use docker or kubernetes")
         if not self.namespaces and spec.writable_dirs:
             raise ConfigError(
                 f"the local adapter without isolation cannot make writable_dirs {list(spec.writable_dirs)} "

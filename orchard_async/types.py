@@ -106,6 +106,9 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     # (Harbor's tasks write /app, /logs, /tests, /solution): created at start, keeping what
     # the image already has there.
     writable_dirs: tuple[str, ...] = ()
+    # GPUs the sandbox gets (docker device requests, kubernetes nvidia.com/gpu limits); an
+    # adapter that cannot give them refuses the spec at create time, never a CPU-only sandbox.
+    gpus: int = 0
 
     def __post_init__(self) -> None:
         # Every field is checked here, types included: msgspec validates types only when it
@@ -134,6 +137,8 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
         if self.snapshot is not None and not (isinstance(self.snapshot, str) and self.snapshot.strip()):
             raise ConfigError(f"snapshot must be a snapshot id from adapter.snapshot(), got {self.snapshot!r}")
         _check_writable_dirs(self.writable_dirs)
+        if not isinstance(self.gpus, int) or isinstance(self.gpus, bool) or self.gpus < 0:
+            raise ConfigError(f"gpus must be a whole number of GPUs (0 or more), got {self.gpus!r}")
 
     @property
     def memory_bytes(self) -> int | None:

@@ -80,6 +80,7 @@ class DockerAdapter(BackgroundOwner):
         self._unremoved: set[str] = set()  # destroyed, but the daemon did not confirm removal
         self._light_network = config.light_network  # off once the daemon refused our /etc/hosts bind
         self._hosts_dir: str | None = None  # holds the /etc/hosts of light-network sandboxes (config.hosts_dir)
+        self._gpus: int | None = None  # the daemon's GPUs: -1 some (the nvidia runtime), None not asked yet
 
     @property
     def facts(self) -> AdapterFacts:
@@ -89,6 +90,8 @@ class DockerAdapter(BackgroundOwner):
 
     async def create(self, spec: SandboxSpec) -> ShellSandbox:
         await self.api.client()  # connected first: whether the daemon shares this machine decides the network
+        if spec.gpus:
+            await self._check_gpus(spec.gpus)
         self._create_gate = self._create_gate or anyio.Semaphore(self.config.max_creating)
         image = spec.snapshot or spec.image or self.image
         async with self._create_gate:  # admission control: the daemon serialises creates
@@ -140,6 +143,22 @@ class DockerAdapter(BackgroundOwner):
             name, client, labels, expires_at, teardown=teardown, open_stream=opener
         )
         return sandbox
+
+    async def _check_gpus(self, wanted: int) -> None:
+        """Refuse a spec asking for GPUs the daemon cannot give, before any container exists
+        (its own refusal would come only at start, as a server error): GPUs come from the
+        nvidia runtime or from CDI devices named nvidia.com/gpu."""
+        if self._gpus is None:
+            info = await self.api.info()
+            cdi = [d for d in info.get("DiscoveredDevices") or [] if str(d.get("ID", "")).startswith("nvidia.com/gpu")]
+            self._gpus = len(cdi) if cdi else (-1 if "nvidia" in (info.get("Runtimes") or {}) else 0)
+        if self._gpus == 0:
+            raise ConfigError(
+                f"the Docker daemon has no GPU to give (no nvidia runtime, no nvidia.com/gpu CDI device), so "
+                f"gpus={wanted} cannot hold; install the NVIDIA Container Toolkit there, or ask for gpus=0"
+            )
+        if self._gpus > 0 and wanted > self._gpus:
+            raise ConfigError(f"gpus={wanted}, but the Docker daemon has {self._gpus} GPU(s)")
 
     def _labels(self, spec: SandboxSpec, expires_at: float) -> dict[str, str]:
         lease = names.lease_labels(owner=self.owner, run=self.run_id, expires_at=expires_at, controller=self.controller)

@@ -71,6 +71,8 @@ def container_config(
     if spec.memory_bytes:
         # Swap as large as memory means no swap: over the limit, the OOM killer acts.
         host["Memory"] = host["MemorySwap"] = spec.memory_bytes
+    if spec.gpus:  # what `docker run --gpus N` asks for: any driver that offers the gpu capability
+        host["DeviceRequests"] = [{"Driver": "", "Count": spec.gpus, "DeviceIDs": None, "Capabilities": [["gpu"]]}]
     timer = ["sh", "-c", (RELAYS_IN_MAIN if relays_in_main else "") + TIMER, "orchard-timer"]
     body: dict[str, Any] = {}
     if hosts_file:

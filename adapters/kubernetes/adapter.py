@@ -30,10 +30,12 @@ from orchard_async.adapters.kubernetes.hollow import (
     hollow_verdict,
 )
 from orchard_async.adapters.kubernetes.manifests import (
+    GPU_RESOURCE,
     PodSettings,
     allow_egress_policy,
     allow_policy_name,
     deny_egress_policy,
+    gpus_of,
     namespace_manifest,
     pod_manifest,
     relay_ingress_policy,
@@ -103,6 +105,7 @@ class KubernetesAdapter(BackgroundOwner):
             tolerations=tolerations,
             runtime_class=config.runtime_class,
             priority_class=config.priority_class,
+            gpu_runtime_class=config.gpu_runtime_class,
         )
         self.api = KubeApi(
             namespace=self.namespace,
@@ -234,6 +237,8 @@ class KubernetesAdapter(BackgroundOwner):
         if (image, spec.pull) in self._images_missing:
             raise self._images_missing[image, spec.pull]
         await self._ensure_namespace()
+        if spec.gpus:
+            await self._check_gpus(spec.gpus)
         assert self._create_gate is not None
         name = f"orchard-{uuid.uuid4().hex[:16]}"
         expires_at = time.time() + spec.ttl
@@ -407,6 +412,23 @@ class KubernetesAdapter(BackgroundOwner):
             event = await self.api.last_warning(name)
         extra = f"; last event: {event}" if event and event not in why else ""
         return f"sandbox pod {name} (image {image}) was not ready within {budget:.3g}s: {why}{extra}"
+
+    async def _check_gpus(self, wanted: int) -> None:
+        """Refuse a spec asking for more GPUs than any node offers (the pod would wait
+        unschedulable until its create timed out). Where this key may not list nodes, the
+        scheduler is left to decide."""
+        try:
+            nodes = await self.api.request("GET", "/api/v1/nodes", what="nodes", retry_for=0)
+        except ApiError as exc:
+            if exc.status in (401, 403):
+                return
+            raise
+        most = max((gpus_of(node) for node in nodes.get("items", [])), default=0)
+        if most < wanted:
+            raise ConfigError(
+                f"gpus={wanted}, but no node of the cluster offers that many {GPU_RESOURCE} "
+                f"(at most {most}); install NVIDIA's device plugin on a GPU node, or ask for fewer"
+            )
 
     async def _open_shell(
         self, pod: PodRef, workdir: str, *, writable_dirs: tuple[str, ...] = ()

@@ -198,6 +198,8 @@ class Registry:
                 network="none" if request.block_network else "on",
                 env=request.env,
                 workdir=request.workdir,
+                writable_dirs=tuple(request.writable_dirs),
+                gpus=request.gpus,
                 ttl=ttl,
                 labels={**request.labels, TENANT_LABEL: tenant.name, ID_LABEL: public_id, **self.name_label()},
             )

@@ -82,13 +82,12 @@ def local_capacity() -> dict[str, Any]:
 
 
 async def docker_capacity(adapter: Any) -> dict[str, Any]:
-    client = await adapter.api.client()
-    info = await adapter.api.call("info", client.system.info())
+    info = await adapter.api.info()
     return {
         "cpus": info.get("NCPU"),
         "memory_bytes": info.get("MemTotal"),
         "containers_running": info.get("ContainersRunning"),
-        "gpus": "nvidia" in (info.get("Runtimes") or {}),
+        "nvidia_runtime": "nvidia" in (info.get("Runtimes") or {}),
     }
 
 
