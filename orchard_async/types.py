@@ -77,7 +77,7 @@ def _check_choice(what: str, value: object, choices: tuple[str, ...]) -> None:
 
 
 def _check_writable_dirs(dirs: object) -> None:
-    if not isinstance(dirs, tuple | list) or isinstance(dirs, str):
+    if not isinstance(dirs, tuple | list):  # a str is neither: "/app" is not a list of dirs
         raise ConfigError(f"writable_dirs must be a list of absolute paths, got {dirs!r}")
     for path in dirs:
         if not isinstance(path, str) or not path.startswith("/") or "\0" in path:

@@ -145,7 +145,7 @@ class DockerApi:
 
     async def info(self) -> dict[str, Any]:
         """The daemon's ``docker info``: its CPUs, memory, runtimes, devices."""
-        return await self.call("info", (await self.client()).system.info(), 10)
+        return dict(await self.call("info", (await self.client()).system.info(), 10))
 
     async def image_present(self, image: str) -> bool:
         docker = await self.client()

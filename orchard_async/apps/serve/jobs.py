@@ -279,11 +279,13 @@ class Jobs:
         request, box = job.request, job.box
         lane = await lane_for(box) if self.bash_lanes and usable_for(request) else None
         if lane is None:
+            sandbox = box.sandbox
+            assert sandbox is not None  # a job starts only in a ready sandbox
             if box.default_signals is None:  # asked once per sandbox
-                probe = await box.sandbox.exec(ENV_RESETS_SIGNALS, timeout=30)
+                probe = await sandbox.exec(ENV_RESETS_SIGNALS, timeout=30)
                 box.default_signals = probe.exit_code == 0
             script = orchard_script(job, box.default_signals)
-            result = await box.sandbox.exec(script, timeout=job.timeout, env=request.env)
+            result = await sandbox.exec(script, timeout=job.timeout, env=request.env)
             return without_tty_warnings(result) if request.login_shell else result
         cwd = box.path(request.cwd) if request.cwd is not None else None
         return await lane.run(job.command, timeout=job.timeout, cwd=cwd, env=request.env)
