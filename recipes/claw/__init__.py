@@ -4,7 +4,8 @@ to-do, notes, documents, helpdesk, finance, chat, web search), in the spirit of 
     orchard-async run claw --tasks builtin --policy oracle --episodes 40 --out out/claw.jsonl
 
 * tasks: ``load_tasks("builtin")`` (the bundled YAML tasks), ``"builtin:ID,ID"``, a task file
-  or a directory of them (schema in ``task``);
+  or a directory of them (schema in ``task``), or ``"claw-eval:DIR"``: Claw-Eval's own task folders,
+  unchanged (``claw_eval``: its schema, services, graders; ``orchard-async claw validate DIR``);
 * services: one stdlib-only server per sandbox, started at setup, reached through commands
   on the sandbox's PATH (``mail list --unread``) or HTTP on its loopback (``services``);
 * scoring: from the services' audit and final state, read with a MAC the agent cannot forge

@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import shlex
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,9 +90,10 @@ def _heredoc(path: str, text: str) -> str:
     return f"cat > {path} <<'{tag}'\n{text}{'' if text.endswith(chr(10)) else chr(10)}{tag}\n"
 
 
-def install_script(tools_json: str) -> str:
-    """The shell script that installs the services and starts the server (config on stdin)."""
-    shims = " ".join(SERVICE_COMMANDS)
+def install_script(tools_json: str, extra_commands: tuple[str, ...] = ()) -> str:
+    """The shell script that installs the services and starts the server (config on stdin);
+    ``extra_commands``: more service commands (a Claw-Eval task's services)."""
+    shims = " ".join(dict.fromkeys((*SERVICE_COMMANDS, *extra_commands)))
     return (
         "set -e\n"
         'PY=python3\nif [ -n "$ORCHARD_SANDBOX" ] && [ -x "$ORCHARD_SANDBOX/bin/python3" ]; then PY="$ORCHARD_SANDBOX/bin/python3"; fi\n'
@@ -103,6 +105,7 @@ def install_script(tools_json: str) -> str:
         + _heredoc(f"{HOME}/claw_cli.py", (SOURCES / "claw_cli.py").read_text())
         + _heredoc(f"{HOME}/claw_mcp.py", (SOURCES / "claw_mcp.py").read_text())
         + _heredoc(f"{HOME}/claw_user.py", (SOURCES / "claw_user.py").read_text())
+        + _heredoc(f"{HOME}/claw_eval_services.py", (SOURCES / "claw_eval_services.py").read_text())
         + _heredoc(f"{HOME}/tools.json", tools_json)
         + f"for name in {shims}; do\n"
         "  case $name in claw) sub= ;; *) sub=$name ;; esac\n"
@@ -127,14 +130,22 @@ async def start(
     tools: list[str] | None,
     faults: dict[str, Any] | None,
     user_model: dict[str, Any] | None = None,
+    claw_eval: dict[str, Any] | None = None,
 ) -> ServiceHandle:
     """Install the services in ``sandbox`` and start them seeded with ``world`` (``user_model``:
-    where the simulated user's model is, as the sandbox reaches it; see ``simulated_user``)."""
+    where the simulated user's model is, as the sandbox reaches it; see ``simulated_user``;
+    ``claw_eval``: a Claw-Eval task's services and tools, see ``sandbox/claw_eval_services``)."""
     key = secrets.token_hex(32)
     offered = claw_tools.catalogue(set(tools) if tools is not None else None)
-    config = {"key": key, "world": world, "tools": tools, "faults": faults or {}, "user_model": user_model}
+    extra = (claw_eval or {}).get("tools") or []
+    offered += [{"name": t["name"], "description": t["description"], "parameters": t["schema"]} for t in extra]
+    config = {
+        "key": key, "world": world, "tools": tools, "faults": faults or {}, "user_model": user_model,
+        "claw_eval": claw_eval,
+    }  # fmt: skip
+    commands = tuple(s["name"] for s in (claw_eval or {}).get("services") or [])
     result = await sandbox.exec(
-        install_script(json.dumps(offered, indent=1)),
+        install_script(json.dumps(offered, indent=1), commands),
         stdin=(json.dumps(config) + "\n").encode(),
         timeout=START_TIMEOUT,
     )
@@ -144,7 +155,38 @@ async def start(
             f"the claw services did not start: {(result.error_text or result.text).strip()[-500:]}"
         )
     port, _, python = result.text.strip().partition(" ")
-    return ServiceHandle(key=key.encode(), port=int(port), python=python)
+    handle = ServiceHandle(key=key.encode(), port=int(port), python=python)
+    if claw_eval and claw_eval.get("services"):
+        await _health_checks(sandbox, handle, claw_eval["services"])
+    return handle
+
+
+# Each Claw-Eval service's health check as its task declares it (path and method), on the port it got.
+HEALTH_SCRIPT = """\
+import json, sys, urllib.request
+checks, ports = json.loads(sys.argv[1]), json.load(open(sys.argv[2]))
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+for name, path, method in checks:
+    req = urllib.request.Request("http://127.0.0.1:%s%s" % (ports[name]["port"], path), data=b"{}" if method == "POST" else None,
+                                 method=method, headers={"Content-Type": "application/json", "X-Claw-Via": "health"})
+    with opener.open(req, timeout=20) as reply:
+        if reply.status != 200:
+            sys.exit("%s: health check %s %s answered %s" % (name, method, path, reply.status))
+"""
+
+
+async def _health_checks(sandbox: Sandbox, handle: ServiceHandle, declared: list[dict[str, Any]]) -> None:
+    checks = [[s["name"], s["health"], s.get("health_method", "POST")] for s in declared if s.get("health")]
+    if not checks:
+        return
+    result = await sandbox.exec(
+        f"{handle.python} - {shlex.quote(json.dumps(checks))} {HOME}/ports.json",
+        stdin=HEALTH_SCRIPT.encode(),
+        timeout=START_TIMEOUT,
+    )
+    _check(result, "checking the Claw-Eval services' health")
+    if not result.ok:
+        raise ServicesUnavailable(f"a Claw-Eval service failed its health check: {result.error_text.strip()[-300:]}")
 
 
 def _mac(key: bytes, text: str) -> str:

@@ -159,6 +159,7 @@ class ClawTask:
     user_model: UserModel | None = None  # set: a language model plays the user (simulated_user)
     judge: Any = None  # a judge.ClawJudge: llm_judge checks are judged (else left out)
     user_links: dict[str, UserLink] = field(default_factory=dict, repr=False)
+    claw_eval: dict[str, Any] | None = None  # a Claw-Eval task's services and tools (claw_eval.loader)
 
     @property
     def services(self) -> list[str]:
@@ -186,7 +187,12 @@ class ClawTask:
             user_model = link.config(self.prompt)
         try:
             self.handles[sandbox.id] = await services.start(
-                sandbox, world=self.world, tools=self.tools, faults=self.faults, user_model=user_model
+                sandbox,
+                world=self.world,
+                tools=self.tools,
+                faults=self.faults,
+                user_model=user_model,
+                claw_eval=self.claw_eval,
             )
         except BaseException:
             if sandbox.id in self.user_links:
@@ -542,8 +548,9 @@ def load_task(path: Path, *, image: str | None = None) -> ClawTask:
 def load_tasks(
     source: str = "builtin", options: ClawOptions | Mapping[str, Any] | None = None, **keywords: Any
 ) -> list[ClawTask]:
-    """``builtin`` (the bundled tasks), ``builtin:ID,ID`` (some of them), a task file, or a
-    directory of task files (``*.yaml``). ``options`` (``ClawOptions``, a mapping or keywords):
+    """``builtin`` (the bundled tasks), ``builtin:ID,ID`` (some of them), a task file, a
+    directory of task files (``*.yaml``), or ``claw-eval:DIR`` (Claw-Eval's task folders, see
+    ``claw_eval``). ``options`` (``ClawOptions``, a mapping or keywords):
     the sandbox ``image``, and the model that plays the simulated user (``user_*``; none: the
     tasks' scripts answer, see ``simulated_user``). An ``llm_judge`` check's model is
     ``judge_config``'s."""
@@ -552,6 +559,8 @@ def load_tasks(
     from orchard_async.recipes.claw.judge import configured_judge  # the GUI recipe's judge settings, read once per load
 
     judge = configured_judge()
+    if source.startswith("claw-eval:"):
+        return _claw_eval_tasks(source.partition(":")[2], opts.image, user_model, judge)
     if source == "builtin" or source.startswith("builtin:"):
         paths = sorted(BUILTIN_DIR.glob("*.yaml"))
     else:
@@ -586,3 +595,21 @@ def load_tasks(
         task.user_model = user_model
         task.judge = judge
     return tasks
+
+
+def _claw_eval_tasks(folder: str, image: str, user_model: UserModel | None, judge: Any) -> list[ClawTask]:
+    """Claw-Eval's task folders (``claw_eval.loader``): a folder that cannot run is one line on
+    stderr and the others run; none that can is a ConfigError."""
+    import sys
+
+    from orchard_async.recipes.claw.claw_eval.loader import inspect_folder
+
+    tasks, problems = inspect_folder(Path(folder).expanduser(), image=image)
+    for problem in problems:
+        print(f"claw-eval: {problem.line()}", file=sys.stderr)
+    if not tasks:
+        raise ConfigError(f"--tasks claw-eval:{folder}: none of its {len(problems)} tasks can run (see above)")
+    for task in tasks:
+        task.user_model = user_model
+        task.judge = judge
+    return list(tasks)

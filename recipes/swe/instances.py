@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from orchard_async import ConfigError
+from orchard_async.recipes.swe import formats
+from orchard_async.recipes.swe.formats import ProScripts
 
 REQUIRED = (
     "instance_id",
@@ -80,6 +82,14 @@ class Instance:
     activate: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     where: str = ""  # "file:line", for messages
+    # How the row's publisher runs and grades it (formats.py); SWE-bench's way by default.
+    format: str = formats.SWE_BENCH
+    workdir: str | None = None  # where the image keeps the repository (None: SWE-bench's /testbed)
+    enter_commands: tuple[str, ...] = ()
+    log_parser: str = ""
+    gold_reverse: bool = False
+    test_stage: str = ""
+    pro: ProScripts | None = None
 
     @property
     def test_files(self) -> list[str]:
@@ -134,26 +144,41 @@ def _test_ids(data: dict, key: str, *, allow_empty: bool) -> tuple[str, ...]:
     return tuple(value)
 
 
-def parse_instance(data: Any, *, base_dir: Path | None = None, where: str = "") -> Instance:
-    """Validate one instance object. Raises ``_Bad`` naming the field."""
+def parse_instance(
+    data: Any,
+    *,
+    base_dir: Path | None = None,
+    where: str = "",
+    format: str | None = None,
+    pro_scripts: Path | None = None,
+) -> Instance:
+    """Validate one instance object, read in its format (``format``, else detected: see
+    formats.py). Raises ``_Bad`` naming the field."""
     if not isinstance(data, dict):
         raise _Bad(f"an instance must be a JSON object, got {type(data).__name__}")
+    row = data
+    try:
+        fmt, mapped = formats.read(row, formats.Context(base_dir, pro_scripts), format)
+    except formats.FormatError as exc:
+        raise _Bad(str(exc)) from None
+    data = mapped.fields
     missing = [key for key in REQUIRED if key not in data]
     if missing:
         raise _Bad(f"missing required field{'s' if len(missing) > 1 else ''} {', '.join(repr(k) for k in missing)}")
     instance_id = _string(data, "instance_id")
     base_commit = _string(data, "base_commit").strip()
-    if not _HEX.match(base_commit):
+    if not _HEX.match(base_commit) and fmt.name != formats.SMITH:  # SWE-smith's base is a branch
         raise _Bad(f"field 'base_commit' must be a lowercase hex commit id, got {base_commit!r}")
-    test_patch = _string(data, "test_patch")
-    if not patch_files(test_patch):
+    test_patch = _string(data, "test_patch", empty=True)
+    tests_in_repo = fmt.name == formats.SMITH  # SWE-smith's tests are in the instance's branch
+    if (test_patch.strip() or not tests_in_repo) and not patch_files(test_patch):
         raise _Bad("field 'test_patch' is not a unified diff (no file headers found)")
     f2p = _test_ids(data, "FAIL_TO_PASS", allow_empty=False)
     p2p = _test_ids(data, "PASS_TO_PASS", allow_empty=True)
     overlap = sorted(set(f2p) & set(p2p))
     if overlap:
         raise _Bad(f"fields 'FAIL_TO_PASS' and 'PASS_TO_PASS' both list {overlap[:3]}")
-    image = data.get("image")
+    image = mapped.image or data.get("image")
     if image is not None and (not isinstance(image, str) or not image.strip()):
         raise _Bad("field 'image' must be a non-empty string when given")
     repo_path = data.get("repo_path")
@@ -175,13 +200,13 @@ def parse_instance(data: Any, *, base_dir: Path | None = None, where: str = "") 
         setup = tuple(cmd for cmd in setup if cmd.strip())
     else:
         raise _Bad("field 'setup_commands' must be a string or a list of strings")
-    test_command = data.get("test_command", "")
+    test_command = mapped.test_command or data.get("test_command", "")
     if not isinstance(test_command, str):
         raise _Bad("field 'test_command' must be a string")
     env = data.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(v, str) and _ENV_KEY.match(k) for k, v in env.items()):
         raise _Bad("field 'env' must be an object of NAME: string (NAME a shell identifier)")
-    activate = data.get("activate", "")
+    activate = mapped.activate or data.get("activate", "")
     if not isinstance(activate, str):
         raise _Bad("field 'activate' must be a string (shell commands)")
     known = set(REQUIRED) | set(OPTIONAL)
@@ -200,8 +225,15 @@ def parse_instance(data: Any, *, base_dir: Path | None = None, where: str = "") 
         test_command=test_command.strip(),
         env=dict(env),
         activate=activate.strip(),
-        extra={k: v for k, v in data.items() if k not in known},
+        extra={k: v for k, v in row.items() if k not in known},
         where=where,
+        format=fmt.name,
+        workdir=mapped.workdir,
+        enter_commands=mapped.enter_commands,
+        log_parser=mapped.log_parser,
+        gold_reverse=mapped.gold_reverse,
+        test_stage=mapped.test_stage,
+        pro=mapped.pro,
     )
 
 
@@ -236,30 +268,47 @@ def _json_array_items(text: str, path: Path) -> list[tuple[int, Any]]:
         pos = end
 
 
-def load_instances(path: str | Path) -> list[Instance]:
-    """Every instance in a ``.jsonl`` or ``.json`` file, validated; errors say file:line and field."""
+def _parquet_rows(path: Path) -> list[tuple[int, Any]]:
+    """(row number, row) of a Parquet export of a dataset (Hugging Face's ``data/*.parquet``)."""
+    try:
+        import pyarrow.parquet as parquet  # type: ignore[import-untyped]
+    except ImportError:
+        raise ConfigError(f"{path}: reading Parquet needs pyarrow: pip install pyarrow") from None
+    try:
+        rows = parquet.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow's errors for a file that is not Parquet
+        raise ConfigError(f"{path}: not a readable Parquet file: {exc}") from None
+    return list(enumerate(rows, 1))
+
+
+def load_instances(
+    path: str | Path, *, format: str | None = None, pro_scripts: str | Path | None = None
+) -> list[Instance]:
+    """Every instance in a ``.jsonl``, ``.json`` or ``.parquet`` file, validated; errors say
+    file:line (a Parquet file's row) and field. ``format`` reads every row in that format
+    (formats.FORMATS), else each row's is detected. ``pro_scripts``: SWE-bench Pro's
+    ``run_scripts`` folder (default: ``run_scripts`` next to the file)."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise ConfigError(f"{path}: no such task file (give a .jsonl or .json file of instances, or 'builtin')")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() == ".json":
-        items = _json_array_items(text, path)
+        raise ConfigError(
+            f"{path}: no such task file (give a .jsonl, .json or .parquet file of instances, or 'builtin')"
+        )
+    if format is not None and format not in formats.FORMATS:
+        raise ConfigError(f"unknown SWE dataset format {format!r}; known: {', '.join(formats.FORMATS)}")
+    scripts = Path(pro_scripts).expanduser() if pro_scripts else path.parent / "run_scripts"
+    if path.suffix.lower() == ".parquet":
+        items = _parquet_rows(path)
     else:
-        items = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                items.append((number, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}:{number}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+        items = _text_rows(path)
     instances: list[Instance] = []
     seen: dict[str, int] = {}
     for number, data in items:
         label = data.get("instance_id") if isinstance(data, dict) else None
         prefix = f"{path}:{number}: instance {label!r}" if isinstance(label, str) else f"{path}:{number}"
         try:
-            instance = parse_instance(data, base_dir=path.parent, where=f"{path}:{number}")
+            instance = parse_instance(
+                data, base_dir=path.parent, where=f"{path}:{number}", format=format, pro_scripts=scripts
+            )
         except _Bad as exc:
             raise ConfigError(f"{prefix}: {exc}") from None
         if instance.instance_id in seen:
@@ -269,3 +318,18 @@ def load_instances(path: str | Path) -> list[Instance]:
     if not instances:
         raise ConfigError(f"{path}: no instances in the file")
     return instances
+
+
+def _text_rows(path: Path) -> list[tuple[int, Any]]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".json":
+        return _json_array_items(text, path)
+    items = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            items.append((number, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{number}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+    return items

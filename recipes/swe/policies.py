@@ -21,10 +21,12 @@ def _heredoc(text: str) -> tuple[str, str]:
     return tag, body
 
 
-def gold_patch_command(patch: str) -> str:
-    """A shell command that applies ``patch`` to the repository in the working directory."""
+def gold_patch_command(patch: str, *, reverse: bool = False) -> str:
+    """A shell command that applies ``patch`` (``reverse``: takes it back, as SWE-smith's
+    fixes are its bug patches reversed) to the repository in the working directory."""
     tag, body = _heredoc(patch)
-    return f"git apply --whitespace=nowarn <<'{tag}' && git status --short\n{body}{tag}"
+    flags = "-R " if reverse else ""
+    return f"git apply {flags}--whitespace=nowarn <<'{tag}' && git status --short\n{body}{tag}"
 
 
 class OraclePolicy:
@@ -37,7 +39,10 @@ class OraclePolicy:
         if instance is None:
             raise TypeError("the swe oracle needs SWE tasks (with an instance and its gold patch)")
         script = [
-            ("I apply the reference fix for the issue.", gold_patch_command(instance.patch)),
+            (
+                "I apply the reference fix for the issue.",
+                gold_patch_command(instance.patch, reverse=getattr(instance, "gold_reverse", False)),
+            ),
             ("I check what changed.", "git diff --stat"),
         ]
         if observation.step < len(script):

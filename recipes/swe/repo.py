@@ -18,6 +18,8 @@ Two ways, chosen per sandbox at setup:
 
 from __future__ import annotations
 
+import re
+import shlex
 import subprocess
 import tempfile
 import threading
@@ -217,7 +219,14 @@ EXCLUDE_UNTRACKED = "git ls-files --others --exclude-standard --directory | sed 
 
 
 async def adopt_checkout(sandbox: Sandbox, head: str, commit: str, time_limit: float) -> None:
-    """Use the image's own checkout: it must be at ``commit`` (a prefix is enough)."""
+    """Use the image's own checkout: it must be at ``commit`` (a prefix is enough; a branch
+    name, as SWE-smith's instances are, is resolved in the repository)."""
+    if not re.fullmatch(r"[0-9a-f]{7,64}", commit):
+        resolved = await sandbox.exec(
+            f"git rev-parse --verify -q {shlex.quote(commit + '^{commit}')}", timeout=time_limit
+        )
+        check_result(resolved, f"finding {commit} in the image's repository")
+        commit = resolved.text.strip()
     if not head.startswith(commit) and not commit.startswith(head):
         raise RuntimeError(f"the image's repository is at {head}, but the instance's base_commit is {commit}")
     script = "\n".join(["set -e", *_git_setup_lines(fresh=False), EXCLUDE_UNTRACKED])

@@ -29,20 +29,24 @@ unless the patch is empty, in which case nothing but the verifier can be at faul
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 
 from orchard_async import ExecResult, Reward, Sandbox, SandboxLost, VerifierError
+from orchard_async.recipes.swe.formats import ProScripts
 from orchard_async.recipes.swe.instances import Instance, patch_files
 from orchard_async.recipes.swe.pytest_summary import SUMMARY_BANNER, parse_test_outcomes, worse
 from orchard_async.recipes.swe.swebench_harness import Activation, OfficialHarness
 
 PASSING = frozenset({"PASSED", "XFAIL"})
+PRO_PASSING = frozenset({"PASSED"})
 TEST_LOG = ".git/orchard-tests.log"
 EVAL_SCRIPT = ".git/orchard-eval.sh"
 RC_MARK = "@@ORCHARD_TEST_RC="
@@ -128,15 +132,21 @@ def cut_at_space(outcomes: dict[str, str]) -> dict[str, str]:
     return cut
 
 
+def passing_of(instance: Instance) -> frozenset[str]:
+    """The statuses that count as passed: SWE-bench counts XFAIL too, SWE-bench Pro only PASSED."""
+    return PRO_PASSING if instance.pro is not None else PASSING
+
+
 def grade(instance: Instance, outcomes: dict[str, str]) -> dict[str, Any]:
     """Per-test results and the SWE-bench-style report for one instance."""
     cut = cut_at_space(outcomes)
+    passing = passing_of(instance)
     tests = {test: status_of(test, outcomes, cut) for test in (*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS)}
     report = {}
     for key, ids in (("FAIL_TO_PASS", instance.FAIL_TO_PASS), ("PASS_TO_PASS", instance.PASS_TO_PASS)):
         report[key] = {
-            "success": [t for t in ids if tests[t] in PASSING],
-            "failure": [t for t in ids if tests[t] not in PASSING],
+            "success": [t for t in ids if tests[t] in passing],
+            "failure": [t for t in ids if tests[t] not in passing],
         }
     resolved = not report["FAIL_TO_PASS"]["failure"] and not report["PASS_TO_PASS"]["failure"]
     return {"resolved": resolved, "tests": tests, "tests_status": report}
@@ -264,6 +274,8 @@ class TestRun:
             return "the environment's activation failed (exit 125)"
         if self.runner == "swebench":
             return f"swebench found no test run in the log (the test command's exit {self.exit_code})"
+        if self.runner != "pytest":
+            return f"the {self.runner} harness read no test outcomes (the test command's exit {self.exit_code})"
         if self.exit_code not in HARNESS_RAN:
             return f"pytest could not run the tests (exit {self.exit_code})"
         return "pytest reported no test outcomes"
@@ -349,7 +361,158 @@ class OfficialTests:
         )
 
 
-Harness = PytestHarness | OfficialTests
+def whole_log_script(test_command: str, activation: Activation | None = None) -> str:
+    """Run the tests with fresh bytecode, their whole output to the log, the exit code printed."""
+    activate = activation.prefix if activation and activation.prefix else ":"
+    return (
+        f"{FRESH_BYTECODE}\n"
+        f"( {activate} || exit 125\n{PYTHON_FALLBACK}\n{test_command}\n) > {TEST_LOG} 2>&1 </dev/null; "
+        f"echo '{RC_MARK}'$?"
+    )
+
+
+async def _read_log(sandbox: Sandbox, path: str) -> str:
+    try:
+        return (await sandbox.read_file(path)).decode("utf-8", "replace")
+    except SandboxLost:
+        raise
+    except Exception:  # no log: the command never ran (its exit code says why)
+        return ""
+
+
+class LogParserTests:
+    """A dataset's own test command, its whole log read by the parser the row names
+    (swebench's parser functions, by name: SWE-rebench-V2's ``install_config.log_parser``,
+    SWE-smith's pytest parser); FAIL_TO_PASS/PASS_TO_PASS decide."""
+
+    name = "log-parser"
+
+    def __init__(self, test_command: str, parser: str, activation: Activation | None = None):
+        self.test_command = test_command
+        self.parser = parser
+        self.activation = activation or Activation()
+
+    @property
+    def key(self) -> tuple:
+        return ("log-parser", self.test_command, self.parser, self.activation.prefix)
+
+    async def run(self, sandbox: Sandbox, instance: Instance, time_limit: float, patch: str = "") -> TestRun:
+        mark = time.monotonic()
+        result = await sandbox.exec(
+            whole_log_script(self.test_command, self.activation), env=TEST_ENV, timeout=time_limit
+        )
+        _infra(result, "running the tests")
+        seconds = time.monotonic() - mark
+        log = await _read_log(sandbox, TEST_LOG)
+        parse = swebench_parser(self.parser)
+        try:
+            outcomes = {str(k): str(v) for k, v in parse(log, None).items()}
+        except Exception as exc:  # the parser's own failure on this log: not the agent's
+            raise VerifierError(
+                f"{instance.instance_id}: log parser {self.parser} failed: {type(exc).__name__}: {exc}"
+            ) from None
+        exit_code = _exit_code(result.text)
+        return TestRun(
+            result,
+            seconds,
+            exit_code=exit_code,
+            outcomes=outcomes,
+            graded=grade(instance, outcomes),
+            ran=bool(outcomes) and exit_code not in NOT_FOUND and exit_code != 125,
+            runner=self.name,
+        )
+
+
+PRO_DIR = ".git/orchard-pro"
+
+
+def pro_run_script(test_files: tuple[str, ...]) -> str:
+    """SWE-bench Pro's evaluation steps after the patches: its run_script.sh on the selected
+    test files (comma-joined, as its harness passes them), stdout and stderr apart, then its
+    parser.py over both into output.json."""
+    files = ",".join(test_files)
+    return (
+        f"{FRESH_BYTECODE}\n"
+        f"bash {PRO_DIR}/run_script.sh '{files}' > {PRO_DIR}/stdout.log 2> {PRO_DIR}/stderr.log </dev/null\n"
+        f"{PYTHON_FALLBACK}\n"
+        f"python {PRO_DIR}/parser.py {PRO_DIR}/stdout.log {PRO_DIR}/stderr.log {PRO_DIR}/output.json "
+        f"> {TEST_LOG} 2>&1; echo '{RC_MARK}'$?"
+    )
+
+
+class ProTests:
+    """SWE-bench Pro's grading: the instance's run_script.sh and parser.py, run in the
+    scoring sandbox; the verdict from the parser's output.json (every listed test PASSED)."""
+
+    name = "swe-bench-pro"
+
+    def __init__(self, scripts: ProScripts):
+        self.scripts = scripts
+        self.activation = Activation()  # the image's own environment (its Dockerfile's ENV)
+
+    @property
+    def key(self) -> tuple:
+        return ("swe-bench-pro", self.scripts.run_script, self.scripts.parser, self.scripts.test_files)
+
+    async def run(self, sandbox: Sandbox, instance: Instance, time_limit: float, patch: str = "") -> TestRun:
+        mark = time.monotonic()
+        placed = await sandbox.exec(f"mkdir -p {PRO_DIR}", timeout=30.0)
+        _infra(placed, "placing the evaluation scripts")
+        await sandbox.write_file(f"{PRO_DIR}/run_script.sh", self.scripts.run_script)
+        await sandbox.write_file(f"{PRO_DIR}/parser.py", self.scripts.parser)
+        result = await sandbox.exec(pro_run_script(self.scripts.test_files), env=TEST_ENV, timeout=time_limit)
+        _infra(result, "running the tests")
+        seconds = time.monotonic() - mark
+        exit_code = _exit_code(result.text)
+        outcomes: dict[str, str] = {}
+        output = await _read_log(sandbox, f"{PRO_DIR}/output.json")
+        if output:
+            try:
+                outcomes = {str(t["name"]): str(t["status"]) for t in json.loads(output)["tests"]}
+            except (ValueError, KeyError, TypeError) as exc:
+                detail = f"{instance.instance_id}: parser.py wrote an output.json without its tests: {exc}"
+                raise VerifierError(detail) from None
+        await sandbox.exec(f"cp {PRO_DIR}/stdout.log {TEST_LOG} 2>/dev/null; rm -rf {PRO_DIR}", timeout=30.0)
+        return TestRun(
+            result,
+            seconds,
+            exit_code=exit_code,
+            outcomes=outcomes,
+            graded=grade(instance, outcomes),
+            ran=bool(outcomes) and exit_code == 0,
+            runner=self.name,
+        )
+
+
+_VERBOSE_LINE = re.compile(r"^(\S+::\S.*?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)(?:\s+\[\s*\d+%\])?\s*$")
+
+
+def parse_pytest_verbose(log: str, test_spec: Any = None) -> dict[str, str]:
+    """pytest ``--verbose`` lines (``tests/x.py::test_y PASSED [ 10%]``), as SWE-smith's
+    Python profiles run and read their tests; the last status of a test wins."""
+    outcomes: dict[str, str] = {}
+    for line in log.splitlines():
+        found = _VERBOSE_LINE.match(line.strip())
+        if found:
+            outcomes[found.group(1)] = found.group(2)
+    return outcomes
+
+
+# Log parsers of the datasets' own that swebench does not have, by the name rows give.
+OWN_PARSERS: dict[str, Callable[[str, Any], dict[str, str]]] = {"pytest_verbose": parse_pytest_verbose}
+
+
+def swebench_parser(name: str) -> Callable[[str, Any], dict[str, str]]:
+    """The log parser of that name: one of the recipe's (OWN_PARSERS), else swebench's
+    function; ConfigError when there is none."""
+    if name in OWN_PARSERS:
+        return OWN_PARSERS[name]
+    from orchard_async.recipes.swe.swebench_harness import parser_by_name
+
+    return parser_by_name(name)
+
+
+Harness = PytestHarness | OfficialTests | LogParserTests | ProTests
 
 
 async def run_tests(
@@ -363,9 +526,20 @@ async def log_tail(sandbox: Sandbox, time_limit: float) -> str:
     return tail.text if tail.ok else ""
 
 
+def put_tests_in_place(instance: Instance, patch_on_stdin: str = "cat") -> str:
+    """Shell that applies the test patch (read by ``patch_on_stdin``), or runs the command
+    the row's format puts its tests in place with (SWE-bench Pro's last line of
+    ``before_repo_set_cmd``)."""
+    if instance.test_stage:
+        return instance.test_stage
+    if not instance.test_patch.strip():  # SWE-smith: the tests are in the instance's branch
+        return ":"
+    return f"{patch_on_stdin} | git apply --whitespace=nowarn -"
+
+
 async def apply_test_patch(sandbox: Sandbox, instance: Instance, time_limit: float) -> None:
     """Restore the test patch's files to base, then apply it. Its failure is the verifier's."""
-    script = revert_script(instance.base_commit, instance.test_files) + "\ngit apply --whitespace=nowarn -"
+    script = revert_script(instance.base_commit, instance.test_files) + "\n" + put_tests_in_place(instance)
     applied = await sandbox.exec(script, stdin=instance.test_patch.encode(), timeout=time_limit)
     _infra(applied, "applying the test patch")
     if not applied.ok:
@@ -397,7 +571,7 @@ def stage_script(instance: Instance, agent_patch_bytes: int, revert: list[str]) 
     lines += [
         f"echo {STAGE_MARK}test_patch",
         *_revert_lines(base, instance.test_files),
-        f"tail -c +{agent_patch_bytes + 1} {STAGED_PATCHES} | git apply --whitespace=nowarn -",
+        put_tests_in_place(instance, f"tail -c +{agent_patch_bytes + 1} {STAGED_PATCHES}"),
         f"echo {STAGE_MARK}done",
         f"rm -f {STAGED_PATCHES}",
     ]
@@ -451,7 +625,8 @@ async def prove_harness(sandbox: Sandbox, instance: Instance, *, harness: Harnes
     not point the environment at a copy), and the tree is then put back as it was."""
     start = time.monotonic()
     await check_activation(sandbox, harness.activation, min(60.0, time_limit))
-    if isinstance(harness, OfficialTests):
+    # A dataset's own scripts run where its image keeps the repository (they may `cd` there).
+    if not isinstance(harness, PytestHarness) or instance.workdir is not None:
         await _prove_in_place(sandbox, instance, harness, time_limit)
         return time.monotonic() - start
     copy = f"/tmp/orchard-harness-proof-{uuid.uuid4().hex[:12]}"
@@ -475,7 +650,7 @@ def _status_entries(text: str) -> set[str]:
     return {entry for entry in text.split("\0") if entry.strip()}
 
 
-async def _prove_in_place(sandbox: Sandbox, instance: Instance, harness: OfficialTests, time_limit: float) -> None:
+async def _prove_in_place(sandbox: Sandbox, instance: Instance, harness: Harness, time_limit: float) -> None:
     """The proof where the repository is, then the tree put back: the test patch's files
     reverted, logs and caches removed, tracked files the run changed (an install step's
     doing) checked out again, untracked ones it made (build products) excluded from diffs
@@ -573,7 +748,7 @@ async def score(
     info.update(graded)
     # swebench's own verdict on whether tests ran is its get_logs_eval (a fail-only eval type
     # counts tests it did not see as passing); pytest's summary names every test it ran.
-    all_missing = run.runner == "pytest" and all(status == "MISSING" for status in graded["tests"].values())
+    all_missing = run.runner != "swebench" and all(status == "MISSING" for status in graded["tests"].values())
     if not run.ran or all_missing or run.exit_code in NOT_FOUND:
         tail = await log_tail(sandbox, min(10.0, left(0.5)))
         if info["empty_patch"] or run.exit_code in NOT_FOUND:

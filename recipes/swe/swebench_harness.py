@@ -166,6 +166,15 @@ def _swebench() -> dict[str, Any]:
     return _harness
 
 
+def parser_by_name(name: str) -> Any:
+    """swebench's log parser function ``name`` (``parse_log_pytest``, ``parse_log_gotest``,
+    ...), called as ``parser(log, test_spec)``; ConfigError when there is none of that name."""
+    parsers = _swebench()["parsers"]
+    if name not in parsers:
+        raise ConfigError(f"swebench has no log parser {name!r} (it has {len(parsers)}, e.g. parse_log_pytest)")
+    return parsers[name]
+
+
 def swebench_row(instance: Instance, image: str | None) -> dict[str, Any]:
     """The instance as a SWE-bench dataset row (what swebench's functions take)."""
     return {

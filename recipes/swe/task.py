@@ -13,8 +13,8 @@ import anyio
 
 from orchard_async import ConfigError, RecipeOptions, Reward, Sandbox, SandboxSpec, recipe_option
 from orchard_async.images import ImageSpec
+from orchard_async.recipes.swe import formats, scoring
 from orchard_async.recipes.swe import repo as repos
-from orchard_async.recipes.swe import scoring
 from orchard_async.recipes.swe import swebench_harness as swebench
 from orchard_async.recipes.swe.agent import INSTANCE_TEMPLATE
 from orchard_async.recipes.swe.builtin import INSTANCES_PATH
@@ -85,6 +85,14 @@ class SweOptions(RecipeOptions):
     pull: Annotated[
         Literal["missing", "never", "always"], recipe_option("the sandboxes' image pull policy", "ORCHARD_SWE_PULL")
     ] = "missing"
+    image_map: Annotated[
+        dict[str, str],
+        recipe_option("a dataset's image names mapped to images here (any format: SWE-rebench-V2, Pro, ...)"),
+    ] = {}
+    pro_scripts: Annotated[
+        str | None,
+        recipe_option("SWE-bench Pro's run_scripts folder (default: run_scripts next to the dataset file)"),
+    ] = None
     harness: Annotated[
         Literal["auto", "swebench", "pytest"],
         recipe_option(
@@ -144,10 +152,21 @@ class SWETask:
 
     @property
     def harness(self) -> scoring.Harness:
-        """What runs and reads the tests: SWE-bench's harness, or the recipe's pytest one."""
+        """What runs and reads the tests: the row's publisher's way (SWE-bench Pro's scripts,
+        a dataset's named log parser, SWE-bench's harness), else the recipe's pytest one."""
+        inst = self.instance
+        if inst.pro is not None:
+            return scoring.ProTests(inst.pro)
+        if inst.log_parser:
+            return scoring.LogParserTests(self.test_command, inst.log_parser, self.activation)
         if self.official is not None:
             return scoring.OfficialTests(self.official, self.activation)
         return scoring.PytestHarness(self.test_command, self.activation)
+
+    @property
+    def in_image(self) -> bool:
+        """The repository comes with the image (SWE-bench's and the other datasets' images)."""
+        return self.spec.workdir is not None
 
     @property
     def test_command(self) -> str:
@@ -156,7 +175,14 @@ class SWETask:
     @property
     def environment(self) -> tuple:
         inst = self.instance
-        return (self.spec.image, inst.repo, inst.repo_path, tuple(inst.setup_commands), self.harness.key)
+        return (
+            self.spec.image,
+            inst.repo,
+            inst.repo_path,
+            inst.enter_commands,
+            tuple(inst.setup_commands),
+            self.harness.key,
+        )
 
     async def prepare(self, sandbox: Sandbox) -> None:
         """The repository at ``base_commit`` with the instance's setup done: the agent's
@@ -164,7 +190,11 @@ class SWETask:
         inst = self.instance
         timeout = SETUP_TIMEOUT
         # An instance with an image (its own, or SWE-bench's by convention) has the repository there.
-        head = await repos.existing_checkout(sandbox, time_limit=60) if self.spec.workdir == TESTBED else None
+        for command in inst.enter_commands:  # the format's own first steps (a checkout of its commit)
+            result = await sandbox.exec(command, timeout=timeout)
+            if result.reason.is_infra or not result.ok:
+                repos.check_result(result, f"entry command {command!r}")
+        head = await repos.existing_checkout(sandbox, time_limit=60) if self.in_image else None
         if head is not None:
             await repos.adopt_checkout(sandbox, head, inst.base_commit, timeout)
         elif self.source is not None:
@@ -220,7 +250,7 @@ class SWETask:
         patch = await self.submission(sandbox)
         if not patch.startswith(NO_DIFF):
             # An image's ignored files are its build products (compiled extensions, ...): kept there.
-            clean = "git clean -qfd" if self.spec.workdir == TESTBED else "git clean -qfdx"
+            clean = "git clean -qfd" if self.in_image else "git clean -qfdx"
             reset = f"{scoring.REPO_GUARD}\ngit reset -q --hard {self.instance.base_commit} && {clean}"
             repos.check_result(await sandbox.exec(reset, timeout=60.0), "resetting the tree to base")
         return await self._score(patch, sandbox, self.score_timeout)
@@ -285,8 +315,10 @@ def load_tasks(
             instances = _select(instances, [w.strip() for w in wanted])
         builtin = True
     else:
-        path = Path(source).expanduser()
-        instances = load_instances(path)
+        prefix, colon, rest = source.partition(":")
+        fmt = formats.PREFIXES.get(prefix) if colon else None
+        path = Path(rest if fmt else source).expanduser()
+        instances = load_instances(path, format=fmt, pro_scripts=opts.pro_scripts)
         search_dir = path.resolve().parent
         builtin = False
     if ids:
@@ -306,13 +338,19 @@ def load_tasks(
         image = inst.image
         if image is None and source_of is None:
             image = swebench.image_name(inst.instance_id, namespace=namespace, registry=registry, tag=tag)
+        image = opts.image_map.get(image, image) if image else image
         activation = _activation(inst, image)
+        if inst.log_parser:  # a parser the row names must exist before anything runs
+            try:
+                scoring.swebench_parser(inst.log_parser)
+            except ConfigError as exc:
+                raise ConfigError(f"{inst.where}: instance {inst.instance_id!r}: {exc}") from None
         official = None
         if use_swebench and harness != "pytest" and swebench.has_official_fields(inst):
             official = swebench.OfficialHarness.build(inst, image)
         spec = SandboxSpec(
             image=image or base_image,
-            workdir=TESTBED if image else None,
+            workdir=(inst.workdir or TESTBED) if image else None,
             env=_sandbox_env(inst, activation, plugins_off=not swebench.is_official_image(image)),
             labels={"orchard.recipe": "swe"},
             pull=pull,
@@ -344,9 +382,15 @@ def load_tasks(
 
 
 def _activation(inst: Instance, image: str | None) -> Activation:
-    """The instance's own ``activate`` prefix; else SWE-bench's conda env in its images."""
+    """The instance's own ``activate`` prefix; else SWE-bench's conda env in its images (and
+    SWE-smith's), unless the row's own eval script activates none."""
     if inst.activate:
         return Activation(prefix=inst.activate)
+    if inst.format == formats.SMITH:  # SWE-smith's images are built as SWE-bench's: conda's testbed env
+        return swebench.CONDA_TESTBED
+    script = inst.extra.get("eval_script")
+    if isinstance(script, str) and "conda activate" not in script:
+        return Activation()  # a row whose own eval script uses no conda (Multilingual's Go, Rust, ...)
     if swebench.is_official_image(image):
         return swebench.CONDA_TESTBED
     return Activation()

@@ -33,8 +33,9 @@ INDEX = REPO / "docs" / "index.md"
 SERVICE_API = REPO / "docs" / "service-api.md"
 RECIPE_READMES = sorted((REPO / "recipes").glob("*/README.md"))
 NEWCOMER_DOCS = [README, INDEX, SERVICE_API, *RECIPE_READMES]
-# Commands with actions of their own: `orchard-async bench exec`, `orchard-async images build`.
-GROUPS = ("bench", "images")
+# Commands with actions of their own (`orchard-async bench exec`, `orchard-async images
+# build`, a recipe's `orchard-async swe validate`): those whose help has an ACTION or
+# SCENARIO to choose, found in the CLI (see groups()).
 FLAG = re.compile(r"--?[A-Za-z][\w-]*")
 # Words that make a command line an outline rather than one to run: alternatives, optional
 # parts, elisions, metavars that are not values.
@@ -63,6 +64,18 @@ def subcommands(*words: str) -> set[str]:
     if listed:
         return set(listed[1].split(","))
     return set(re.findall(r"^ {4}(\w[\w-]*)(?:\s{2,}|$)", text.split("positional arguments:")[1], re.MULTILINE))
+
+
+@functools.cache
+def groups() -> tuple[str, ...]:
+    """The commands that take an action (or scenario) of their own, by their usage line."""
+    return tuple(
+        sorted(
+            command
+            for command in subcommands()
+            if re.search(r"^usage: orchard-async \S+ \[-h\] (ACTION|SCENARIO)\b", help_text(command), re.M)
+        )
+    )
 
 
 def flags_of(line: str) -> list[str]:
@@ -136,7 +149,7 @@ def helps_of(words: list[str]) -> list[str]:
     """The --help texts a command line's flags must be in: its command's, or for `bench`
     and `images` that of each action it names (`exec|burst`: both)."""
     command = words[1]
-    if command in GROUPS and len(words) > 2 and set(words[2].split("|")) <= subcommands(command):
+    if command in groups() and len(words) > 2 and set(words[2].split("|")) <= subcommands(command):
         return [help_text(command, action) for action in words[2].split("|")]
     return [help_text(command)]
 
@@ -147,7 +160,8 @@ def helps_of(words: list[str]) -> list[str]:
 def test_every_command_of_the_cli_is_in_the_readmes_command_block() -> None:
     named = {entry.split()[1] for entry in command_block()}
     assert named == subcommands()
-    for group in GROUPS:
+    assert {"bench", "images", "swe"} <= set(groups())  # the usage line still tells a group
+    for group in groups():
         actions = {
             action for entry in command_block() if entry.split()[1] == group for action in entry.split()[2].split("|")
         }
@@ -170,7 +184,7 @@ def test_the_readmes_command_block_names_every_flag_of_every_command() -> None:
     entries = command_block()
     missing = []
     for command in sorted(subcommands()):
-        for action in sorted(subcommands(command)) if command in GROUPS else [None]:
+        for action in sorted(subcommands(command)) if command in groups() else [None]:
             words = (command, action) if action else (command,)
             named = " ".join(
                 entry

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 import anyio
 import pytest
@@ -51,6 +52,31 @@ def test_oracle_passes_and_empty_scores_zero_on_docker() -> None:
     assert len(oracle) == 4
     empty = anyio.run(main, "empty")
     assert [t.reward for t in empty] == [0.0] * 4, [t.error for t in empty]
+
+
+def test_claw_eval_task_folders_on_docker() -> None:
+    """Claw-Eval's format (tests/recipes/claw_eval/tasks): its services on their declared ports inside
+    containers with network off; oracle.sh scores 1.0, the empty policy 0.0, on every folder."""
+    tasks = claw.load_tasks(f"claw-eval:{Path(__file__).parent / 'claw_eval' / 'tasks'}", image=IMAGE)
+    assert len(tasks) == 8 and {t.spec.network for t in tasks} == {"none"}
+
+    async def main(policy: str) -> list[oa.Trajectory]:
+        adapter = DockerAdapter(run_id=f"t{uuid.uuid4().hex[:10]}")
+        try:
+            found = [t async for t in oa.rollout(tasks, claw.make_policy(policy), adapter, concurrency=4)]
+        finally:
+            leaked = await adapter.list_owned()
+            await adapter.close()
+        assert leaked == []
+        return found
+
+    oracle = anyio.run(main, "oracle")
+    assert [(t.task_id, t.reward) for t in oracle] == [(t.task_id, 1.0) for t in oracle], [
+        (t.task_id, t.error) for t in oracle if t.reward != 1.0
+    ]
+    assert len(oracle) == 8
+    empty = anyio.run(main, "empty")
+    assert [t.reward for t in empty] == [0.0] * 8, [t.error for t in empty]
 
 
 # Whole recipes (or floors) on docker, 20-50 s each: left to `pytest -m soak` so the default run stays

@@ -73,18 +73,21 @@ def parse_args(spec, argv):
             raise SystemExit(
                 "claw: {} takes no --{} (it takes: {})".format(spec["name"], name, ", ".join("--" + p for p in props))
             )
-        if prop["type"] == "boolean" and (i + 1 >= len(argv) or argv[i + 1] not in ("true", "false")):
+        kind = prop.get("type", "string")
+        if kind == "boolean" and (i + 1 >= len(argv) or argv[i + 1] not in ("true", "false")):
             args[name], i = True, i + 1
             continue
         if i + 1 >= len(argv):
             raise SystemExit(f"claw: --{name} needs a value")
         value = argv[i + 1]
-        if prop["type"] == "integer":
+        if kind == "integer":
             value = int(value)
-        elif prop["type"] == "number":
+        elif kind == "number":
             value = float(value)
-        elif prop["type"] == "boolean":
+        elif kind == "boolean":
             value = value == "true"
+        elif kind in ("array", "object"):  # a task's own schemas (Claw-Eval's) take lists and objects as JSON
+            value = json.loads(value)
         args[name] = value
         i += 2
     return args
@@ -113,7 +116,10 @@ def usage(tools, service=None):
             continue
         props = spec["parameters"]["properties"]
         required = spec["parameters"].get("required", [])
-        flags = " ".join(("--%s %s" if p in required else "[--%s %s]") % (p, props[p]["type"].upper()) for p in props)
+        flags = " ".join(
+            ("--%s %s" if p in required else "[--%s %s]") % (p, str(props[p].get("type", "string")).upper())
+            for p in props
+        )
         lines.append("{} {} {}\n    {}".format(name.split(".")[0], name.split(".")[1], flags, spec["description"]))
     return "\n".join(lines)
 

@@ -32,12 +32,15 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import cast
 
-try:
-    from orchard_async.recipes.claw.sandbox import (
-        claw_tools as tools,  # the controller imports this file as part of its package
-    )
-except ImportError:
+# In the sandbox the files next to this one win over an orchard_async the sandbox's python may also
+# see (the local adapter's), whose version may differ.
+if __package__:
+    from orchard_async.recipes.claw.sandbox import claw_eval_services
+    from orchard_async.recipes.claw.sandbox import claw_tools as tools  # the controller imports this package
+else:
+    import claw_eval_services  # type: ignore[no-redef]
     import claw_tools as tools  # in the sandbox, next to this file
 
 MAX_BODY = 64 * 1024  # bytes per request
@@ -53,6 +56,10 @@ class Services:
         self.offered = set(config.get("tools") or tools.TOOLS) | set(tools.ALWAYS_OFFERED)
         self.faults = config.get("faults") or {}
         self.user_model = config.get("user_model")  # {"url", "key", "model", "goal"}: an LLM plays the user
+        # Claw-Eval's services of this task: its tools join the catalogue, its endpoints the routes
+        self.claw_eval = config.get("claw_eval") or {}
+        self.endpoints: dict = {}  # (path, method) -> tool name
+        claw_eval_services.register(self.claw_eval, self.endpoints)
         self.lock = threading.Lock()
         self.used_nonces = set()
         self.reset()
@@ -109,6 +116,8 @@ class Services:
             entry.update({"status": status, "ok": status == 200, "changes": changes.items})
             if status != 200:
                 entry["error"] = reply.get("error", "")
+            elif (tools.TOOLS.get(name) or {}).get("loose"):  # a Claw-Eval tool: its graders read the response
+                entry["response"] = tools.clip(reply.get("result"))
             if reply.get("fault"):
                 entry["fault"] = status
             return status, reply
@@ -120,7 +129,7 @@ class Services:
             return 404, {"ok": False, "error": f"unknown tool {name!r}; GET /tools lists them"}, changes
         if name not in self.offered:
             return 403, {"ok": False, "error": f"tool {name!r} is not available in this task"}, changes
-        problem = tools.validate(spec["schema"], args)
+        problem = (tools.validate_loose if spec.get("loose") else tools.validate)(spec["schema"], args)
         if problem:
             return 400, {"ok": False, "error": problem}, changes
         fault = self._fault(name)
@@ -136,6 +145,29 @@ class Services:
         except tools.ToolError as exc:
             return exc.status, {"ok": False, "error": str(exc)}, changes
         return 200, {"ok": True, "result": result}, changes
+
+    def reset_service(self, name):
+        """A Claw-Eval service back to its fixtures (its ``reset_endpoint``); the audit of calls stays."""
+        seeded = (self.seed_world.get("claw_eval") or {}).get(name)
+        if seeded is not None:
+            self.world.setdefault("claw_eval", {})[name] = copy.deepcopy(seeded)
+
+    def claw_eval_route(self, method, path, via):
+        """(status, reply) for a request on one of Claw-Eval's endpoints, or None: not one of them."""
+        for service in self.claw_eval.get("services") or []:
+            name = service["name"]
+            if method == "GET" and path == f"/{name}/audit":
+                with self.lock:
+                    return 200, copy.deepcopy((self.world.get("claw_eval") or {}).get(name, {}).get("audit", {}))
+            if via == "health" and path == service.get("health") and method == service.get("health_method", "POST"):
+                return 200, {"status": "ok", "service": name}
+        tool = self.endpoints.get((path, method))
+        if tool is not None:
+            return None
+        for service in self.claw_eval.get("services") or []:
+            if path == service.get("health"):
+                return 200, {"status": "ok", "service": service["name"]}
+        return 404, {"ok": False, "error": f"no route {method} {path}"}
 
     def snapshot(self, nonce):
         with self.lock:
@@ -183,7 +215,38 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, tools.catalogue(self.services.offered))
         if self.path == "/_control/health":
             return self._send(200, {"ok": True})
+        if self._claw_eval("GET", {}):
+            return None
         self._send(404, {"ok": False, "error": f"no route GET {self.path}"})
+
+    def _claw_eval(self, method, body):
+        """Serve a request on Claw-Eval's endpoints (True when it was one): a tool endpoint is a
+        tool call like /call, audited ``via: endpoint``; ``/<service>/audit`` reads a service's audit;
+        its reset endpoint needs the controller's MAC, as /_control/reset does."""
+        services = cast(Services, self.services)
+        if not services.claw_eval:
+            return False
+        path = self.path.split("?", 1)[0]
+        via = self.headers.get("X-Claw-Via", "endpoint")
+        for service in services.claw_eval.get("services") or []:
+            if method == "POST" and path == service.get("reset"):
+                if not isinstance(body, dict) or not services.authorised("reset", body.get("nonce"), body.get("mac")):
+                    self._send(403, {"ok": False, "error": "reset needs the controller's MAC"})
+                    return True
+                with services.lock:
+                    services.reset_service(service["name"])
+                self._send(200, {"ok": True})
+                return True
+        routed = services.claw_eval_route(method, path, via)
+        if routed is None:
+            status, reply = services.call(services.endpoints[(path, method)], body, via)
+            # Claw-Eval's services answer with the result itself; an error keeps its status
+            self._send(status, reply.get("result") if status == 200 else reply)
+            return True
+        if routed[0] == 404:
+            return False
+        self._send(*routed)
+        return True
 
     def do_POST(self):
         try:
@@ -196,6 +259,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(status, reply)
         if self.path == "/_control/snapshot" and isinstance(body, dict):
             return self._send(200, self.services.snapshot(str(body.get("nonce", ""))))
+        if self._claw_eval("POST", body):
+            return None
         if self.path == "/_control/reset" and isinstance(body, dict):
             if not self.services.authorised("reset", body.get("nonce"), body.get("mac")):
                 return self._send(403, {"ok": False, "error": "reset needs the controller's MAC"})
@@ -236,6 +301,7 @@ def serve(log_path):
     server = ThreadingHTTPServer(("127.0.0.1", int(config.get("port") or 0)), Handler)
     server.daemon_threads = True
     port = server.server_address[1]
+    extra = _claw_eval_servers(config, os.path.join(os.path.dirname(os.path.abspath(log_path)), "ports.json"))
     if os.fork():
         sys.stdout.write(f"{port}\n")
         sys.stdout.flush()
@@ -247,15 +313,36 @@ def serve(log_path):
     os.dup2(null, 0)
     os.dup2(log, 1)
     os.dup2(log, 2)
-    keep = server.socket.fileno()
+    keep = {server.socket.fileno()} | {other.socket.fileno() for other in extra}
     for fd in range(3, 1024):
-        if fd != keep:
+        if fd not in keep:
             try:
                 os.close(fd)
             except OSError:
                 pass
     server.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    for other in extra:
+        threading.Thread(target=other.serve_forever, daemon=True).start()
     server.serve_forever()
+
+
+def _claw_eval_servers(config, ports_path):
+    """One listener per Claw-Eval service on the port its task declares (another free port when
+    that one is taken: the actual ports go to ``ports_path``), all answering the same routes."""
+    servers, ports = [], {}
+    for service in (config.get("claw_eval") or {}).get("services") or []:
+        wanted = int(service.get("port") or 0)
+        try:
+            listener = ThreadingHTTPServer(("127.0.0.1", wanted), Handler)
+        except OSError:
+            listener = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        listener.daemon_threads = True
+        servers.append(listener)
+        ports[service["name"]] = {"declared": wanted, "port": listener.server_address[1]}
+    if servers:
+        with open(ports_path, "w") as f:
+            json.dump(ports, f)
+    return servers
 
 
 if __name__ == "__main__":

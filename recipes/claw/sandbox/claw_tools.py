@@ -11,9 +11,9 @@ the server and the controller read.
 
 import re
 
-try:
+if __package__:  # in the sandbox the files next to this one win over any installed orchard_async
     from orchard_async.recipes.claw.sandbox import claw_user  # the controller imports this file as part of its package
-except ImportError:
+else:
     import claw_user  # in the sandbox, next to this file
 
 AUDIT_VALUE_CHARS = 2000  # characters of a string kept in an audit entry's before/after
@@ -64,6 +64,34 @@ def validate(schema, args):
             return "argument {!r} must be a {}, got {!r}".format(name, prop["type"], value)
         if "enum" in prop and value not in prop["enum"]:
             return "argument {!r} must be one of {}, got {!r}".format(name, ", ".join(map(str, prop["enum"])), value)
+    return None
+
+
+JSON_TYPES = {
+    "string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict, "null": type(None),
+}  # fmt: skip
+
+
+def validate_loose(schema, args):
+    """Why ``args`` do not fit a task's own JSON Schema (None when they do): the required
+    arguments and the top-level types; unknown arguments pass (Claw-Eval's services ignore them)."""
+    if not isinstance(args, dict):
+        return "arguments must be a JSON object"
+    props = schema.get("properties") or {}
+    for name in schema.get("required") or []:
+        if args.get(name) is None:
+            return f"missing required argument {name!r}"
+    for name, value in args.items():
+        kinds = (props.get(name) or {}).get("type")
+        if value is None or kinds is None:
+            continue
+        kinds = kinds if isinstance(kinds, list) else [kinds]
+        wanted: list = []
+        for kind in kinds:
+            found = JSON_TYPES.get(kind, object)
+            wanted += list(found) if isinstance(found, tuple) else [found]
+        if isinstance(value, bool) and "boolean" not in kinds or not isinstance(value, tuple(wanted)):
+            return "argument {!r} must be {}, got {!r}".format(name, " or ".join(map(str, kinds)), value)
     return None
 
 
