@@ -83,16 +83,19 @@ exit $rc
 # "net" when the network is private, `$3` the hidden dirs, `$4` the python dirs to expose, `$5`
 # the resolv.conf target to keep, `$6` uid and `$7` gid the sandbox runs as, `$8` "root" when
 # the caller is root, `$9` the writable binds, one "SOURCE TARGET" a line, SOURCE relative to
-# the sandbox dir, then the command). What is exposed again is opened first (fds 3-9): the
+# the sandbox dir, `$10` and `$11` the new root's entries and mount table (root_plan), then
+# the command). What is exposed again is opened first (fds 3-9): the
 # empty dirs laid over their parents hide their paths, not the open files.
 #
 # The sandbox's root is a tmpfs of its own (the private /tmp's, made before anything is bound
 # into it) holding a read-only recursive bind of every top-level entry of the host's root: a
 # new top-level dir such as /workspace needs a writable root to be made in, which the host's,
 # read-only, is not. pivot_root then leaves the host's root out of reach.
+NEW_ROOT = "/tmp"  # the unshare mode builds the new root in the private /tmp's own tmpfs
 SETUP = r"""
 set -eu
-base=$1 net=$2 hide=$3 expose=$4 resolv=$5 uid=$6 gid=$7 caller=$8 binds=$9; shift 9
+base=$1 net=$2 hide=$3 expose=$4 resolv=$5 uid=$6 gid=$7 caller=$8 binds=$9 root=${10} table=${11}
+shift 11
 exec 3<"$base"
 if [ -n "$resolv" ]; then exec 9<"$resolv"; fi
 n=4; for d in $expose; do eval "exec $n<\"\$d\""; n=$((n+1)); done
@@ -110,22 +113,28 @@ while read -r _ _ _ _ mp opts _; do
     mount -t tmpfs -o ro,mode=755,nosuid,nodev tmpfs "$mp" 2>/dev/null || [ ! -e "$mp" ] ||
     { echo "cannot make $mp read-only" >&2; exit 1; }
 done </proc/self/mountinfo
-# The new root: binds of read-only mounts are read-only, so every entry is.
-r=/tmp
+# The new root (root_plan): its dirs, files and symlinks, then one `mount -a` of a table of
+# its binds and tmpfs mounts, one process for all of them. Binds of read-only mounts are
+# read-only, so every entry of the host's is.
+r=@NEW_ROOT@
 mount -t tmpfs -o mode=755,nosuid,nodev tmpfs "$r"
-for e in /* /.[!.]* /..?*; do
-  name=${e#/}
-  case "$name" in proc|dev|tmp|run) continue ;; esac
-  if [ -L "$e" ]; then ln -s "$(readlink "$e")" "$r/$name"
-  elif [ -d "$e" ]; then mkdir "$r/$name" && mount --rbind "$e" "$r/$name"
-  elif [ -e "$e" ]; then : >"$r/$name" && mount --bind "$e" "$r/$name"
-  fi
-done
-mkdir "$r/proc" "$r/dev" "$r/tmp" && mount --rbind /proc "$r/proc" && mount --rbind /dev "$r/dev"
-mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$r/tmp"
-if [ -d /run ]; then mkdir "$r/run" && mount -t tmpfs -o mode=755,nosuid,nodev tmpfs "$r/run"; fi
-if [ -d /dev/shm ]; then mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$r/dev/shm"; fi
-for d in $hide; do mount -t tmpfs -o mode=755,nosuid,nodev tmpfs "$r$d"; done
+nl='
+'
+tab='	'
+dirs=
+while IFS= read -r line; do
+  case "$line" in
+    d\ *) dirs="$dirs${line#d }$nl" ;;
+    f\ *) : >"${line#f }" ;;
+    l\ *) line=${line#l }; ln -s "${line%%"$tab"*}" "${line#*"$tab"}" ;;
+  esac
+done <<ROOT
+$root
+ROOT
+IFS=$nl; mkdir -p -- $dirs; unset IFS
+printf '%s' "$table" >"$r/.mounts"
+mount -a -c -T "$r/.mounts"
+rm -f "$r/.mounts"
 if [ -n "$resolv" ]; then
   mkdir -p "$r${resolv%/*}" && : >"$r$resolv" && mount -c --bind /proc/self/fd/9 "$r$resolv"
 fi
@@ -147,7 +156,7 @@ if [ "$net" = net ] && command -v ip >/dev/null 2>&1; then ip link set lo up; fi
 cd @WORKSPACE@
 if [ "$caller" = root ]; then set -- setpriv --reuid="$uid" --regid="$gid" --clear-groups "$@"; else set -- setpriv "$@"; fi
 exec "$@"
-""".replace("@WORKSPACE@", WORKSPACE)
+""".replace("@WORKSPACE@", WORKSPACE).replace("@NEW_ROOT@", NEW_ROOT)
 
 
 @dataclass(frozen=True)
@@ -349,10 +358,50 @@ def unshare_argv(plan: Layout, user_namespace: bool) -> list[str]:
     argv += ["--", "sh", "-c", SETUP, "setup", plan.base, "" if plan.network else "net"]
     argv += [" ".join(plan.hidden), " ".join(plan.exposed), plan.resolv, str(uid), str(gid)]
     argv += ["root" if root_caller else "user", "".join(f"{source} {target}\n" for source, target in plan.binds)]
+    argv += list(root_plan(plan))
     # A non-root caller is root of the first user namespace here; the second one maps the
     # caller's own uid back, so the sandbox does not run as (powerless) uid 0.
     argv += user_tail(False, user_namespace or not root_caller)
     return argv
+
+
+def root_plan(plan: Layout) -> tuple[str, str]:
+    """The unshare mode's new root, built under NEW_ROOT: its entries (``d PATH`` a dir, ``f
+    PATH`` a file, ``l TARGET<tab>PATH`` a symlink, one a line) and the mount table that fills
+    it (fstab lines: a read-only recursive bind of each of the host's top-level entries, its
+    own /proc and /dev, tmpfs for /tmp, /run, /dev/shm and over each hidden dir)."""
+    entries, table = [], []
+
+    def mount(source: str, target: str, kind: str, options: str) -> None:
+        table.append(f"{fstab_field(source)} {fstab_field(NEW_ROOT + target)} {kind} {options} 0 0\n")
+
+    for name in root_entries():
+        host, made = "/" + name, NEW_ROOT + "/" + name
+        if os.path.islink(host):
+            entries.append(f"l {os.readlink(host)}\t{made}")
+        elif os.path.isdir(host):
+            entries.append(f"d {made}")
+            mount(host, host, "none", "rbind")
+        elif os.path.exists(host):
+            entries.append(f"f {made}")
+            mount(host, host, "none", "bind")
+    own = ["/proc", "/dev", "/tmp", *(["/run"] if os.path.isdir("/run") else [])]
+    entries += [f"d {NEW_ROOT}{d}" for d in own]
+    mount("/proc", "/proc", "none", "rbind")
+    mount("/dev", "/dev", "none", "rbind")
+    mount("tmpfs", "/tmp", "tmpfs", "mode=1777,nosuid,nodev")
+    if "/run" in own:
+        mount("tmpfs", "/run", "tmpfs", "mode=755,nosuid,nodev")
+    if os.path.isdir("/dev/shm"):
+        mount("tmpfs", "/dev/shm", "tmpfs", "mode=1777,nosuid,nodev")
+    for d in plan.hidden:
+        mount("tmpfs", d, "tmpfs", "mode=755,nosuid,nodev")
+    return "\n".join(entries), "".join(table)
+
+
+def fstab_field(path: str) -> str:
+    """A path as a field of an fstab line: its blanks and backslashes in octal."""
+    return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in path)
 
 
 def sandbox_argv(mode: str, plan: Layout, user_namespace: bool) -> list[str]:
