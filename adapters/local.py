@@ -132,6 +132,27 @@ def default_signals_argv() -> list[str]:
     return [sys.executable, "-S", "-c", RESET_SIGNALS]
 
 
+# What the controller starts first, before the sandbox's directory exists: it waits for the
+# controller's `go <cgroup or ->` line on the pipe (`read` takes bytes up to the newline
+# only: the rest is the server's), then sends its stderr to the sandbox's log and becomes the
+# launcher in the work dir. At EOF instead (the controller died, or gave up, while it made
+# the directory) it removes the directory (unmounting a fork's overlay first), so a SIGKILL at
+# any point of a create leaves nothing. `$1` the sandbox dir, `$2` the launcher's script, then
+# the launcher's arguments after its dir and cgroup.
+GATE = r"""
+_o_base=$1 _o_launcher=$2; shift 2
+if IFS=' ' read -r _o_go _o_cg && [ "$_o_go" = go ]; then
+  exec 2>>"$_o_base/ctl/shell.log"
+  cd -- "$_o_base/work" || exit 1
+  [ "$_o_cg" != - ] || _o_cg=
+  exec sh -c "$_o_launcher" launcher "$_o_base" "$_o_cg" "$@"
+fi
+if [ -d "$_o_base/upper" ]; then umount -l -- "$_o_base/work" 2>/dev/null; fi
+rm -rf -- "$_o_base" 2>/dev/null
+exit 1
+"""
+
+
 def default_root() -> Path:
     return Path(os.environ.get("ORCHARD_LOCAL_ROOT") or Path(tempfile.gettempdir()) / "orchard-async")
 
@@ -332,22 +353,11 @@ class LocalAdapter:
         lease = {"id": sandbox_id, "labels": labels, "expires_at": expires_at}
         tree = snaps.tree_of(self.root, spec.snapshot) if spec.snapshot else None
         plan = iso.layout(self.root, base, network=spec.network == "on", writable_dirs=spec.writable_dirs)
-        self._prepare_dirs(base, lease, plan, spec.writable_dirs)
-        if tree is not None:
-            try:
-                if self.fork_method[0] == "overlay":  # two mkdirs and a mount: no thread hop for that
-                    snaps.fork_into(tree, base, "overlay", self._owner())
-                else:
-                    await anyio.to_thread.run_sync(snaps.fork_into, tree, base, self.fork_method[0], self._owner())
-            except CreateFailed:
-                snaps.remove_sandbox_dir(base)
-                raise
-        cgroup = iso.make_pids_cgroup(sandbox_id, spec.pids) if spec.pids and self.namespaces else ""
         inner = iso.sandbox_argv(self.isolation, plan, self._probe.user_namespace)
         supervisor = ["sh", "-c", SUPERVISOR, "supervisor", str(int(spec.ttl) + 1), "ns" if self.namespaces else ""]
         argv = [
             *default_signals_argv(),
-            *["sh", "-c", iso.LAUNCHER, "launcher", str(base), cgroup, self.isolation, *inner, *supervisor],
+            *["sh", "-c", GATE, "gate", str(base), iso.LAUNCHER, self.isolation, *inner, *supervisor],
         ]
         # Inside a mount namespace the work dir is WORKSPACE, as in a container; without one
         # (isolation "none") it can only be its host path.
@@ -360,18 +370,35 @@ class LocalAdapter:
             **spec.env,
             SANDBOX_ENV: str(base),
         }
-        # Read back through a handle kept open: a launcher that fails removes the sandbox dir,
-        # log included, before the error would be read by path.
-        log_reader = open(ctl / "shell.log", "a+b")  # noqa: SIM115 (closed below, on every path)
-        with open(ctl / "shell.log", "ab") as log:
-            try:
-                process = await anyio.open_process(argv, stderr=log, cwd=work, env=env, start_new_session=True)
-            except OSError as exc:
-                log_reader.close()
+        # The process first, the sandbox's directory after: a controller killed in between
+        # leaves a gate that sees EOF and removes what was made (see GATE).
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            process = await anyio.open_process(
+                argv, stderr=subprocess.DEVNULL, cwd=self.root, env=env, start_new_session=True
+            )
+        except OSError as exc:
+            raise CreateFailed(f"could not start the sandbox shell: {exc}") from exc
+        assert process.stdin is not None and process.stdout is not None
+        cgroup = ""
+        try:
+            self._prepare_dirs(base, lease, plan, spec.writable_dirs)
+            if tree is not None:
+                if self.fork_method[0] == "overlay":  # two mkdirs and a mount: no thread hop for that
+                    snaps.fork_into(tree, base, "overlay", self._owner())
+                else:
+                    await anyio.to_thread.run_sync(snaps.fork_into, tree, base, self.fork_method[0], self._owner())
+            cgroup = iso.make_pids_cgroup(sandbox_id, spec.pids) if spec.pids and self.namespaces else ""
+            # Read back through a handle kept open: a launcher that fails removes the sandbox
+            # dir, log included, before the error would be read by path.
+            log_reader = open(ctl / "shell.log", "a+b")  # noqa: SIM115 (closed below, on every path)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await process.stdin.aclose()  # the gate removes the directory
+                await process.wait()
                 snaps.remove_sandbox_dir(base)
                 iso.remove_cgroup(cgroup)
-                raise CreateFailed(f"could not start the sandbox shell: {exc}") from exc
-        assert process.stdin is not None and process.stdout is not None
+            raise
         server = _ServerPid()
         client = ShellClient(
             StapledByteStream(process.stdin, process.stdout),
@@ -381,6 +408,7 @@ class LocalAdapter:
             output_pipes=str(base / "out"),
         )
         try:
+            await process.stdin.send(f"go {cgroup or '-'}\n".encode())
             limits = self._limits(spec, cgroup)
             if limits:
                 await process.stdin.send(limits.encode())

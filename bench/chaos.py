@@ -166,7 +166,9 @@ class LocalProbe(Probe):
 
 
 class DockerProbe(Probe):
-    """Containers carrying this run's ``orchard.bench`` label (the spec's labels)."""
+    """Containers carrying this run's ``orchard.bench`` label (the spec's labels), and how
+    many are in each of docker's states (``state:running``, ``state:removing``, ...): a
+    container still there may hold processes, or be only the daemon's removal under way."""
 
     async def count(self, label: str) -> dict[str, int] | None:
         if shutil.which("docker") is None:
@@ -174,18 +176,25 @@ class DockerProbe(Probe):
         process = await asyncio.create_subprocess_exec(
             "docker",
             "ps",
-            "-aq",
+            "-a",
             "--filter",
             f"label=orchard.bench={label}",
+            "--format",
+            "{{.State}}",
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
         )
         with anyio.fail_after(60):
             out, _ = await process.communicate()
-        return {"sandboxes": len(out.split())}
+        states = out.decode().split()
+        return {"sandboxes": len(states), **{f"state:{state}": n for state, n in Counter(states).items()}}
 
 
 PROBES: dict[str, type[Probe]] = {"local": LocalProbe, "docker": DockerProbe}
+
+# Seconds after its controller's SIGKILL by which the README promises a sandbox is gone by
+# itself: `--settle`'s default, so that "left after self-destruct" checks the promise.
+PROMISED_SELF_DESTRUCT: dict[str, float] = {"local": 2.0, "docker": 6.0}
 
 
 def _total(counts: dict[str, int] | None) -> int:
@@ -202,10 +211,10 @@ def _records(path: Path) -> int:
 
 async def _kill_round(
     argv: list[str], out: Path, kill_at: int, episodes: int, concurrency: int, probe: Probe, label: str, log: int
-) -> tuple[int, dict[str, Any]]:
+) -> tuple[int, dict[str, Any], float]:
     """Start a controller (it resumes the run from ``out``), wait until the file has
-    ``kill_at`` episodes and the sandboxes are live, SIGKILL it. Returns records at the kill
-    and the probe's count then."""
+    ``kill_at`` episodes and the sandboxes are live, SIGKILL it. Returns records at the kill,
+    the probe's count then, and the kill's time (perf_counter)."""
     process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL, stderr=log)
     try:
         with anyio.move_on_after(120) as wait:
@@ -225,8 +234,9 @@ async def _kill_round(
             raise RuntimeError(f"the controller wrote fewer than {kill_at} episodes in 120 s")
         done = _records(out)
         process.kill()  # SIGKILL to our own child, by its handle
+        killed_at = time.perf_counter()
         await process.wait()
-        return done, {"at_kill": await probe.count(label)}
+        return done, {"at_kill": await probe.count(label)}, killed_at
     finally:
         if process.returncode is None:
             process.kill()
@@ -242,12 +252,15 @@ async def chaos_kill(
     command: str = "sleep 0.2",
     adapter_options: dict | None = None,
     image: str | None = None,
-    settle: float = 10.0,
+    settle: float | None = None,
     rounds: int = 3,
 ) -> Outcome:
     """``rounds`` times: a controller resumes the run and is SIGKILLed mid-way; count what
-    its sandboxes left at the kill, after their self-destruct had ``settle`` seconds, after
-    ``reap``. Then the run is resumed in this process to the end."""
+    its sandboxes left at the kill, after their self-destruct had ``settle`` seconds (default:
+    PROMISED_SELF_DESTRUCT, else 10), after ``reap``. Then the run is resumed in this process
+    to the end."""
+    if settle is None:
+        settle = PROMISED_SELF_DESTRUCT.get(adapter_name, 10.0)
     outcome = Outcome()
     workdir = Path(tempfile.mkdtemp(prefix="orchard-bench-chaos-"))
     probe = PROBES.get(adapter_name, Probe)()
@@ -276,14 +289,15 @@ async def chaos_kill(
         for index in range(rounds):
             kill_at = max(index + 1, episodes * (index + 1) // (rounds + 1))
             try:
-                done, counts = await _kill_round(argv, out, kill_at, episodes, concurrency, probe, label, log)
+                done, counts, killed_at = await _kill_round(
+                    argv, out, kill_at, episodes, concurrency, probe, label, log
+                )
             except RuntimeError as exc:
                 raise RuntimeError(f"{exc}; see {workdir / 'controller.log'}") from None
-            killed_at = time.perf_counter()
             counts["after_settle"] = counts["at_kill"]
             settled_in = None
             if counts["at_kill"] is not None:
-                with anyio.move_on_after(settle):
+                with anyio.move_on_after(settle - (time.perf_counter() - killed_at)):
                     while _total(counts["after_settle"]):  # noqa: ASYNC110 - the backend is polled
                         await anyio.sleep(0.05)
                         counts["after_settle"] = await probe.count(label)

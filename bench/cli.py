@@ -27,7 +27,7 @@ from orchard_async.bench.report import (
     write_json,
 )
 
-SCENARIOS = ["exec", "burst", "create", "episodes", "scale", "chaos"]
+SCENARIOS = ["exec", "burst", "create", "episodes", "scale", "chaos", "turnaround"]
 DEFAULT_ADAPTER = {
     "exec": "local",
     "burst": "local",
@@ -35,6 +35,7 @@ DEFAULT_ADAPTER = {
     "episodes": "local",
     "scale": "sim",
     "chaos": "sim",
+    "turnaround": "sim",
 }
 
 
@@ -164,8 +165,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=_positive, help="steps per episode (default 10 on sim, 6 otherwise)")
     p.add_argument("--rounds", type=_positive, default=3, help="controllers SIGKILLed in turn (not sim; default 3)")
     p.add_argument(
-        "--settle", type=float, default=10.0, help="seconds to let a killed run's sandboxes self-destruct before reap"
+        "--settle",
+        type=float,
+        help="seconds to let a killed run's sandboxes self-destruct before reap "
+        "(default: the time the README promises for the adapter, else 10)",
     )
+
+    p = sub.add_parser(
+        "turnaround",
+        parents=[common],
+        help="token vs message policies against a fixed-latency engine: the environment's turnaround, throughput",
+    )
+    p.add_argument(
+        "--concurrency", type=_int_list, default=[1, 64, 1024], help="concurrent episodes (default 1,64,1024)"
+    )
+    p.add_argument("--steps", type=_positive, default=10, help="steps per episode (default 10)")
+    p.add_argument("--latency", type=float, default=0.1, help="the fake engine's seconds per generation (default 0.1)")
 
     p = sub.add_parser(
         "service", help="exec through `orchard-async serve` vs in-process, and the remote adapter; create rates"
@@ -260,6 +275,14 @@ async def _dispatch(args: argparse.Namespace, adapter: str, options: dict):  # n
             adapter_name=adapter,
             adapter_options=json.dumps(options) if options else None,
             level_limit=args.timeout,
+        )
+    if scenario == "turnaround":
+        from orchard_async.bench.turnaround import run_turnaround
+
+        if not args.latency > 0:
+            raise ConfigError(f"--latency must be a positive number of seconds, got {args.latency}")
+        return await run_turnaround(
+            adapter, concurrency=args.concurrency, steps=args.steps, latency=args.latency, adapter_options=options
         )
     if scenario == "chaos":
         from orchard_async.bench.chaos import chaos_kill, chaos_sim

@@ -31,7 +31,8 @@ def _pyplot() -> Any:
 
 def plot_result(result: Result, path: str | Path) -> Path:
     plt = _pyplot()
-    drawer = {"exec": _exec, "burst": _burst, "episodes": _episodes, "scale": _scale, "chaos": _chaos}[result.scenario]
+    drawers = {"exec": _exec, "burst": _burst, "episodes": _episodes, "scale": _scale, "chaos": _chaos}
+    drawer = {**drawers, "turnaround": _turnaround}[result.scenario]
     figure = drawer(plt, result)
     machine = result.machine
     figure.suptitle(
@@ -167,6 +168,25 @@ def _episodes(plt: Any, result: Result) -> Any:
     share.set(ylabel="share of summed episode time (%)", ylim=(0, 100))
     share.set_title("where episode time goes")
     share.legend(fontsize=8, loc="upper right")
+    return figure
+
+
+def _turnaround(plt: Any, result: Result) -> Any:
+    figure, (latency, share) = plt.subplots(1, 2, figsize=(13, 5))
+    for subject, style in (("messages", "o-"), ("tokens", "s--")):
+        rows = sorted((r for r in result.rows if r.subject == subject), key=lambda r: r.concurrency)
+        levels = [r.concurrency for r in rows]
+        latency.plot(levels, [r.p50_ms for r in rows], style, label=f"{subject} p50")
+        latency.plot(levels, [r.p99_ms for r in rows], style, alpha=0.5, label=f"{subject} p99")
+        share.plot(levels, [100 * (r.extra or {}).get("of_ideal", 0.0) for r in rows], style, label=subject)
+    latency.set(xscale="log", yscale="log", xlabel="concurrent episodes", ylabel="turnaround (ms)")
+    latency.set_title("model reply -> next generate request")
+    share.axhline(90, color="tab:red", ls=":", label="target 90%")
+    share.set(xscale="log", xlabel="concurrent episodes", ylabel="% of concurrency / engine latency", ylim=(0, 105))
+    share.set_title("rollout throughput against the engine's bound")
+    for axis in (latency, share):
+        axis.legend()
+        axis.grid(True, alpha=0.3)
     return figure
 
 

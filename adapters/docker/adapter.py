@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import subprocess
 import time
 import uuid
 from typing import Any
@@ -16,7 +17,8 @@ import anyio
 import msgspec
 from aiodocker.containers import DockerContainer
 
-from orchard_async.adapters.docker.api import WHERE, DockerApi
+from orchard_async.adapters.docker import guardian
+from orchard_async.adapters.docker.api import WHERE, AttachConnection, DockerApi
 from orchard_async.adapters.docker.attach import adoptable, find_sandboxes
 from orchard_async.adapters.docker.config import DockerConfig, hosts_dir
 from orchard_async.adapters.docker.container import container_config
@@ -81,6 +83,9 @@ class DockerAdapter(BackgroundOwner):
         self._unremoved: set[str] = set()  # destroyed, but the daemon did not confirm removal
         self._light_network = config.light_network  # off once the daemon refused our /etc/hosts bind
         self._hosts_dir: str | None = None  # holds the /etc/hosts of light-network sandboxes (config.hosts_dir)
+        # removes this adapter's never-started containers if the process dies (guardian.py)
+        self._guardian: subprocess.Popen[bytes] | None = None
+        self._guarded = False
         self._gpus: int | None = None  # the daemon's GPUs: -1 some (the nvidia runtime), None not asked yet
 
     @property
@@ -91,6 +96,9 @@ class DockerAdapter(BackgroundOwner):
 
     async def create(self, spec: SandboxSpec) -> ShellSandbox:
         await self.api.client()  # connected first: whether the daemon shares this machine decides the network
+        if not self._guarded:
+            self._guarded = True
+            self._guardian = guardian.start(self.api.endpoint, self.controller, self.run_id)
         if spec.gpus:
             await self._check_gpus(spec.gpus)
         self._create_gate = self._create_gate or anyio.Semaphore(self.config.max_creating)
@@ -105,12 +113,12 @@ class DockerAdapter(BackgroundOwner):
             labels = self._labels(spec, expires_at)
             config = self._container_config(spec, image, labels)
             try:
-                container, split = await self._start_container(name, config)
+                container, split, watch = await self._start_container(name, config)
             except ConfigError as exc:
                 if not self._light_network_refused(config, exc):
                     raise
                 config = self._container_config(spec, image, labels)  # the daemon's network "none"
-                container, split = await self._start_container(name, config)
+                container, split, watch = await self._start_container(name, config)
             try:
                 client, relays = await self._open_shell(
                     container, self._workdir(spec), name, split, writable_dirs=spec.writable_dirs
@@ -118,9 +126,11 @@ class DockerAdapter(BackgroundOwner):
             except BaseException:
                 self._heartbeat.discard(name)
                 await self._remove(name)
+                if watch is not None:
+                    await watch.close()
                 raise
         network = spec_network(spec.network)
-        return self._sandbox(container, name, client, relays, labels, expires_at, network)
+        return self._sandbox(container, name, client, relays, labels, expires_at, network, watch)
 
     def _sandbox(
         self,
@@ -131,6 +141,7 @@ class DockerAdapter(BackgroundOwner):
         labels: dict[str, str],
         expires_at: float,
         network: NetworkPolicy,
+        watch: AttachConnection | None = None,
     ) -> ShellSandbox:
         async def container_pid() -> int:
             details = await self.api.call("inspect", container.show())
@@ -147,6 +158,9 @@ class DockerAdapter(BackgroundOwner):
             await client.close()
             await close_streams(relays)
             await egress.close()
+            if watch is not None:
+                with anyio.CancelScope(shield=True):
+                    await watch.close()
 
         opener = functools.partial(self._open_stream, container)
         switch = NetworkSwitch(network, egress.enforce, refusal=self._network_refusal())
@@ -251,24 +265,32 @@ class DockerAdapter(BackgroundOwner):
         that outlives its controller: an attach cannot be handed over, an exec can."""
         return self.config.exit_with_shell and not self.reattach_grace
 
-    async def _start_container(self, name: str, config: dict[str, Any]) -> tuple[DockerContainer, SplitRelay | None]:
-        """Create and start the container; with relays in its main process, attach to its
-        output in between (nothing it prints is missed)."""
-        split = None
+    async def _start_container(
+        self, name: str, config: dict[str, Any]
+    ) -> tuple[DockerContainer, SplitRelay | None, AttachConnection | None]:
+        """Create and start the container, attached in between to its stdin (the controller
+        watch of container.py: the container ends when this connection goes) and, with relays
+        in its main process, its output (nothing it prints is missed). Returns the container,
+        the relays in its main process, and the stdin-only attach when there are none."""
+        split = watch = None
         try:
             container = await self.api.create_container(name, config)
             if self._relays_in_main:
                 split = SplitRelay(await self.api.attach_main(container))
+            elif self.config.exit_with_shell:  # no output to read: the connection is only its stdin
+                watch = await self.api.attach_main(container, output=False)
             await self.api.call("container start", container.start())
         except BaseException as exc:
             # Even a create that failed may have made the container (its answer was lost).
             await self._remove(name)
             if split is not None:
                 await split.close()
+            if watch is not None:
+                await watch.close()
             if isinstance(exc, aiodocker.DockerError):
                 raise self._create_error(config["Image"], exc) from None
             raise
-        return container, split
+        return container, split, watch
 
     @staticmethod
     def _create_error(image: str, exc: aiodocker.DockerError) -> Exception:
@@ -421,6 +443,9 @@ class DockerAdapter(BackgroundOwner):
                 await self.forks.drop(snapshot_id, quiet=True)
             await self._background.close()
             await self.api.close()
+            if self._guardian is not None:
+                await anyio.to_thread.run_sync(guardian.stop, self._guardian)
+                self._guardian, self._guarded = None, False
 
     async def doctor(self) -> str:
         """One line for `orchard-async doctor`; raises AdapterUnavailable when no daemon answers."""

@@ -211,17 +211,19 @@ class DockerApi:
 
     # -- attach streams -------------------------------------------------------------------------
 
-    async def attach_main(self, container: DockerContainer) -> AttachConnection:
-        """Attach to the main process's stdout and stderr (aiodocker's ``attach`` would first
-        inspect the container for its tty setting: it has none)."""
+    async def attach_main(self, container: DockerContainer, *, output: bool = True) -> AttachConnection:
+        """Attach to the main process's stdin, and its stdout and stderr unless ``output`` is
+        False (aiodocker's ``attach`` would first inspect the container for its tty setting: it
+        has none). Made before the start of a container with StdinOnce, the connection is the
+        container's stdin: the daemon closes that when the connection goes."""
         docker = await self.client()
 
         async def setup() -> tuple[yarl.URL, None, bool]:
             query: dict[str, str | int] = {
                 "stream": 1,
-                "stdin": 0,
-                "stdout": 1,
-                "stderr": 1,
+                "stdin": 1,
+                "stdout": int(output),
+                "stderr": int(output),
                 "logs": 0,
                 "detachKeys": "",
             }

@@ -4,6 +4,7 @@ process, limits, mounts, network), built from the adapter's options and the spec
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from orchard_async.adapters.docker.config import DockerConfig
@@ -15,26 +16,52 @@ from orchard_async.types import SandboxSpec
 # Processes the adapter itself runs in every container, added to spec.pids so that the
 # limit counts what commands may start: init, the timer and its sleep, the exec wrapper
 # with its two sides and cat, the keepalive watchdog and its sleep (where the image's
-# shell has no `read -t`), the two output relays, the shell, and the command's subshell.
-PIDS_OVERHEAD = 13
+# shell has no `read -t`), the two output relays, the shell, the command's subshell, and
+# the controller watch (CONTROLLER_WATCH).
+PIDS_OVERHEAD = 14
+
+# The container's stdin is the controller's: the adapter attaches to it between create and
+# start, and the container is created with StdinOnce, so the daemon closes it when that
+# attach's connection goes (the controller closed it, or died, even by SIGKILL). This watch
+# reads it (builtins only: nothing is written to it, nothing is forked per read) and at EOF
+# ends the container as the shell's wrapper does (`kill -1`), unless it was made to outlive
+# its controller ($4, the reattach grace, above 0): then it waits the grace and ends it only
+# if no shell ever attached (an attached shell's session handles its own end, see
+# container_reattach). It ends a container whose controller died before its shell attached,
+# and backs up the shell exec's EOF and keepalive for every other: it does not depend on the
+# daemon closing an exec's stdin. $3 the shell's pid file.
+CONTROLLER_WATCH = """
+while read -r _o_x; do :; done
+if [ "$4" != 0 ]; then
+  [ -e "$3" ] && exit 0
+  sleep "$4"
+  [ -e "$3" ] && exit 0
+fi
+kill -KILL -1
+"""
 
 # The container's main process (under docker-init): the self-destruct timer, in sh.
 #
 # * A controller killed between starting a container and attaching its shell leaves a
-#   container no shell will ever end, so the timer first waits the attach grace ($1) and
-#   goes on to the rest of the TTL ($2) only if a shell has attached: the shell writes
-#   its pid to SHELL_PID ($3) as it starts.
+#   container no shell will ever end: CONTROLLER_WATCH ends it. Where that has no attach
+#   (none was made), the timer first waits the attach grace ($1) and goes on to the rest of
+#   the TTL ($2) only if a shell has attached: the shell writes its pid to SHELL_PID ($3)
+#   as it starts.
 # * It relays SIGUSR1 to the shell: the client's timeout interrupt. Docker can signal a
 #   container (its init forwards the signal to the timer) but not an exec, and a second
 #   exec to run `kill` would need a free pid, which a command that hit the pids limit
 #   has taken. `read` and `kill` are builtins: relaying forks nothing.
 # * It sleeps in the background: a shell runs traps only between commands, and `wait`
-#   returns at once for a trapped signal.
-TIMER = """
+#   returns at once for a trapped signal. A background list's stdin is /dev/null unless
+#   redirected: the watch gets the container's stdin through fd 3.
+TIMER = f"""
 _o_pid=$3
-_o_relay() { if read -r _o_p <"$_o_pid"; then kill -USR1 "$_o_p"; fi; }
+exec 3<&0 0</dev/null
+{{ {CONTROLLER_WATCH}}} <&3 3<&- >/dev/null 2>&1 &
+exec 3<&-
+_o_relay() {{ if read -r _o_p <"$_o_pid"; then kill -USR1 "$_o_p"; fi; }}
 trap _o_relay USR1
-_o_nap() { sleep "$1" & _o_s=$!; while kill -0 "$_o_s" 2>/dev/null; do wait "$_o_s"; done; }
+_o_nap() {{ sleep "$1" & _o_s=$!; while kill -0 "$_o_s" 2>/dev/null; do wait "$_o_s"; done; }}
 _o_nap "$1"
 if [ -e "$_o_pid" ]; then _o_nap "$2"; fi
 """
@@ -74,6 +101,7 @@ def container_config(
     if spec.gpus:  # what `docker run --gpus N` asks for: any driver that offers the gpu capability
         host["DeviceRequests"] = [{"Driver": "", "Count": spec.gpus, "DeviceIDs": None, "Capabilities": [["gpu"]]}]
     timer = ["sh", "-c", (RELAYS_IN_MAIN if relays_in_main else "") + TIMER, "orchard-timer"]
+    watch_grace = str(math.ceil(reattach_grace)) if reattach_grace else "0"
     body: dict[str, Any] = {}
     if hosts_file:
         # runc makes the network namespace (lo only) without libnetwork; /etc/hosts is ours
@@ -82,7 +110,10 @@ def container_config(
     return body | {
         "Image": image,
         "Entrypoint": container_reattach.adoptable_entry(timer, workdir) if reattach_grace else timer,
-        "Cmd": timer_args(spec.ttl, config.attach_grace),
+        "Cmd": [*timer_args(spec.ttl, config.attach_grace), watch_grace],
+        # the controller's stdin (CONTROLLER_WATCH), closed by the daemon when its attach goes
+        "OpenStdin": True,
+        "StdinOnce": True,
         "Env": [f"{key}={value}" for key, value in spec.env.items()],
         "Labels": labels,
         "HostConfig": {key: value for key, value in host.items() if value is not None},

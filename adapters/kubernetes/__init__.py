@@ -58,7 +58,10 @@ small interface (``Transport``). With ``pod_ip`` (the default) it is ``PodIpTran
 same streams over direct TCP connections to a relay in the pod (``relay``, ``podip``), which
 keep working while the API server is down, with the exec websocket as the per-pod fallback. The exec's ``sh`` is wrapped so that when the
 websocket closes (the controller died, even by SIGKILL) every process in the pod is killed
-and the pod ends.
+and the pod ends. Its object stays (phase Failed), and a pod whose shell never attached
+waits its attach grace: the adapter's guardian (``guardian``, a process of its own started on
+the first create) deletes a dead controller's pods, all but those with a reattach grace
+still running (those once they have ended).
 
 Control-plane load: API calls go through one gate (``max_api`` at once), each attempt under
 a timeout, retried with exponential backoff and jitter on 429 (honouring Retry-After), 5xx

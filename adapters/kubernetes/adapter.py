@@ -9,6 +9,7 @@ import functools
 import os
 import re
 import socket
+import subprocess
 import time
 import uuid
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from orchard_async.adapters.kubernetes import guardian
 from orchard_async.adapters.kubernetes import snapshot as snaps
 from orchard_async.adapters.kubernetes.api import NETWORKING, ApiError, KubeApi
 from orchard_async.adapters.kubernetes.attach import adoptable
@@ -152,6 +154,9 @@ class KubernetesAdapter(BackgroundOwner):
         self.forks = Forks(config)
         self.snapshot_dir = self.forks.store
         self._pod_images: dict[str, str] = {}  # live sandbox -> its image (its forks' default)
+        # deletes this adapter's pods if the process dies (guardian.py)
+        self._guardian: subprocess.Popen[bytes] | None = None
+        self._guarded = False
 
     @property
     def facts(self) -> AdapterFacts:
@@ -249,6 +254,11 @@ class KubernetesAdapter(BackgroundOwner):
         if (image, spec.pull) in self._images_missing:
             raise self._images_missing[image, spec.pull]
         await self._ensure_namespace()
+        if not self._guarded:
+            self._guarded = True
+            config = msgspec.structs.replace(self.config, namespace=self.namespace, run_id=self.run_id)
+            selector = f"{names.RUN}={self.run_id},{names.CONTROLLER}={self.controller}"
+            self._guardian = guardian.start(config, selector, self.pod_settings.reattach_grace)
         if spec.gpus:
             await self._check_gpus(spec.gpus)
         assert self._create_gate is not None
@@ -653,6 +663,9 @@ class KubernetesAdapter(BackgroundOwner):
             await self.transport.close()
             await self.api.close()
             self._started = False
+            if self._guardian is not None:
+                await anyio.to_thread.run_sync(guardian.stop, self._guardian)
+                self._guardian, self._guarded = None, False
 
     async def doctor(self) -> str:
         """One line for `orchard-async doctor`; raises AdapterUnavailable when there is no

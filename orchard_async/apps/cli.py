@@ -158,6 +158,21 @@ async def close_policy(policy: object) -> None:
     await close()
 
 
+def make_policy(args: argparse.Namespace, recipe: Recipe, with_options: dict[str, Any]) -> Any:
+    """The run's policy: ``--policy tokens`` (any recipe: token in, token out through
+    ``--engine``), else the recipe's own by name."""
+    engine, tokenizer = getattr(args, "engine", None), getattr(args, "tokenizer", None)
+    if args.policy != "tokens":
+        if engine or tokenizer:
+            raise ConfigError("--engine and --tokenizer go with --policy tokens")
+        return recipe.make_policy(args.policy, **with_options)
+    if not engine:
+        raise ConfigError("--policy tokens needs --engine sglang:URL, vllm:URL or transformers:PATH")
+    from orchard_async.models.tokens.policy import token_policy  # torch and transformers only when asked
+
+    return token_policy(args.recipe, engine, tokenizer=tokenizer)
+
+
 async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, replace: bool) -> int:
     """Everything that can be wrong is checked before the first sandbox: the --out path by
     the caller (kind, name, writable), then adapter options, recipe, its options, tasks, the
@@ -169,7 +184,7 @@ async def _rollout_command(args: argparse.Namespace, out: Path, resume: bool, re
     with_options = {} if in_force is None else {"options": in_force}  # a recipe without OPTIONS is called as before
     tasks = recipe.load_tasks(args.tasks, **with_options)
     plan(tasks, args.episodes, args.group_size)
-    policy = recipe.make_policy(args.policy, **with_options)
+    policy = make_policy(args, recipe, with_options)
     adapter: Adapter | None = None
     finished: list[Trajectory] = []
     leaked: int | None = None
@@ -529,8 +544,16 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     run_p.add_argument(
         "--policy",
         default="oracle",
-        help="oracle|empty|noisy-oracle:P on every recipe; toy: random; swe, gui, claw: openai; claw: harness "
+        help="oracle|empty|noisy-oracle:P|tokens on every recipe; toy: random; swe, gui, claw: openai; claw: harness "
         "(default oracle)",
+    )
+    run_p.add_argument(
+        "--engine",
+        metavar="KIND:WHERE",
+        help="--policy tokens: the token engine, sglang:URL, vllm:URL or transformers:PATH (a model folder)",
+    )
+    run_p.add_argument(
+        "--tokenizer", metavar="PATH", help="--policy tokens: the model's tokenizer folder (default: transformers:PATH)"
     )
     rollout_options(run_p, episodes=32, concurrency=8)
     run_p.add_argument("--group-size", type=_at_least(1), default=1, help="samples per task (GRPO groups)")

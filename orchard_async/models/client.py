@@ -234,13 +234,18 @@ class ChatClient:
             completion.usage["retries"] = retries
         return completion
 
-    async def send(self, body: dict[str, Any], *, time_left: float | None = None) -> tuple[Any, int]:
+    async def send(
+        self, body: dict[str, Any], *, time_left: float | None = None, url: str | None = None
+    ) -> tuple[Any, int]:
         """One request body posted until the server accepts it: (its 2xx/3xx ``httpx.Response``,
         the retries it took). 429/5xx/connection errors are retried with the config's backoff
         (or after the server's Retry-After) while retries and ``time_left`` (the config's
-        ``request_timeout`` when not given) last; what no retry can help raises at once."""
+        ``request_timeout`` when not given) last; what no retry can help raises at once.
+        ``url``: another endpoint of the same server (the token engines' ``/generate`` and
+        ``/completions``); the chat-completions URL by default."""
         import httpx
 
+        url = url or self.url
         client, limit = self._bind()
         payload = json.dumps(body).encode()
         attempts = Attempts(
@@ -255,7 +260,7 @@ class ChatClient:
             async with limit:
                 self.requests += 1
                 try:
-                    response = await client.post(self.url, content=payload, timeout=timeout)
+                    response = await client.post(url, content=payload, timeout=timeout)
                 except httpx.TransportError as exc:  # connection refused/reset, timeouts
                     last = f"{type(exc).__name__}: {exc}"
                 else:
@@ -264,19 +269,19 @@ class ChatClient:
                     status = response.status_code
                     last = f"HTTP {status}: {response.text[:500]}"
                     if is_context_error(status, response.text):
-                        raise ContextExhausted(f"{self.url} answered {last}")
+                        raise ContextExhausted(f"{url} answered {last}")
                     if status in UNAVAILABLE_STATUSES:
-                        raise ModelUnavailable(f"{self.url} answered {last}")
+                        raise ModelUnavailable(f"{url} answered {last}")
                     if status not in RETRY_STATUSES:
-                        raise ModelError(f"{self.url} answered {last}")
+                        raise ModelError(f"{url} answered {last}")
                     asked = retry_after(response.headers.get("retry-after"))
             pause = attempts.next_pause(asked)
             if pause is None:
                 if attempts.out_of_time:
                     raise ModelUnavailable(
-                        f"{self.url}: no time left to retry after {attempts.failures} attempts; last error: {last}"
+                        f"{url}: no time left to retry after {attempts.failures} attempts; last error: {last}"
                     )
-                raise ModelUnavailable(f"{self.url}: gave up after {attempts.failures} attempts; last error: {last}")
+                raise ModelUnavailable(f"{url}: gave up after {attempts.failures} attempts; last error: {last}")
             self.retries += 1
             await anyio.sleep(pause)
 

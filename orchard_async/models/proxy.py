@@ -14,6 +14,13 @@ python3) that listens on the sandbox's loopback and carries every connection it 
 one ``open_stream`` to the controller, which connects each to ``127.0.0.1:port`` here. The
 sandbox sees ``http://127.0.0.1:<sandbox port>/v1``; nothing else of the controller's.
 
+Harness mode, token in and token out: with ``Upstream(tokens=True)`` every forwarded call asks
+the backend (vLLM's or SGLang's OpenAI-compatible server) for ``logprobs`` and
+``return_token_ids``, and the call keeps the prompt's ids, the reply's ids and their logprobs
+as arrays (``ModelCall.prompt_ids``/``token_ids``/``logprobs``; streamed calls too).
+``stitch_calls`` turns an episode's calls into ``TurnTokens``: consecutive calls that extend
+each other are one trainable sequence, a call that rewrites history starts a new one.
+
 Frames on that stream, both ways: ``>IBI`` (connection id, kind, length) then the payload;
 kinds: OPEN (sandbox -> controller, a new connection), DATA, EOF (that side sent all it
 will), CLOSE (controller -> sandbox: close the connection).
@@ -35,6 +42,7 @@ import anyio.abc
 import msgspec
 
 from orchard_async.errors import ConfigError
+from orchard_async.records.trajectory import TurnTokens
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -60,6 +68,11 @@ class ModelCall(msgspec.Struct, kw_only=True, omit_defaults=True):
     chunks: int = 0
     first_token_s: float | None = None  # streamed calls: until the first chunk
     error: str = ""
+    # With ``Upstream(tokens=True)``: the backend's prompt ids, sampled ids and their logprobs
+    # (``stitch_calls`` makes them a trainer's sequences)
+    prompt_ids: list[int] = []
+    token_ids: list[int] = []
+    logprobs: list[float] = []
 
 
 @dataclass
@@ -71,6 +84,10 @@ class Upstream:
     api_key: str | None = None
     model: str | None = None
     timeout: float = 600.0
+    # Ask the backend (vLLM's, SGLang's OpenAI-compatible server) for the token ids of the
+    # prompt and the reply and the reply's logprobs (``logprobs``, ``return_token_ids``), and
+    # record them on each call: harness mode, token in and token out.
+    tokens: bool = False
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -93,6 +110,68 @@ class ProxySession:
     calls: list[ModelCall] = field(default_factory=list)
     opened: float = field(default_factory=time.monotonic)
     refused: int = 0  # calls past the budget
+
+
+def _numbers(values: Any, kind: type) -> list[Any] | None:
+    if not isinstance(values, list):
+        return None
+    try:
+        return [kind(value) for value in values]
+    except (TypeError, ValueError):
+        return None
+
+
+def record_tokens(call: ModelCall) -> None:
+    """The ids and logprobs of a chat completion asked with ``return_token_ids`` and
+    ``logprobs`` (vLLM's fields: ``prompt_token_ids`` on the reply, ``token_ids`` and
+    ``logprobs.content[].logprob`` on its first choice), as arrays on ``call``; nothing when
+    the backend did not give them all."""
+    reply = call.response
+    choices = reply.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return
+    choice = choices[0]
+    prompt = _numbers(reply.get("prompt_token_ids", choice.get("prompt_token_ids")), int)
+    sampled = _numbers(choice.get("token_ids"), int)
+    content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
+    logprobs = _numbers([entry.get("logprob") for entry in content or [] if isinstance(entry, dict)], float)
+    if prompt is None or sampled is None or logprobs is None or len(sampled) != len(logprobs):
+        return
+    call.prompt_ids, call.token_ids, call.logprobs = prompt, sampled, logprobs
+
+
+def stitch_calls(calls: list[ModelCall]) -> list[TurnTokens | None]:
+    """Each call's ``TurnTokens`` (None for a call without tokens): consecutive calls whose
+    prompt extends the previous call's prompt and reply form one trainable sequence (a
+    segment; a call then holds only the tokens added since); a call that rewrites the history
+    (a compaction, a sub-agent's own conversation) starts a new segment with its whole prompt."""
+    turns: list[TurnTokens | None] = []
+    context: list[int] | None = None
+    segment = -1
+    for call in calls:
+        if not call.token_ids and not call.prompt_ids:
+            turns.append(None)
+            continue
+        if context is not None and call.prompt_ids[: len(context)] == context:
+            added = call.prompt_ids[len(context) :]
+        else:
+            segment += 1
+            added = call.prompt_ids
+        finish = ""
+        choices = call.response.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            finish = str(choices[0].get("finish_reason") or "")
+        turns.append(
+            TurnTokens(
+                segment=segment,
+                prompt_ids=added,
+                token_ids=call.token_ids,
+                logprobs=call.logprobs,
+                finish_reason=finish,
+            )
+        )
+        context = call.prompt_ids + call.token_ids
+    return turns
 
 
 def usage_of(reply: Any) -> dict[str, int]:
@@ -133,6 +212,8 @@ class StreamAssembler:
         self.chunks += 1
         if not self.head:
             self.head = {k: chunk[k] for k in ("id", "created", "model") if k in chunk}
+        if isinstance(chunk.get("prompt_token_ids"), list):  # return_token_ids: on the first chunk
+            self.head["prompt_token_ids"] = chunk["prompt_token_ids"]
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
         for choice in chunk.get("choices") or []:
@@ -150,6 +231,11 @@ class StreamAssembler:
                 entry["id"] = call.get("id") or entry["id"]
                 entry["function"]["name"] += function.get("name") or ""
                 entry["function"]["arguments"] += function.get("arguments") or ""
+            if isinstance(choice.get("token_ids"), list):  # return_token_ids: each chunk's own ids
+                slot.setdefault("token_ids", []).extend(choice["token_ids"])
+            logprobs = choice.get("logprobs")
+            if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
+                slot.setdefault("logprobs", {"content": []})["content"].extend(logprobs["content"])
             if choice.get("finish_reason"):
                 slot["finish_reason"] = choice["finish_reason"]
 
@@ -264,6 +350,8 @@ class ModelProxy:
             return self._error(400, f"model call budget exhausted ({session.max_calls} calls): finish now")
         if self.upstream.model:
             body["model"] = self.upstream.model
+        if self.upstream.tokens:
+            body["logprobs"], body["return_token_ids"] = True, True
         index = len(session.calls)
         start = time.monotonic()
         call = ModelCall(
@@ -285,6 +373,8 @@ class ModelProxy:
                         decoded = {"unreadable": data[:2000].decode(errors="replace")}
                     call.response = decoded if isinstance(decoded, dict) else {"json": decoded}
                     call.usage = usage_of(call.response)
+                    if self.upstream.tokens:
+                        record_tokens(call)
                     content_type = reply.headers.get("Content-Type", "application/json")
                     return web.Response(status=reply.status, body=data, headers={"Content-Type": content_type})
                 out = web.StreamResponse(status=reply.status, headers={"Content-Type": "text/event-stream"})
@@ -299,6 +389,8 @@ class ModelProxy:
                 call.latency_s = time.monotonic() - start
                 call.response, call.chunks = assembler.result(), assembler.chunks
                 call.usage = usage_of(call.response)
+                if self.upstream.tokens:
+                    record_tokens(call)
                 return out
         except (aiohttp.ClientError, TimeoutError) as exc:
             call.latency_s = time.monotonic() - start

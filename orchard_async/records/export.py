@@ -61,6 +61,7 @@ EPSILON = 1e-6
 # The episodes the scorer judged on what the agent did: the only ones that are data.
 SCORED_END_REASONS = frozenset(reason for reason in EndReason if reason.scored)
 FORMATS = ("sft", "rl", "grpo")
+TOKENS = "tokens"  # the token export (token_records): ids, not chats; any recipe's token-policy runs
 
 Source = Iterable[Trajectory] | str | Path
 
@@ -354,6 +355,78 @@ def rl_records(
     return out
 
 
+# -- token records: what a token-in/token-out policy sampled, for RL trainers ------------------
+
+
+def token_records(samples: Iterable[Sample | Trajectory], skipped: Counter[str] | None = None) -> list[dict[str, Any]]:
+    """One record per segment of every scored episode a token policy ran (``--policy
+    tokens``; a segment is one trainable sequence, see ``TurnTokens``): ``prompt_ids`` (the
+    segment's first prompt), ``response_ids`` (each turn's sampled tokens, then the next
+    turn's observation tokens, up to the last reply), ``response_mask`` (1 on sampled tokens,
+    0 on the environment's), ``response_logprobs`` (the sampler's; 0.0 under mask 0),
+    ``weight_versions`` (one per turn), the episode's reward and end reason. Unscored
+    episodes are left out and counted, as the other exports do; so are episodes without
+    token turns (``no_tokens``: run with another policy)."""
+    skipped = Counter() if skipped is None else skipped
+    records: list[dict[str, Any]] = []
+    for item in samples:
+        sample = item if isinstance(item, Sample) else Sample(item.run_id, item)
+        trajectory = sample.trajectory
+        if not is_scored(trajectory):
+            skipped[unscored_reason(trajectory)] += 1
+            continue
+        turns = [step.action.tokens for step in trajectory.steps if step.action.tokens is not None]
+        if not turns:
+            skipped["no_tokens"] += 1
+            continue
+        segments: dict[int, list[Any]] = {}
+        for turn in turns:
+            segments.setdefault(turn.segment, []).append(turn)
+        for index, (segment, members) in enumerate(segments.items()):
+            response: list[int] = []
+            mask: list[int] = []
+            logprobs: list[float] = []
+            for position, turn in enumerate(members):
+                if position:  # the environment's tokens between two replies
+                    response += turn.prompt_ids
+                    mask += [0] * len(turn.prompt_ids)
+                    logprobs += [0.0] * len(turn.prompt_ids)
+                response += turn.token_ids
+                mask += [1] * len(turn.token_ids)
+                logprobs += turn.logprobs
+            records.append(
+                {
+                    "prompt_ids": members[0].prompt_ids,
+                    "response_ids": response,
+                    "response_mask": mask,
+                    "response_logprobs": logprobs,
+                    "reward": trajectory.reward,
+                    "weight_versions": [turn.weight_version for turn in members],
+                    "finish_reasons": [turn.finish_reason for turn in members],
+                    "segment": segment,
+                    "segments": len(segments),
+                    "last_segment": index == len(segments) - 1,
+                    **_identity(sample),
+                }
+            )
+    return records
+
+
+def export_tokens(
+    sources: Source | Sequence[Source], out: str | Path, *, allow_mixed_runs: bool = False, write_empty: bool = True
+) -> ExportSummary:
+    """Write ``token_records`` of ``sources`` to ``out`` (JSONL, replaced whole)."""
+    inputs = as_sources(sources)
+    path = check_out(out, inputs)
+    samples = samples_of(inputs, allow_mixed_runs)
+    skipped: Counter[str] = Counter()
+    records = token_records(samples, skipped)
+    summary = write_records(path if records or write_empty else None, records, samples, skipped)
+    summary.episodes = len({(r["run_id"], r["episode_id"]) for r in records})
+    summary.groups = len({r["group_id"] for r in records})
+    return summary
+
+
 # -- files ------------------------------------------------------------------------------------
 
 
@@ -464,7 +537,10 @@ def export(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments every recipe's export command takes (a recipe adds its own after)."""
     parser.add_argument(
-        "format", choices=FORMATS, help="sft: one chat per good episode; rl (or grpo): one record per sample"
+        "format",
+        choices=(*FORMATS, TOKENS),
+        help="sft: one chat per good episode; rl (or grpo): one record per sample; tokens: the token ids, mask "
+        "and logprobs of a token-policy run",
     )
     # The first file is ``args.trajectories`` (one path, as callers that check it expect), the rest apart.
     parser.add_argument("trajectories", help="trajectory file written by `orchard-async run` (.jsonl or .msgpack)")
@@ -597,6 +673,10 @@ def export_command(args: argparse.Namespace) -> int:
     out = check_output_file(args.out)
     if out.exists() and any(out.resolve() == source.resolve() for source in sources):
         raise ConfigError(f"--out {out} is a trajectory file being exported; write the export elsewhere")
+    if args.format == TOKENS:  # the sampled ids themselves: no recipe's chat is involved
+        summary = export_tokens(sources, out, allow_mixed_runs=args.allow_mixed_runs, write_empty=False)
+        print_summary(summary, TOKENS, ", ".join(dict.fromkeys(r for p in sources for r in header_recipes(p))))
+        return 0 if summary.records else 1
     name = recipe_of_inputs(sources, args.recipe)
     recipe = load_recipe(name)
     training_chats = getattr(recipe, "training_chats", None)
@@ -640,6 +720,7 @@ def print_summary(summary: ExportSummary, kind: str, recipe: str) -> None:
     else:
         line = (
             f"{kind}: {summary.records} records ({summary.episodes} episodes, {summary.skipped} skipped), "
-            f"resolved {summary.resolved_rate:.1%}, reward mean {summary.mean_reward:.3f}, {recipe} chats -> {summary.path}"
+            f"resolved {summary.resolved_rate:.1%}, reward mean {summary.mean_reward:.3f}, "
+            f"{'token records' if kind == TOKENS else recipe + ' chats'} -> {summary.path}"
         )
     print(line, file=sys.stderr)

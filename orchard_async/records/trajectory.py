@@ -134,6 +134,25 @@ _INFRA_ERROR_ENDS: tuple[tuple[type[InfraError], EndReason], ...] = (
 _INFRA_ENDS = frozenset({reason for _, reason in _INFRA_ERROR_ENDS} | {EndReason.INFRA_ERROR})
 
 
+class TurnTokens(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The tokens of one model turn of a token-in/token-out policy (``--policy tokens``), as
+    plain arrays (no object per token).
+
+    Turns of one ``segment`` form one trainable sequence: the prompt the sampler saw at a
+    turn is the concatenation of ``prompt_ids + token_ids`` of every earlier turn of its
+    segment, then its own ``prompt_ids``. The first turn of a segment holds its whole prompt
+    in ``prompt_ids``; a later one only the tokens the environment added since (the
+    observation's, from the chat template's delta). A turn whose conversation is not an
+    extension of the previous turn's starts a new segment."""
+
+    segment: int = 0
+    prompt_ids: list[int] = []
+    token_ids: list[int] = []  # what the sampler produced, as it produced it
+    logprobs: list[float] = []  # the sampler's logprob of each of token_ids
+    finish_reason: str = ""  # stop, length (abort never reaches a trajectory)
+    weight_version: str = ""  # the policy weights that sampled this turn, as the engine names them
+
+
 class Action(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What a policy wants done next."""
 
@@ -142,6 +161,7 @@ class Action(msgspec.Struct, kw_only=True, omit_defaults=True):
     raw: str = ""  # the policy's own output (e.g. the model's reply), when it has one
     error: str = ""  # why the reply could not be turned into an action (kind="invalid")
     usage: dict[str, int] = {}  # tokens, for model policies
+    tokens: TurnTokens | None = None  # token-in/token-out policies: the turn's ids and logprobs
 
 
 class Step(msgspec.Struct, kw_only=True, omit_defaults=True):

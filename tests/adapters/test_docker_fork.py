@@ -150,7 +150,7 @@ async def test_a_fork_whose_shell_never_attaches_ends_at_the_attach_grace(make_a
     spec = forked(snapshot_id, ttl=300)
     name = f"orchard-{uuid.uuid4().hex[:16]}"
     config = adapter._container_config(spec, snapshot_id, adapter._labels(spec, time.time() + 300))
-    _, relays = await adapter._start_container(name, config)  # and no shell attaches
+    _, relays, _ = await adapter._start_container(name, config)  # and no shell attaches
 
     async def gone() -> bool:
         return name not in await containers(adapter.run_id)

@@ -216,7 +216,34 @@ def test_sigkilled_controller_leaves_nothing(root: Path, isolation: str) -> None
     os.kill(controller.pid, signal.SIGKILL)
     controller.wait()
     # The shells see EOF on their pipes and end themselves, taking their processes along.
-    wait_for(lambda: leftovers(root) == ([], []), 15, "sandboxes of a killed controller to end")
+    wait_for(lambda: leftovers(root) == ([], []), SELF_DESTRUCT, "sandboxes of a killed controller to end")
+
+
+# What the README promises: a dead controller's local sandboxes are gone within 2 s.
+SELF_DESTRUCT = 2.0
+
+DIES_MID_CREATE = textwrap.dedent(
+    """
+    import os, signal, sys, anyio
+    import orchard_async as oa
+    from orchard_async.adapters.local import LocalAdapter
+
+    class DiesWhileMakingTheDirectory(LocalAdapter):
+        def _prepare_dirs(self, base, lease):
+            super()._prepare_dirs(base, lease)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    anyio.run(lambda: DiesWhileMakingTheDirectory(root=sys.argv[1], isolation=sys.argv[2]).create(oa.SandboxSpec(pids=64)))
+    """
+)
+
+
+def test_a_controller_killed_while_it_makes_a_sandbox_leaves_nothing(root: Path, isolation: str) -> None:
+    """Killed after the sandbox's directory exists, before its shell runs: the gate the
+    controller started first sees EOF and removes the directory."""
+    controller = subprocess.run([sys.executable, "-c", DIES_MID_CREATE, str(root), isolation], check=False)
+    assert controller.returncode == -signal.SIGKILL
+    wait_for(lambda: leftovers(root) == ([], []), SELF_DESTRUCT, "the half-made sandbox to go")
 
 
 def test_reap_removes_sandboxes_of_dead_runs_at_once(root: Path, isolation: str) -> None:

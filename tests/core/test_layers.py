@@ -44,7 +44,9 @@ ALLOWED: dict[str, set[str]] = {
     "adapters": {"contract", "kit", "images"},
     "recipes": {"public", "contract", "records", "models", "images"},
     "apps": {"public", "contract", "kit", "records", "models", "images", "engine", "registry", "adapters"},
-    "bench": {"public", "contract", "kit", "records", "adapters", "recipes", "apps"},
+    "bench": {"public", "contract", "kit", "records", "models", "adapters", "recipes", "apps"},
+    # orchard_async/openenv.py: OpenEnv's ContainerProvider over the public API (sandbox.expose)
+    "openenv": {"public", "contract", "kit", "registry"},
 }
 LAZY_EXTRA = {"registry", "adapters", "recipes", "public"}  # plugin points, imported when used
 NEVER_LAZY = {"apps", "bench"}  # nothing in the layers reaches the applications

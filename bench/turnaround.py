@@ -1,0 +1,221 @@
+"""`bench turnaround`: is the environment ever what a trainer's sampler waits for?
+
+Each level runs N concurrent episodes of S steps (the synthetic ``StepsTask``) against a fake
+engine that answers every request after a fixed latency, twice in one run:
+
+* ``tokens``: the token policy (``TokenPolicy``: the context rebuilt from the steps' records,
+  the observation's tokens from the chat template's delta, ids and logprobs kept per turn),
+  with a byte-level tokenizer (ChatML template) so no model package is needed;
+* ``messages``: the message path: the same conversation rebuilt as chat messages each turn,
+  the reply parsed, nothing recorded but the text.
+
+Measured per level and path: the environment's turnaround, from the engine's reply to the
+same episode's next request (p50/p99: parsing, the step, the command on the adapter, the
+next prompt), and the rollout's steps/s against the ideal of ``concurrency / latency`` (an
+environment that costs nothing). ``comparisons`` hold tokens against messages: the cost of
+recording tokens.
+
+Targets (issue 24): p50 <= 1 ms on sim at 1,024 concurrent episodes; throughput within 10%
+of concurrency / latency; token recording <= 5% of the message path's steps/s.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from orchard_async import Action, Observation, Trajectory, get_adapter, rollout
+from orchard_async.bench.report import Row, compare_rows, ms_percentiles
+from orchard_async.bench.scenario import Outcome
+from orchard_async.bench.tasks import steps_tasks
+from orchard_async.models.tokens import Generation, Sampling
+from orchard_async.models.tokens.policy import TokenPolicy, bash_reply
+
+REPLY = "THOUGHT: once more.\n\n```bash\ntrue\n```"
+SYSTEM = "You are an agent in a Linux shell: reply with one command in a ```bash block."
+
+
+def bench_messages(trajectory: Trajectory) -> list[dict[str, Any]]:
+    """The synthetic task's chat: what a shell agent would be shown."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": trajectory.instruction}]
+    for step in trajectory.steps:
+        messages.append({"role": "assistant", "content": step.action.raw})
+        messages.append({"role": "user", "content": step.observation or f"(exit status {step.exit_code})"})
+    return messages
+
+
+class ByteTokenizer:
+    """One id per UTF-8 byte (ids 0-255) and ChatML's specials: the shape of a Hugging Face
+    tokenizer as the token policy uses it, at a real tokenizer's order of cost per character."""
+
+    SPECIAL = {"<|im_start|>": 256, "<|im_end|>": 257}
+    NAMES = {v: k for k, v in SPECIAL.items()}
+    SPLIT = re.compile("(<\\|im_start\\|>|<\\|im_end\\|>)")
+    chat_template = "chatml"
+    eos_token_id = 257
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], *, tokenize: bool, add_generation_prompt: bool
+    ) -> str:
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        ids: list[int] = []
+        for part in self.SPLIT.split(text):
+            special = self.SPECIAL.get(part)
+            if special is not None:
+                ids.append(special)
+            elif part:
+                ids += part.encode()
+        return {"input_ids": ids}
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        out, start = [], 0
+        for index, token in enumerate(ids):
+            if token >= 256:
+                out.append(bytes(ids[start:index]).decode(errors="replace"))
+                if not skip_special_tokens:
+                    out.append(self.NAMES[token])
+                start = index + 1
+        out.append(bytes(ids[start:]).decode(errors="replace"))
+        return "".join(out)
+
+
+class FixedLatencyEngine:
+    """Answers after ``latency`` seconds, always with ``REPLY``; records, per episode (the
+    asking task), when each reply went out and how long until the next request came."""
+
+    name = "fixed-latency"
+    weight_version = "0"
+
+    def __init__(self, latency: float, tokenizer: ByteTokenizer):
+        self.latency = latency
+        self.reply_ids = [*tokenizer(REPLY)["input_ids"], tokenizer.eos_token_id]
+        self.logprobs = [-0.5] * len(self.reply_ids)
+        self.replied: dict[int, float] = {}  # task id -> when its last reply went out
+        self.turnarounds: list[float] = []
+
+    async def _answer(self) -> None:
+        task = anyio.get_current_task().id
+        asked = time.perf_counter()
+        last = self.replied.pop(task, None)
+        if last is not None:
+            self.turnarounds.append(asked - last)
+        await anyio.sleep(self.latency)
+        self.replied[task] = time.perf_counter()
+
+    async def generate(self, input_ids: Sequence[int], sampling: Sampling) -> Generation:
+        await self._answer()
+        return Generation(token_ids=self.reply_ids, logprobs=self.logprobs, finish_reason="stop", weight_version="0")
+
+    async def chat(self, messages: list[dict[str, Any]]) -> str:
+        await self._answer()
+        return REPLY
+
+    async def close(self) -> None:
+        return None
+
+
+class MessagePolicy:
+    """The message path: the conversation rebuilt each turn, one chat call, the reply parsed."""
+
+    name = "messages"
+
+    def __init__(self, engine: FixedLatencyEngine):
+        self.engine = engine
+
+    async def act(self, observation: Observation) -> Action:
+        messages = bench_messages(_so_far(observation))
+        return bash_reply(await self.engine.chat(messages))
+
+
+def _so_far(observation: Observation) -> Trajectory:
+    return Trajectory(
+        episode_id=observation.episode_id,
+        task_id="",
+        group_id="",
+        sample=0,
+        policy="",
+        adapter="",
+        run_id="",
+        status="finished",
+        end_reason="max_steps",  # type: ignore[arg-type]
+        instruction=observation.instruction,
+        steps=list(observation.history),
+    )
+
+
+async def _level(
+    path: str, concurrency: int, steps: int, latency: float, adapter_name: str, adapter_options: dict[str, Any]
+) -> tuple[Row, int]:
+    tokenizer = ByteTokenizer()
+    engine = FixedLatencyEngine(latency, tokenizer)
+    policy: Any = (
+        TokenPolicy(engine, tokenizer, bench_messages, sampling=Sampling(max_tokens=64))
+        if path == "tokens"
+        else MessagePolicy(engine)
+    )
+    tasks: list[Any] = steps_tasks(concurrency, steps=steps)
+    done = steps_done = 0
+    async with get_adapter(adapter_name, **adapter_options) as adapter:
+        started = time.perf_counter()
+        async for trajectory in rollout(tasks, policy, adapter, concurrency=concurrency, warm=0):
+            done += 1
+            steps_done += len(trajectory.steps)
+            if trajectory.status != "finished":
+                raise RuntimeError(f"turnaround: an episode failed ({trajectory.end_reason}): {trajectory.error}")
+            if path == "tokens" and any(step.action.tokens is None for step in trajectory.steps):
+                raise RuntimeError("turnaround: a token episode has a step without its tokens")
+        wall = time.perf_counter() - started
+        leaked = len(await adapter.list_owned())
+    ideal = concurrency / latency
+    steps_per_s = steps_done / wall
+    percentiles = ms_percentiles(engine.turnarounds)
+    row = Row(
+        subject=path,
+        concurrency=concurrency,
+        ops=len(engine.turnarounds),
+        episodes=done,
+        steps=steps_done,
+        steps_per_s=round(steps_per_s, 1),
+        ops_per_s=round(steps_per_s, 1),  # what comparisons set side by side: steps/s
+        episodes_per_s=round(done / wall, 2),
+        wall_s=round(wall, 3),
+        p50_ms=percentiles["p50_ms"],
+        p90_ms=percentiles["p90_ms"],
+        p95_ms=percentiles["p95_ms"],
+        p99_ms=percentiles["p99_ms"],
+        extra={
+            "engine_latency_ms": latency * 1000,
+            "ideal_steps_per_s": ideal,
+            "of_ideal": round(steps_per_s / ideal, 3),
+        },
+    )
+    return row, leaked
+
+
+async def run_turnaround(
+    adapter_name: str,
+    *,
+    concurrency: list[int],
+    steps: int = 10,
+    latency: float = 0.1,
+    adapter_options: dict[str, Any] | None = None,
+) -> Outcome:
+    outcome = Outcome(leaked=0)
+    for level in concurrency:
+        for path in ("messages", "tokens"):  # the same level, one after the other, in one run
+            row, leaked = await _level(path, level, steps, latency, adapter_name, adapter_options or {})
+            outcome.rows.append(row)
+            outcome.leaked = (outcome.leaked or 0) + leaked
+    outcome.comparisons = compare_rows(outcome.rows, "tokens", "messages")
+    outcome.notes.append(
+        "turnaround: the engine's reply to the same episode's next request (p50/p99 ms); of_ideal: steps/s "
+        "over concurrency / engine latency; comparisons: tokens against messages (ops ratio < 1: tokens slower)"
+    )
+    return outcome

@@ -1,0 +1,236 @@
+"""A token-in/token-out policy for every recipe: ``--policy tokens --engine KIND:WHERE``.
+
+The policy samples through a ``TokenEngine`` and keeps, per turn, what a trainer needs
+(``TurnTokens`` on the step's action: the tokens the environment added, the sampled ids, the
+sampler's logprobs, the weight version). The prompt of turn t+1 is exactly the context of
+turn t plus its sampled tokens plus the observation's tokens; nothing that came before is
+ever re-tokenized.
+
+Where the conversation comes from: the recipe's own chat builder (``Chats.messages_of`` of its
+``training_chats``, the one the exports use), so the model sees each recipe's system prompt,
+task and observations as that recipe writes them; its replies are parsed into actions by the
+recipe's ``parse_reply`` (a module attribute; by default the bash-block protocol of the toy
+and SWE recipes: exactly one ```bash block, ``submit`` to finish).
+
+The observation's tokens are the chat template's delta: the text the template adds after an
+assistant turn (with a stand-in content) when the recipe's new messages follow it, checked
+to be a true extension of the template's text; the template's end-of-turn tokens the sampler
+did not produce itself (a reply cut at the token limit, the newline after ``<|im_end|>``) go
+in front. A turn where that does not hold (the recipe rewrote earlier messages, a template
+that renders a prefix differently, a step this policy did not sample) starts a new segment,
+whose prompt is the whole conversation rendered afresh, and is recorded as such.
+
+The policy keeps no state between turns: the context is rebuilt from the episode's own steps
+(their ``TurnTokens``), so a retried, resumed or forked episode continues correctly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from orchard_async.errors import ConfigError, ContextExhausted
+from orchard_async.models.client import ModelConfig
+from orchard_async.models.tokens import Sampling, TokenEngine, make_engine
+from orchard_async.records.trajectory import Action, EndReason, Step, Trajectory, TurnTokens
+from orchard_async.task import Observation
+
+Message = dict[str, Any]
+MessagesOf = Callable[[Trajectory], list[Message]]
+ParseReply = Callable[[str], Action]
+
+# The assistant content the template is rendered with to find its delta: any text the
+# template keeps as it is.
+STAND_IN = "ORCHARD-REPLY-STAND-IN"
+_BLOCK = re.compile(r"```(?:bash|sh)[ \t]*\r?\n(.*?)```", re.DOTALL)
+
+
+def bash_reply(text: str) -> Action:
+    """The toy and SWE recipes' reply protocol: exactly one ```bash block; ``submit`` ends."""
+    blocks = _BLOCK.findall(text)
+    if len(blocks) != 1:
+        return Action(kind="invalid", raw=text, error=f"expected exactly one ```bash block, found {len(blocks)}")
+    command = blocks[0].strip()
+    if not command:
+        return Action(kind="invalid", raw=text, error="the ```bash block is empty")
+    if command == "submit":
+        return Action(kind="submit", command=command, raw=text)
+    return Action(command=command, raw=text)
+
+
+def _partial(observation: Observation, steps: Sequence[Step]) -> Trajectory:
+    """The episode so far, as the recipe's chat builder reads a trajectory."""
+    return Trajectory(
+        episode_id=observation.episode_id,
+        task_id=getattr(observation.task, "id", ""),
+        group_id="",
+        sample=0,
+        policy="tokens",
+        adapter="",
+        run_id="",
+        status="finished",
+        end_reason=EndReason.MAX_STEPS,
+        instruction=observation.instruction,
+        steps=list(steps),
+    )
+
+
+class TokenPolicy:
+    """Samples each turn through ``engine`` from the recipe's conversation, token in, token out."""
+
+    def __init__(
+        self,
+        engine: TokenEngine,
+        tokenizer: Any,
+        messages_of: MessagesOf,
+        *,
+        parse_reply: ParseReply = bash_reply,
+        sampling: Sampling | None = None,
+        token_budget: int = 0,
+    ):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ConfigError("the tokenizer has no chat template: the token policy renders the recipe's chat with it")
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.messages_of = messages_of
+        self.parse_reply = parse_reply
+        self.sampling = sampling or Sampling()
+        self.token_budget = token_budget
+        self.name = f"tokens:{engine.name}"
+
+    # -- rendering ---------------------------------------------------------------------------
+
+    def render(self, messages: list[Message], *, generation_prompt: bool) -> str:
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        return str(text)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def observation_ids(self, before: list[Message], added: list[Message], sampled: list[int]) -> list[int] | None:
+        """The tokens that follow a reply sampled after ``before`` when the recipe adds
+        ``added`` (its observation messages), or None when the template's text is not an
+        extension (the turn then starts a new segment)."""
+        turn = [*before, {"role": "assistant", "content": STAND_IN}]
+        closed = self.render(turn, generation_prompt=False)
+        extended = self.render([*turn, *added], generation_prompt=True)
+        if not extended.startswith(closed) or STAND_IN not in closed:
+            return None
+        end_of_turn = self.encode(closed[closed.rindex(STAND_IN) + len(STAND_IN) :])
+        # what of the template's end of turn the sampler produced itself (its end token)
+        produced = next(
+            (k for k in range(len(end_of_turn), 0, -1) if sampled[-k:] == end_of_turn[:k]),
+            0,
+        )
+        return end_of_turn[produced:] + self.encode(extended[len(closed) :])
+
+    def next_prompt(self, observation: Observation) -> tuple[TurnTokens, list[int]]:
+        """This turn's record (its segment and the tokens added before it) and the whole
+        prompt to sample from."""
+        history = observation.history
+        now = self.messages_of(_partial(observation, history))
+        turns = [step.action.tokens for step in history]
+        if history and all(turn is not None for turn in turns):
+            last = turns[-1]
+            assert last is not None
+            segment = [turn for turn in turns if turn is not None and turn.segment == last.segment]
+            context: list[int] = []
+            for turn in segment:  # list extends, not a loop per token: this runs every turn
+                context += turn.prompt_ids
+                context += turn.token_ids
+            before = self.messages_of(_partial(observation, history[:-1]))
+            added = self._added(before, now, history[-1])
+            if added is not None:
+                delta = self.observation_ids(before, added, last.token_ids)
+                if delta is not None:
+                    return TurnTokens(segment=last.segment, prompt_ids=delta), context + delta
+            segment_index = last.segment + 1
+        else:
+            segment_index = max((turn.segment + 1 for turn in turns if turn is not None), default=0)
+        prompt = self.encode(self.render(now, generation_prompt=True))
+        return TurnTokens(segment=segment_index, prompt_ids=prompt), prompt
+
+    @staticmethod
+    def _added(before: list[Message], now: list[Message], step: Step) -> list[Message] | None:
+        """The recipe's messages after the last reply (its observation), or None when its
+        conversation is not ``before`` plus that reply plus them. A step the recipe's chat
+        leaves out (the toy chat skips unreadable replies) is answered with the step's own
+        observation, the episode's word for what went wrong."""
+        if now[: len(before)] != before:
+            return None
+        new = now[len(before) :]
+        if not new:
+            return [{"role": "user", "content": step.observation or f"error: {step.action.error}"}]
+        if new[0].get("role") != "assistant" or any(message.get("role") == "assistant" for message in new[1:]):
+            return None
+        return new[1:]
+
+    # -- acting --------------------------------------------------------------------------------
+
+    async def act(self, observation: Observation) -> Action:
+        spent = sum(step.action.usage.get("total_tokens", 0) for step in observation.history)
+        if self.token_budget and spent >= self.token_budget:
+            return Action(kind="submit", error=f"token budget spent ({spent} of {self.token_budget} tokens)")
+        record, prompt = self.next_prompt(observation)
+        generation = await self.engine.generate(prompt, self.sampling)
+        text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        action = self.parse_reply(text)
+        action.raw = text
+        record.token_ids = generation.token_ids
+        record.logprobs = generation.logprobs
+        record.finish_reason = generation.finish_reason
+        record.weight_version = generation.weight_version
+        action.tokens = record
+        completion = len(generation.token_ids)
+        if not completion:
+            raise ContextExhausted(f"the engine sampled nothing after {len(prompt)} prompt tokens: the context is full")
+        action.usage = {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": completion,
+            "total_tokens": len(prompt) + completion,
+        }
+        return action
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+
+def token_policy(
+    recipe: str,
+    engine: str | TokenEngine,
+    *,
+    tokenizer: str | Any | None = None,
+    options: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> TokenPolicy:
+    """The token policy for ``recipe`` (by name): its chat builder and reply parser, the
+    ``engine`` (``KIND:WHERE`` or an engine), and the tokenizer (a folder, or a loaded one;
+    by default the transformers engine's model folder). Sampling is the model client's
+    (``ORCHARD_TEMPERATURE``, ``ORCHARD_MAX_TOKENS``, ``ORCHARD_TOKEN_BUDGET``)."""
+    from orchard_async.models.tokens.local import load_tokenizer
+    from orchard_async.runtime import load_recipe  # the registry: only when a policy is made
+
+    module = load_recipe(recipe)
+    chats_of = getattr(module, "training_chats", None)
+    if not callable(chats_of):
+        raise ConfigError(f"the {recipe} recipe has no chat builder (training_chats): it cannot run token policies")
+    chats = chats_of(dict(options or {}))
+    parse = getattr(module, "parse_reply", None)
+    made = make_engine(engine, environ) if isinstance(engine, str) else engine
+    if tokenizer is None:
+        folder = getattr(made, "path", None)
+        if folder is None:
+            raise ConfigError(f"--engine {made.name} needs --tokenizer PATH (the served model's tokenizer folder)")
+        tokenizer = folder
+    loaded = load_tokenizer(tokenizer) if isinstance(tokenizer, str) or hasattr(tokenizer, "is_dir") else tokenizer
+    config = ModelConfig.from_env(environ, model="tokens")
+    sampling = Sampling(max_tokens=config.max_tokens, temperature=config.temperature)
+    return TokenPolicy(
+        made,
+        loaded,
+        chats.messages_of,
+        parse_reply=parse if callable(parse) else bash_reply,
+        sampling=sampling,
+        token_budget=config.token_budget,
+    )
