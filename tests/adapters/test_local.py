@@ -229,8 +229,8 @@ DIES_MID_CREATE = textwrap.dedent(
     from orchard_async.adapters.local import LocalAdapter
 
     class DiesWhileMakingTheDirectory(LocalAdapter):
-        def _prepare_dirs(self, base, lease):
-            super()._prepare_dirs(base, lease)
+        def _prepare_dirs(self, base, *made):
+            super()._prepare_dirs(base, *made)
             os.kill(os.getpid(), signal.SIGKILL)
 
     anyio.run(lambda: DiesWhileMakingTheDirectory(root=sys.argv[1], isolation=sys.argv[2]).create(oa.SandboxSpec(pids=64)))
