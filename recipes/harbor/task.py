@@ -1,0 +1,628 @@
+"""Harbor task folders as orchard-async tasks.
+
+An episode runs as Harbor's trial does: the environment (the task's image, its resources,
+workdir, env and the agent phase's network), the instruction to the agent, then the
+verifier: ``tests/`` copied to ``/tests`` only now, ``tests/test.sh`` run as the verifier's
+user with its env and timeout, the reward read from ``/logs/verifier`` by Harbor's rules
+(``config.parse_rewards``). What the agent cannot forge:
+
+* ``environment_mode = "shared"`` (the default): before verification every process the
+  agent left is killed (all but the sandbox's own, recorded after setup), and ``/tests``,
+  ``/logs/verifier`` and ``/solution`` are removed and ``/tests`` written afresh from the
+  task folder; a planted reward file or test, or a process still writing, counts for nothing.
+* ``environment_mode = "separate"``: the task is graded apart (``GradedApart``): only the
+  declared artifacts (and ``/logs/artifacts``) leave the agent's sandbox, which is then
+  destroyed; the verifier runs in a fresh sandbox of the verifier's environment.
+
+Multi-step tasks (``[[steps]]``): the agent is given every step's instruction in order;
+each step's ``workdir/`` files and ``setup.sh`` are staged at setup, and each step's tests
+run in order after the agent ends, aggregated as Harbor does (``mean`` or ``final``;
+``min_reward`` stops the later steps). Harbor runs the agent once per step instead; the
+engine runs one agent phase per episode.
+"""
+
+from __future__ import annotations
+
+import base64
+import posixpath
+import shlex
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, ClassVar
+
+import anyio
+import msgspec
+
+from orchard_async import ConfigError, RecipeOptions, Reward, Sandbox, SandboxSpec, recipe_option
+from orchard_async.recipes.harbor import config as cfg
+from orchard_async.recipes.harbor import images
+from orchard_async.recipes.harbor.config import Step, TaskConfig
+
+AGENT_TIMEOUT = 600.0  # Harbor's agent timeout when the task names none
+SETUP_BUDGET = 300.0  # seconds of the deadline for setup: staging, replaying a Dockerfile, healthcheck
+SCORE_MARGIN = 60.0  # on top of the verifier's timeout: killing, copying tests, reading rewards
+MAX_STEPS = 50
+WRITABLE = (cfg.LOGS, cfg.TESTS, cfg.SOLUTION)  # Harbor's absolute paths every sandbox must have
+
+# Every process in the sandbox as "pid:starttime", so a reused pid is not taken for an old one.
+LIST_PROCESSES = (
+    r"""for d in /proc/[0-9]*; do p=${d#/proc/}; s=$(cut -d' ' -f22 "$d/stat" 2>/dev/null) && echo "$p:$s"; done"""
+)
+# Kills every process not in the baseline file given as $1 and not this script's own
+# ancestry, until a pass finds none (a process that forks is caught by the next pass).
+KILL_OTHERS = r"""
+keep=" $(tr '\n' ' ' < "$1") "
+mine=" "; p=$$
+while [ -n "$p" ] && [ "$p" != 0 ]; do mine="$mine$p "; p=$(sed -n 's/^PPid:[[:space:]]*//p' /proc/$p/status 2>/dev/null); done
+n=0
+while [ $n -lt 50 ]; do
+  found=0
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    case "$mine" in *" $p "*) continue;; esac
+    s=$(cut -d' ' -f22 "$d/stat" 2>/dev/null) || continue
+    case "$keep" in *" $p:$s "*) continue;; esac
+    kill -KILL "$p" 2>/dev/null && found=$((found+1))
+  done
+  [ $found = 0 ] && exit 0
+  n=$((n+1)); sleep 0.05
+done
+echo "processes kept respawning" >&2; exit 1
+"""
+ENV_FILE = "/tmp/.orchard-harbor-env"
+BASELINE = "/run/orchard-harbor-baseline"  # root-only: the agent cannot add itself to it
+BASELINE_FALLBACK = "/tmp/.orchard-harbor-baseline"
+
+
+class HarborOptions(RecipeOptions):
+    """The Harbor recipe's options (``--recipe-options``, or keywords of ``load_tasks``)."""
+
+    RECIPE: ClassVar[str] = "harbor"
+
+    image_map: Annotated[
+        dict[str, str], recipe_option("base images the tasks name -> local images that stand in for them")
+    ] = {}
+    ids: Annotated[tuple[str, ...] | None, recipe_option("only these tasks (folder names)")] = None
+    max_steps: Annotated[int, recipe_option("agent turns per episode", ge=1)] = MAX_STEPS
+    exec_timeout: Annotated[float, recipe_option("seconds per agent command", gt=0)] = 300.0
+    agent_timeout: Annotated[
+        float, recipe_option("seconds for the agent when the task names none ([agent].timeout_sec)", gt=0)
+    ] = AGENT_TIMEOUT
+    pass_threshold: Annotated[float, recipe_option("reward at or above which an episode counts as solved")] = 1.0
+
+
+@dataclass
+class SandboxState:
+    """What a task learned about one sandbox at setup."""
+
+    root: bool = True  # commands run as root: users can be switched, processes killed
+    replayed: bool = False  # the image did not run (local): the Dockerfile was replayed
+    baseline: str = BASELINE
+
+
+def quote(text: str) -> str:
+    return shlex.quote(text)
+
+
+def files_of(folder: Path) -> list[tuple[str, bytes, int]]:
+    """(relative path, content, mode) of every file under ``folder``."""
+    if not folder.is_dir():
+        return []
+    return [
+        (str(path.relative_to(folder)), path.read_bytes(), path.stat().st_mode & 0o777)
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    ]
+
+
+async def check(sandbox: Sandbox, command: str, what: str, *, timeout: float = 120.0, **kw: Any) -> str:
+    result = await sandbox.exec(command, timeout=timeout, **kw)
+    if not result.ok:
+        tail = (result.error_text or result.text).strip().splitlines()
+        raise RuntimeError(f"{what} failed ({result.reason.value}): {tail[-1] if tail else 'no output'}")
+    return result.text
+
+
+async def upload(sandbox: Sandbox, folder: Path, target: str) -> None:
+    for relative, data, mode in files_of(folder):
+        path = posixpath.join(target, relative)
+        await check(sandbox, f"mkdir -p {quote(posixpath.dirname(path))}", f"mkdir for {path}")
+        await sandbox.write_file(path, data, mode=mode | 0o600)
+
+
+def egress_rules(network: cfg.Network) -> list[dict[str, Any]]:
+    """Harbor's ``allowed_hosts`` as egress rules by address (names resolved here, now)."""
+    rules = []
+    for host in network.allowed_hosts:
+        if host.startswith("*."):
+            raise ConfigError(f"allowed host {host!r}: a wildcard cannot be enforced by address")
+        try:
+            addresses = (
+                {host}
+                if host[0].isdigit() or ":" in host
+                else {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+            )
+        except OSError as exc:
+            raise ConfigError(f"allowed host {host!r} does not resolve here: {exc}") from None
+        rules.extend({"cidr": address, "port_start": 1, "port_end": 65535} for address in sorted(addresses))
+    return rules
+
+
+def network_control(sandbox: Sandbox) -> Any:
+    """The sandbox's ``set_network`` owner when its adapter can switch egress while it runs."""
+    inner = getattr(sandbox, "inner", sandbox)
+    return inner if callable(getattr(inner, "set_network", None)) else None
+
+
+async def apply_network(sandbox: Sandbox, network: cfg.Network, *, created: str) -> None:
+    """Switch the sandbox to ``network`` for a phase; a sandbox that cannot switch keeps the
+    network it was created with (``created``), which must then be the phase's."""
+    wanted = "on" if network.mode == "public" else "none"
+    control = network_control(sandbox)
+    if control is None:
+        if network.mode == "allowlist":
+            raise ConfigError(
+                "network_mode 'allowlist' needs an adapter whose sandboxes switch egress (set_network); "
+                "this one cannot, so the task cannot run here"
+            )
+        if wanted != created:
+            raise ConfigError(f"this adapter cannot switch a sandbox's network to {network.mode!r} after creating it")
+        return
+    if network.mode == "public":
+        await control.set_network("enabled")
+    else:
+        await control.set_network("restricted", egress_rules(network) if network.mode == "allowlist" else [])
+
+
+@dataclass(eq=False)
+class HarborTask:
+    """One Harbor task folder (``environment_mode = "shared"``: graded in the agent's sandbox)."""
+
+    folder: Path
+    config: TaskConfig
+    instruction: str
+    spec: SandboxSpec
+    image_map: dict[str, str]
+    max_steps: int = MAX_STEPS
+    deadline: float = 1800.0
+    score_timeout: float = 660.0
+    exec_timeout: float = 300.0
+    pass_threshold: float = 1.0
+    built_image: str | None = None  # the tag a Dockerfile task's image is built as
+    replay: images.ReplayPlan = field(default_factory=images.ReplayPlan)  # its Dockerfile, for sandboxes without it
+    id: str = ""
+    _states: dict[str, SandboxState] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.id = self.id or self.folder.name
+
+    # -- what the policies use ---------------------------------------------------------
+
+    @property
+    def workdir(self) -> str | None:
+        return self.config.environment.workdir
+
+    @property
+    def agent_user(self) -> str | None:
+        return self.config.agent.user
+
+    def state(self, sandbox: Sandbox) -> SandboxState:
+        return self._states.setdefault(sandbox.id, SandboxState())
+
+    def as_user(self, command: str, user: str | None, *, cwd: str | None = None, agent: bool = False,
+                env: Mapping[str, str] | None = None) -> str:  # fmt: skip
+        """``command`` as ``user`` (switched only where commands run as root: a local sandbox
+        has one user), in ``cwd`` (else the task's workdir), with ``env``. ``agent``: first
+        read ``ENV_FILE``, what a replayed Dockerfile set (the agent may change that file, so
+        the verifier never reads it: it gets the same values from the task itself)."""
+        prefix = f"[ -r {ENV_FILE} ] && . {ENV_FILE}; " if agent else ""
+        exports = "".join(f"export {k}={quote(v)}; " for k, v in (env or {}).items())
+        where = cwd or self.workdir
+        body = f"{prefix}{exports}{f'cd {quote(where)} && ' if where else ''}{command}"
+        if user is None or str(user) in ("root", "0"):
+            return body
+        return f'if [ "$(id -u)" = 0 ]; then su -s /bin/sh {quote(user)} -c {quote(body)}; else sh -c {quote(body)}; fi'
+
+    def agent_command(self, command: str) -> str:
+        """An agent's command as Harbor runs it: as the agent user, in the workdir."""
+        return self.as_user(command, self.agent_user, agent=True)
+
+    def verifier_env(self, sandbox: Sandbox, extra: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
+        """The verifier's env and working directory, from the task (never from the sandbox)."""
+        state = self.state(sandbox)
+        env = {**(self.replay.env if state.replayed else {}), **extra}
+        return env, self.workdir or (self.replay.workdir if state.replayed else None)
+
+    def solutions(self) -> list[tuple[Path, dict[str, str]]]:
+        """The oracle's scripts in order: each step's ``solve.sh``, or the task's."""
+        if self.config.steps:
+            return [
+                (self.folder / "steps" / step.name / "solution", self.config.solution_env) for step in self.config.steps
+            ]
+        return [(self.folder / "solution", self.config.solution_env)]
+
+    # -- setup -----------------------------------------------------------------------------
+
+    async def setup(self, sandbox: Sandbox) -> str:
+        state = self.state(sandbox)
+        state.root = (await check(sandbox, "id -u", "reading the sandbox's user")).strip() == "0"
+        await self._check_users(sandbox)
+        dirs = [cfg.AGENT_LOGS, cfg.VERIFIER_LOGS, cfg.ARTIFACTS, *([self.workdir] if self.workdir else [])]
+        await check(sandbox, f"mkdir -p {' '.join(map(quote, dirs))} && chmod 777 {cfg.AGENT_LOGS} {cfg.VERIFIER_LOGS} "
+                    f"{cfg.ARTIFACTS}", "creating Harbor's directories")  # fmt: skip
+        environment = self.folder / "environment"
+        marker = await sandbox.exec(f"cat {images.MARKER}", timeout=30)
+        if (environment / "Dockerfile").is_file() and not marker.ok:
+            await self._replay(sandbox, environment)  # no image ran here (local): do what its Dockerfile does
+        elif self.config.environment.docker_image and not (environment / "Dockerfile").is_file():
+            await upload(sandbox, environment, self.workdir or "/")  # as Harbor does for a prebuilt image
+        for step in self.config.steps:
+            await self._stage_step(sandbox, step)
+        await self._healthcheck(sandbox)
+        if state.root:
+            listing = await check(sandbox, LIST_PROCESSES, "listing the sandbox's processes")
+            state.baseline = BASELINE if (await sandbox.exec("mkdir -p /run", timeout=30)).ok else BASELINE_FALLBACK
+            await sandbox.write_file(state.baseline, listing, mode=0o600)
+        await apply_network(sandbox, self.config.agent_network(), created=self.spec.network)
+        return self.instruction
+
+    async def _check_users(self, sandbox: Sandbox) -> None:
+        """A non-root agent or verifier user must be one the sandbox can switch to: root
+        without the capability to change uid (the docker adapter drops every capability)
+        cannot, and running the agent as root instead would change what the task tests."""
+        if not self.state(sandbox).root:
+            return  # one unprivileged user (local): every phase runs as it
+        users = {u for u in (self.agent_user, self.config.verifier.user, *(s.agent.user for s in self.config.steps),
+                             *(s.verifier.user for s in self.config.steps)) if u and str(u) not in ("root", "0")}  # fmt: skip
+        for user in sorted(users):
+            probe = await sandbox.exec(f"su -s /bin/sh {quote(user)} -c true", timeout=30)
+            if not probe.ok:
+                raise RuntimeError(
+                    f"user {user!r}: this sandbox cannot switch to it ({probe.error_text.strip() or 'su failed'}); "
+                    "the adapter must run commands as another user"
+                )
+
+    async def _replay(self, sandbox: Sandbox, environment: Path) -> None:
+        plan = self.replay
+        self.state(sandbox).replayed = True
+        lines = [f"export {k}={quote(v)}" for k, v in plan.env.items()]
+        if plan.workdir and not self.workdir:
+            lines.append(f"cd {quote(plan.workdir)}")
+        await sandbox.write_file(ENV_FILE, "\n".join(lines) + "\n", mode=0o644)
+        cwd = plan.workdir or "/"
+        for kind, first, second in plan.steps:
+            if kind == "run":
+                await check(sandbox, self.as_user(first, None, cwd=second, env=plan.env), f"Dockerfile RUN {first[:60]!r}",
+                            timeout=self.config.environment.build_timeout_sec)  # fmt: skip
+                continue
+            source = (environment / first).resolve()
+            if not source.is_relative_to(environment.resolve()) or not source.exists():
+                raise RuntimeError(f"Dockerfile COPY {first!r}: not in the build context")
+            target = second if second.startswith("/") else posixpath.join(cwd, second)
+            if source.is_dir():
+                await upload(sandbox, source, target)
+            else:
+                if target.endswith("/"):
+                    target = posixpath.join(target, source.name)
+                await check(sandbox, f"mkdir -p {quote(posixpath.dirname(target))}", "mkdir for COPY")
+                await sandbox.write_file(target, source.read_bytes(), mode=source.stat().st_mode & 0o777 | 0o600)
+
+    async def _stage_step(self, sandbox: Sandbox, step: Step) -> None:
+        staged = self.folder / "steps" / step.name / "workdir"
+        workdir = self.verifier_env(sandbox, {})[1] or "/"
+        for relative, data, mode in files_of(staged):
+            if relative == "setup.sh":
+                continue
+            path = posixpath.join(workdir, relative)
+            await check(sandbox, f"mkdir -p {quote(posixpath.dirname(path))}", "staging a step's files")
+            await sandbox.write_file(path, data, mode=mode | 0o600)
+        if (staged / "setup.sh").is_file():
+            await sandbox.write_file("/tmp/.harbor-step-setup.sh", (staged / "setup.sh").read_bytes(), mode=0o755)
+            env, cwd = self.verifier_env(sandbox, {})
+            await check(
+                sandbox,
+                self.as_user("sh /tmp/.harbor-step-setup.sh", None, cwd=cwd, env=env),
+                f"step {step.name} setup.sh",
+            )
+
+    async def _healthcheck(self, sandbox: Sandbox) -> None:
+        environment = self.config.environment
+        if not environment.healthcheck:
+            return
+        last = ""
+        for _ in range(max(1, environment.healthcheck_retries)):
+            env, cwd = self.verifier_env(sandbox, {})
+            result = await sandbox.exec(self.as_user(environment.healthcheck, None, cwd=cwd, env=env), timeout=30)
+            if result.ok:
+                return
+            last = (result.error_text or result.text).strip()[-200:]
+            await anyio.sleep(environment.healthcheck_interval)
+        raise RuntimeError(f"healthcheck {environment.healthcheck!r} never passed: {last}")
+
+    # -- verification ----------------------------------------------------------------------
+
+    async def evaluate(self, sandbox: Sandbox) -> Reward:
+        """Shared mode: end the agent's processes, restore the verifier's dirs, verify."""
+        state = self.state(sandbox)
+        if not state.root:
+            if not state.replayed:
+                raise RuntimeError("the sandbox's commands do not run as root: the agent's processes cannot be ended")
+        else:
+            await check(sandbox, f"sh -c {quote(KILL_OTHERS)} kill {state.baseline}", "ending the agent's processes")
+        return await self.verify_all(sandbox)
+
+    async def verify_all(self, sandbox: Sandbox) -> Reward:
+        started = time.monotonic()
+        if not self.config.steps:
+            # A verifier that wrote no reward, or one Harbor rejects, scores 0 with the reason
+            # (Harbor records a verifier error): the agent may have broken what the test needs.
+            try:
+                rewards = await self.verify_step(sandbox, None)
+            except (ValueError, FileNotFoundError) as exc:
+                return self.reward({}, {"rewards": {}, "error": str(exc)})
+            return self.reward(rewards, {"rewards": rewards, "score_s": round(time.monotonic() - started, 3)})
+        per_step: dict[str, dict[str, float] | None] = {}
+        errors: dict[str, str] = {}
+        for step in self.config.steps:
+            try:
+                per_step[step.name] = await self.verify_step(sandbox, step)
+            except (ValueError, FileNotFoundError) as exc:  # no verdict for this step, as Harbor's verifier crash
+                per_step[step.name] = None
+                errors[step.name] = str(exc)
+                if step.min_reward is not None:
+                    break
+                continue
+            if not _meets(per_step[step.name], step.min_reward):
+                break
+        results = [r for r in per_step.values() if r is not None]
+        if self.config.multi_step_reward_strategy == "final":
+            last = list(per_step.values())[-1] if per_step else None
+            rewards = last or {}
+        else:
+            keys = {key for r in results for key in r}
+            rewards = {key: sum(r.get(key, 0.0) for r in results) / len(results) for key in keys} if results else {}
+        info = {
+            "rewards": rewards,
+            "steps": per_step,
+            **({"errors": errors} if errors else {}),
+            "score_s": round(time.monotonic() - started, 3),
+        }
+        return self.reward(rewards, info)
+
+    def reward(self, rewards: dict[str, float], info: dict[str, Any]) -> Reward:
+        value = cfg.headline(rewards)
+        return Reward(value=value, success=value >= self.pass_threshold, info={"task": self.id, **info})
+
+    async def verify_step(self, sandbox: Sandbox, step: Step | None) -> dict[str, float]:
+        """One verification: ``/tests`` and ``/logs/verifier`` fresh, the test script run as
+        the verifier's user, the rewards read by Harbor's rules (ValueError when they break
+        them, FileNotFoundError when there are none)."""
+        await check(sandbox, f"rm -rf {cfg.TESTS} {cfg.VERIFIER_LOGS} {cfg.SOLUTION} && mkdir -p {cfg.TESTS} "
+                    f"{cfg.VERIFIER_LOGS} && chmod 777 {cfg.VERIFIER_LOGS}", "restoring /tests and /logs/verifier")  # fmt: skip
+        tests = self.folder / "tests"
+        script = "test.sh"
+        await upload(sandbox, tests, cfg.TESTS)
+        if step is not None:
+            step_tests = self.folder / "steps" / step.name / "tests"
+            await upload(sandbox, step_tests, cfg.TESTS)
+        if self.config.steps and step is not None:
+            await self._network_for(sandbox, step)
+        else:
+            await self._network_for(sandbox, None)
+        user = (step.verifier.user if step else None) or self.config.verifier.user
+        env, cwd = self.verifier_env(
+            sandbox, cfg.resolve_env({**self.config.verifier.env, **(step.verifier.env if step else {})})
+        )
+        timeout = (step.verifier.timeout_sec if step else None) or self.config.verifier.timeout_sec or 600.0
+        await check(sandbox, f"chmod -R a+rX {cfg.TESTS} && chmod +x {cfg.TESTS}/{script}", "chmod of the tests")
+        run = f"{cfg.TESTS}/{script} > {cfg.TEST_STDOUT} 2>&1"
+        result = await sandbox.exec(self.as_user(run, user, cwd=cwd, env=env), timeout=timeout)
+        if result.reason.is_infra:
+            raise RuntimeError(f"the verifier's sandbox was lost: {result.error_text}")
+        reward_json = await _read_optional(sandbox, cfg.REWARD_JSON)
+        reward_txt = await _read_optional(sandbox, cfg.REWARD_TXT)
+        return cfg.parse_rewards(reward_json, reward_txt)
+
+    async def _network_for(self, sandbox: Sandbox, step: Step | None) -> None:
+        wanted = self.config.verifier_network(step)
+        control = network_control(sandbox)
+        if control is not None:
+            await apply_network(sandbox, wanted, created=self.spec.network)
+        # Without switching, the verifier keeps the sandbox's network (Harbor's static providers
+        # run it under the startup policy too).
+
+
+def _meets(rewards: dict[str, float] | None, minimum: float | dict[str, float] | None) -> bool:
+    if minimum is None:
+        return True
+    if rewards is None:
+        return False
+    if isinstance(minimum, dict):
+        return all(rewards.get(key, float("-inf")) >= value for key, value in minimum.items())
+    return rewards.get("reward", float("-inf")) >= minimum
+
+
+async def _read_optional(sandbox: Sandbox, path: str) -> bytes | None:
+    exists = await sandbox.exec(f"test -f {quote(path)}", timeout=30)
+    if not exists.ok:
+        return None
+    return await sandbox.read_file(path)
+
+
+ARTIFACT_TAR = "/tmp/.orchard-harbor-artifacts.tgz"
+
+
+@dataclass(eq=False)
+class SeparateHarborTask(HarborTask):
+    """``environment_mode = "separate"``: graded apart. The submission is the artifacts
+    (``/logs/artifacts`` and the declared ``artifacts``) as a tar; the verifier runs in a
+    fresh sandbox of the verifier's environment with them put back where they were."""
+
+    scorer_spec: SandboxSpec | None = None  # the verifier environment's sandbox (engine: plan.scorer_spec)
+
+    async def submission(self, sandbox: Sandbox) -> str:
+        sources = [cfg.ARTIFACTS, *(a.source for a in self.config.artifacts)]
+        for step in self.config.steps:
+            sources.extend(a.source for a in step.artifacts)
+        workdir = self.verifier_env(sandbox, {})[1] or "/"
+        absolute = [s if s.startswith("/") else posixpath.join(workdir, s) for s in dict.fromkeys(sources)]
+        listed = " ".join(quote(p.lstrip("/")) for p in absolute)
+        pack = f'cd / && set -- && for p in {listed}; do [ -e "$p" ] && set -- "$@" "$p"; done; tar czf {ARTIFACT_TAR} "$@"'
+        await check(sandbox, pack, "collecting the artifacts", timeout=300)
+        return base64.b64encode(await sandbox.read_file(ARTIFACT_TAR)).decode()
+
+    async def grade(self, submission: str, sandbox: Sandbox) -> Reward:
+        state = self.state(sandbox)
+        state.root = (await check(sandbox, "id -u", "reading the verifier sandbox's user")).strip() == "0"
+        dirs = f"{cfg.VERIFIER_LOGS} {cfg.ARTIFACTS}"
+        await check(sandbox, f"mkdir -p {dirs} && chmod 777 {dirs}", "creating the verifier's directories")
+        await sandbox.write_file(ARTIFACT_TAR, base64.b64decode(submission), mode=0o600)
+        # Members are relative paths below /; --no-same-owner/-permissions keep the agent's ids out.
+        await check(sandbox, f"tar xzf {ARTIFACT_TAR} -C / --no-same-owner 2>/dev/null || tar xzf {ARTIFACT_TAR} -C /",
+                    "putting the artifacts back")  # fmt: skip
+        reward = await self.verify_all(sandbox)
+        reward.info["artifacts_bytes"] = len(submission) * 3 // 4
+        return reward
+
+
+# -- loading -------------------------------------------------------------------------------
+
+
+def task_folders(source: Path) -> list[Path]:
+    """One task (a folder with task.toml) or a dataset (folders of tasks), by name."""
+    if (source / "task.toml").is_file():
+        return [source]
+    if not source.is_dir():
+        raise ConfigError(f"{source}: not a Harbor task folder or a dataset of them")
+    folders = sorted(p for p in source.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return folders
+
+
+def spec_for(config: TaskConfig, environment: cfg.Environment, image: str | None, network: cfg.Network, *,
+             workdir: str | None) -> SandboxSpec:  # fmt: skip
+    writable = tuple(sorted({*WRITABLE, *([workdir] if workdir else [])}))
+    extra: dict[str, Any] = {}
+    if "writable_dirs" in SandboxSpec.__struct_fields__:  # absolute dirs on adapters that have them (local)
+        extra["writable_dirs"] = writable
+    return SandboxSpec(
+        image=image,
+        cpu=float(environment.cpus) if environment.cpus else None,
+        memory=f"{environment.memory_mb}Mi" if environment.memory_mb else None,
+        network="on" if network.mode == "public" else "none",
+        workdir=workdir,
+        env=cfg.resolve_env(environment.env),
+        labels={"orchard.recipe": "harbor"},
+        pull="never",  # no registry: images are local or built here
+        **extra,
+    )
+
+
+def image_for(name: str, folder: Path, environment: cfg.Environment, image_map: dict[str, str], *,
+              tests_dir: Path | None = None) -> tuple[str | None, str | None]:  # fmt: skip
+    """(image, tag to build) for an environment: its docker_image (mapped), else its
+    Dockerfile built as ``images.built_tag``; (None, None) for neither."""
+    if environment.docker_image:
+        return images.mapped(environment.docker_image, image_map), None
+    context = tests_dir if tests_dir is not None and (tests_dir / "Dockerfile").is_file() else folder / "environment"
+    if (context / "Dockerfile").is_file():
+        tag = images.built_tag(name, context, image_map)
+        return tag, tag
+    return None, None
+
+
+def load_task(folder: Path, options: HarborOptions) -> HarborTask:
+    """One task folder; ``ConfigError`` (one line, without the folder's name) for what keeps
+    it from running anywhere."""
+    config = cfg.read_config(folder)
+    if not (folder / "instruction.md").is_file() and not config.steps:
+        raise ConfigError("no instruction.md")
+    if config.environment.os != "linux":
+        raise ConfigError(f"os {config.environment.os!r}: only Linux tasks run here")
+    if config.environment.mcp_servers:
+        raise ConfigError("mcp_servers are not supported")
+    if config.environment.gpus:
+        raise ConfigError(f"gpus = {config.environment.gpus}: no adapter here gives a sandbox GPUs")
+    steps = config.steps
+    if steps:
+        parts = []
+        for index, step in enumerate(steps, 1):
+            text_path = folder / "steps" / step.name / "instruction.md"
+            if not text_path.is_file():
+                raise ConfigError(f"step {step.name}: no steps/{step.name}/instruction.md")
+            parts.append(f"## Step {index} of {len(steps)}: {step.name}\n\n{cfg.strip_canary(text_path.read_text())}")
+            has_test = (folder / "steps" / step.name / "tests" / "test.sh").is_file()
+            if not has_test and not (folder / "tests" / "test.sh").is_file():
+                raise ConfigError(f"step {step.name}: no tests/test.sh (the step's or the task's)")
+        modes = {config.verifier_mode_of(step) for step in steps}
+        if len(modes) > 1:
+            raise ConfigError("steps mix shared and separate verifiers, which one episode cannot grade")
+        instruction = "Do these steps in order.\n\n" + "\n".join(parts)
+    else:
+        if not (folder / "tests" / "test.sh").is_file():
+            raise ConfigError("no tests/test.sh")
+        instruction = cfg.strip_canary((folder / "instruction.md").read_text(encoding="utf-8", errors="replace"))
+    mode = config.verifier_mode_of(steps[0] if steps else None)
+    environment = config.environment
+    image, build = image_for(folder.name, folder, environment, options.image_map)
+    workdir = environment.workdir
+    default_agent = config.agent.timeout_sec or options.agent_timeout
+    agent_timeout = sum(s.agent.timeout_sec or default_agent for s in steps) if steps else default_agent
+    verifier_timeout = sum((s.verifier.timeout_sec or config.verifier.timeout_sec or 600.0) for s in steps) if steps \
+        else (config.verifier.timeout_sec or 600.0)  # fmt: skip
+    score_timeout = verifier_timeout + SCORE_MARGIN
+    common: dict[str, Any] = dict(
+        folder=folder,
+        config=config,
+        instruction=instruction,
+        spec=spec_for(config, environment, image, config.agent_network(), workdir=workdir),
+        image_map=dict(options.image_map),
+        max_steps=options.max_steps,
+        deadline=SETUP_BUDGET + agent_timeout + score_timeout,
+        score_timeout=score_timeout,
+        exec_timeout=min(options.exec_timeout, agent_timeout),
+        pass_threshold=options.pass_threshold,
+        built_image=build,
+        replay=images.replay_plan(folder / "environment"),
+    )
+    if mode == "shared":
+        return HarborTask(**common)
+    verifier_env = config.verifier_environment_of(steps[0] if steps else None) or environment
+    verifier_image, _ = image_for(folder.name + "-verifier", folder, verifier_env, options.image_map,
+                                  tests_dir=folder / "tests" if config.verifier_environment is not None else None)  # fmt: skip
+    scorer = spec_for(
+        config, verifier_env, verifier_image or image, config.verifier_network(), workdir=verifier_env.workdir
+    )
+    return SeparateHarborTask(**common, scorer_spec=scorer)
+
+
+def load_tasks(
+    source: str = "", options: HarborOptions | Mapping[str, Any] | None = None, **keywords: Any
+) -> list[HarborTask]:
+    """The tasks of ``--tasks DIR`` (a dataset folder, or one task folder). A folder that
+    cannot run is one warning line naming it and why; the rest load. ``ConfigError`` when
+    none loads."""
+    import warnings
+
+    opts = HarborOptions.resolve(options, **keywords)
+    if not source or source == "builtin":
+        raise ConfigError("the harbor recipe needs --tasks DIR (a Harbor dataset folder, or one task folder)")
+    tasks, problems = [], []
+    for folder in task_folders(Path(source).expanduser()):
+        if opts.ids and folder.name not in opts.ids:
+            continue
+        try:
+            tasks.append(load_task(folder, opts))
+        except (ConfigError, OSError, UnicodeDecodeError) as exc:
+            problems.append(f"{folder.name}: {exc}")
+    for line in problems:
+        warnings.warn(f"harbor task skipped: {line}", stacklevel=2)
+    if not tasks:
+        raise ConfigError(f"no Harbor task in {source} can run" + (f" ({problems[0]})" if problems else ""))
+    return tasks
+
+
+def spec_json(task: HarborTask) -> dict[str, Any]:
+    return msgspec.to_builtins(task.spec)
