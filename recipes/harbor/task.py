@@ -24,9 +24,11 @@ engine runs one agent phase per episode.
 from __future__ import annotations
 
 import base64
+import io
 import posixpath
 import shlex
 import socket
+import tarfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -51,11 +53,13 @@ WRITABLE = (cfg.LOGS, cfg.TESTS, cfg.SOLUTION)  # Harbor's absolute paths every 
 LIST_PROCESSES = (
     r"""for d in /proc/[0-9]*; do p=${d#/proc/}; s=$(cut -d' ' -f22 "$d/stat" 2>/dev/null) && echo "$p:$s"; done"""
 )
-# Kills every process not in the baseline file given as $1 and not this script's own
-# ancestry, until a pass finds none (a process that forks is caught by the next pass).
+# Kills every process not in the baseline (written into the script: the agent, root in many
+# images, could edit a file in the sandbox) and not this script's own ancestry, until a pass
+# finds none (a process that forks is caught by the next pass).
 KILL_OTHERS = r"""
-keep=" $(tr '\n' ' ' < "$1") "
-mine=" "; p=$$
+keep=" $KEEP "
+read -r p _ < /proc/self/stat  # this shell's own pid ($$ is the outer one in a wrapped script)
+mine=" "
 while [ -n "$p" ] && [ "$p" != 0 ]; do mine="$mine$p "; p=$(sed -n 's/^PPid:[[:space:]]*//p' /proc/$p/status 2>/dev/null); done
 n=0
 while [ $n -lt 50 ]; do
@@ -73,8 +77,6 @@ done
 echo "processes kept respawning" >&2; exit 1
 """
 ENV_FILE = "/tmp/.orchard-harbor-env"
-BASELINE = "/run/orchard-harbor-baseline"  # root-only: the agent cannot add itself to it
-BASELINE_FALLBACK = "/tmp/.orchard-harbor-baseline"
 
 
 class HarborOptions(RecipeOptions):
@@ -100,7 +102,7 @@ class SandboxState:
 
     root: bool = True  # commands run as root: users can be switched, processes killed
     replayed: bool = False  # the image did not run (local): the Dockerfile was replayed
-    baseline: str = BASELINE
+    baseline: bytes = b""  # the sandbox's own processes after setup, kept here, out of the agent's reach
 
 
 def quote(text: str) -> str:
@@ -262,10 +264,7 @@ class HarborTask:
         for step in self.config.steps:
             await self._stage_step(sandbox, step)
         await self._healthcheck(sandbox)
-        if state.root:
-            listing = await check(sandbox, LIST_PROCESSES, "listing the sandbox's processes")
-            state.baseline = BASELINE if (await sandbox.exec("mkdir -p /run", timeout=30)).ok else BASELINE_FALLBACK
-            await sandbox.write_file(state.baseline, listing, mode=0o600)
+        state.baseline = (await check(sandbox, LIST_PROCESSES, "listing the sandbox's processes")).encode()
         await apply_network(sandbox, self.config.agent_network(), created=self.spec.network)
         return self.instruction
 
@@ -347,11 +346,9 @@ class HarborTask:
     async def evaluate(self, sandbox: Sandbox) -> Reward:
         """Shared mode: end the agent's processes, restore the verifier's dirs, verify."""
         state = self.state(sandbox)
-        if not state.root:
-            if not state.replayed:
-                raise RuntimeError("the sandbox's commands do not run as root: the agent's processes cannot be ended")
-        else:
-            await check(sandbox, f"sh -c {quote(KILL_OTHERS)} kill {state.baseline}", "ending the agent's processes")
+        # In a sandbox of one user (local) the agent's processes are that user's, too.
+        keep = " ".join(state.baseline.decode().split())
+        await check(sandbox, KILL_OTHERS.replace("$KEEP", keep), "ending the agent's processes")
         return await self.verify_all(sandbox)
 
     async def verify_all(self, sandbox: Sandbox) -> Reward:
@@ -463,13 +460,17 @@ class SeparateHarborTask(HarborTask):
 
     scorer_spec: SandboxSpec | None = None  # the verifier environment's sandbox (engine: plan.scorer_spec)
 
-    async def submission(self, sandbox: Sandbox) -> str:
+    def artifact_paths(self, sandbox: Sandbox) -> list[str]:
+        """The absolute paths that may cross to the verifier: ``/logs/artifacts`` and every
+        declared artifact (a relative one is in the workdir)."""
         sources = [cfg.ARTIFACTS, *(a.source for a in self.config.artifacts)]
         for step in self.config.steps:
             sources.extend(a.source for a in step.artifacts)
         workdir = self.verifier_env(sandbox, {})[1] or "/"
-        absolute = [s if s.startswith("/") else posixpath.join(workdir, s) for s in dict.fromkeys(sources)]
-        listed = " ".join(quote(p.lstrip("/")) for p in absolute)
+        return [posixpath.normpath(s if s.startswith("/") else posixpath.join(workdir, s)) for s in dict.fromkeys(sources)]
+
+    async def submission(self, sandbox: Sandbox) -> str:
+        listed = " ".join(quote(p.lstrip("/")) for p in self.artifact_paths(sandbox))
         pack = f'cd / && set -- && for p in {listed}; do [ -e "$p" ] && set -- "$@" "$p"; done; tar czf {ARTIFACT_TAR} "$@"'
         await check(sandbox, pack, "collecting the artifacts", timeout=300)
         return base64.b64encode(await sandbox.read_file(ARTIFACT_TAR)).decode()
@@ -479,13 +480,45 @@ class SeparateHarborTask(HarborTask):
         state.root = (await check(sandbox, "id -u", "reading the verifier sandbox's user")).strip() == "0"
         dirs = f"{cfg.VERIFIER_LOGS} {cfg.ARTIFACTS}"
         await check(sandbox, f"mkdir -p {dirs} && chmod 777 {dirs}", "creating the verifier's directories")
-        await sandbox.write_file(ARTIFACT_TAR, base64.b64decode(submission), mode=0o600)
-        # Members are relative paths below /; --no-same-owner/-permissions keep the agent's ids out.
-        await check(sandbox, f"tar xzf {ARTIFACT_TAR} -C / --no-same-owner 2>/dev/null || tar xzf {ARTIFACT_TAR} -C /",
-                    "putting the artifacts back")  # fmt: skip
+        # The tar was made in the agent's sandbox, by its tar: read here, and only regular
+        # files below the declared paths are written into the verifier's sandbox.
+        files, refused = artifact_files(base64.b64decode(submission), self.artifact_paths(sandbox))
+        for path, data, mode in files:
+            await check(sandbox, f"mkdir -p {quote(posixpath.dirname(path))}", "putting the artifacts back")
+            await sandbox.write_file(path, data, mode=mode)
         reward = await self.verify_all(sandbox)
-        reward.info["artifacts_bytes"] = len(submission) * 3 // 4
+        reward.info["artifacts"] = sorted(path for path, _, _ in files)
+        if refused:
+            reward.info["artifacts_refused"] = refused[:20]
         return reward
+
+
+ARTIFACT_LIMIT = 256 << 20  # bytes of artifacts one episode may carry to its verifier
+
+
+def artifact_files(packed: bytes, allowed: list[str]) -> tuple[list[tuple[str, bytes, int]], list[str]]:
+    """The regular files of a tar (gzip) that lie below one of ``allowed`` (absolute paths),
+    as (path, data, mode without set-id bits); and the members refused (links, devices, paths
+    that leave the allowed ones)."""
+    roots = [a.rstrip("/") for a in allowed]
+    files, refused, total = [], [], 0
+    if not packed:
+        return files, refused
+    with tarfile.open(fileobj=io.BytesIO(packed), mode="r:*") as tar:
+        for member in tar:
+            path = "/" + posixpath.normpath(member.name.lstrip("/"))
+            inside = any(path == root or path.startswith(root + "/") for root in roots)
+            if member.isdir() and inside:
+                continue
+            if not member.isfile() or not inside or ".." in member.name.split("/"):
+                refused.append(member.name)
+                continue
+            total += member.size
+            if total > ARTIFACT_LIMIT:
+                raise RuntimeError(f"the artifacts exceed {ARTIFACT_LIMIT >> 20} MiB")
+            handle = tar.extractfile(member)
+            files.append((path, handle.read() if handle else b"", (member.mode & 0o777) | 0o600))
+    return files, refused
 
 
 # -- loading -------------------------------------------------------------------------------
@@ -590,11 +623,16 @@ def load_task(folder: Path, options: HarborOptions) -> HarborTask:
     if mode == "shared":
         return HarborTask(**common)
     verifier_env = config.verifier_environment_of(steps[0] if steps else None) or environment
-    verifier_image, _ = image_for(folder.name + "-verifier", folder, verifier_env, options.image_map,
-                                  tests_dir=folder / "tests" if config.verifier_environment is not None else None)  # fmt: skip
-    scorer = spec_for(
-        config, verifier_env, verifier_image or image, config.verifier_network(), workdir=verifier_env.workdir
-    )
+    # Harbor's precedence: the verifier environment's docker_image, else tests/Dockerfile, else
+    # the task's own image.
+    tests = folder / "tests"
+    if verifier_env is not environment and verifier_env.docker_image:
+        verifier_image: str | None = images.mapped(verifier_env.docker_image, options.image_map)
+    elif (tests / "Dockerfile").is_file():
+        verifier_image = images.built_tag(f"{folder.name}-verifier", tests, options.image_map)
+    else:
+        verifier_image = image
+    scorer = spec_for(config, verifier_env, verifier_image, config.verifier_network(), workdir=verifier_env.workdir)
     return SeparateHarborTask(**common, scorer_spec=scorer)
 
 
