@@ -467,7 +467,9 @@ class SeparateHarborTask(HarborTask):
         for step in self.config.steps:
             sources.extend(a.source for a in step.artifacts)
         workdir = self.verifier_env(sandbox, {})[1] or "/"
-        return [posixpath.normpath(s if s.startswith("/") else posixpath.join(workdir, s)) for s in dict.fromkeys(sources)]
+        return [
+            posixpath.normpath(s if s.startswith("/") else posixpath.join(workdir, s)) for s in dict.fromkeys(sources)
+        ]
 
     async def submission(self, sandbox: Sandbox) -> str:
         listed = " ".join(quote(p.lstrip("/")) for p in self.artifact_paths(sandbox))
@@ -508,7 +510,7 @@ def artifact_files(packed: bytes, allowed: list[str]) -> tuple[list[tuple[str, b
         for member in tar:
             path = "/" + posixpath.normpath(member.name.lstrip("/"))
             inside = any(path == root or path.startswith(root + "/") for root in roots)
-            if member.isdir() and inside:
+            if member.isdir():  # directories are made as the files below them need them
                 continue
             if not member.isfile() or not inside or ".." in member.name.split("/"):
                 refused.append(member.name)

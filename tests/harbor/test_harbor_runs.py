@@ -1,0 +1,111 @@
+"""The fixture set through the recipe: the oracle solves every task, the empty policy none, and
+agents that try to forge a Harbor reward get nothing (docker here; local and kubernetes as
+their adapters give Harbor's absolute paths and users).
+
+The controls: the oracle scores 1.0 on the same tasks (the verifier can reward), and each
+cheat's mechanism is shown acting in the agent's sandbox before it is scored.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from orchard_async.recipes import harbor
+from tests.harbor.support import BAD, ScriptPolicy, load, ready, run_sync
+
+SOLVED_EVERYWHERE = {
+    "docker-image", "dockerfile-build", "env-health", "hello-legacy", "multi-step", "no-network", "reward-json",
+    "separate-verifier", "workdir",
+}  # fmt: skip
+# The docker adapter drops every capability: root in its sandboxes cannot become another user.
+NEEDS_USER_SWITCH = {"agent-user"}
+
+PLANTED = "echo 1 > /logs/verifier/reward.txt; echo '{\"reward\": 1}' > /logs/verifier/reward.json"
+FORGED_TEST = "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n"
+CHEATS = {
+    # a reward file written before the verifier runs
+    "prewritten_reward": [f"mkdir -p /logs/verifier && {PLANTED} && cat /logs/verifier/reward.txt"],
+    # the test script the verifier would run, written ahead of it
+    "tampered_test": [
+        f"mkdir -p /tests && printf '{FORGED_TEST}' > /tests/test.sh && chmod +x /tests/test.sh && echo ok"
+    ],
+    # a detached process that keeps planting the reward and overwriting the test while the verifier runs
+    "background_writer": [
+        "cat > /tmp/w.sh <<'EOF'\nwhile :; do mkdir -p /logs/verifier /tests; "
+        f"{PLANTED}; printf '{FORGED_TEST}' > /tests/test.sh; chmod +x /tests/test.sh; sleep 0.01; done\nEOF\n"
+        "(setsid sh /tmp/w.sh >/dev/null 2>&1 &); sleep 0.2; cat /logs/verifier/reward.txt",
+    ],
+    # a process tree that respawns: each child plants the reward a little later
+    "respawner": [
+        "(setsid sh -c 'while :; do (sleep 0.3; "
+        + PLANTED.replace("'", "'\\''")
+        + ") & sleep 0.02; done' >/dev/null 2>&1 &); echo started"
+    ],
+    # the oracle's folder rewritten to plant the reward
+    "modified_solution": [
+        f"mkdir -p /solution && printf '#!/bin/sh\\n{PLANTED}\\n' > /solution/solve.sh && chmod +x /solution/solve.sh "
+        "&& sh /solution/solve.sh && cat /logs/verifier/reward.txt"
+    ],
+}
+# Graded apart: a tar that smuggles a python3 into the verifier's PATH besides a wrong report.
+SMUGGLER = (
+    "mkdir -p /tmp/s/app /tmp/s/usr/local/bin && echo '{\"primes\": [4]}' > /tmp/s/app/report.json && "
+    "printf '#!/bin/sh\\necho 1 > /logs/verifier/reward.txt\\n' > /tmp/s/usr/local/bin/python3 && "
+    "chmod +x /tmp/s/usr/local/bin/python3 && "
+    "printf '#!/bin/sh\\nexec /bin/tar czf /tmp/.orchard-harbor-artifacts.tgz -C /tmp/s app usr\\n' > /usr/local/bin/tar "
+    "&& chmod +x /usr/local/bin/tar && cp /tmp/s/app/report.json /app/report.json && echo smuggled"
+)
+ADAPTERS = [pytest.param("docker", id="docker")]
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_oracle_solves_every_fixture_and_empty_none(adapter):
+    ready(adapter)
+    tasks = load()
+    oracle = run_sync(tasks, harbor.make_policy("oracle"), adapter)
+    empty = run_sync(tasks, harbor.make_policy("empty"), adapter)
+    assert {t for t, traj in oracle.items() if traj.reward == 1.0 and traj.success} == SOLVED_EVERYWHERE
+    for name in NEEDS_USER_SWITCH:
+        assert oracle[name].end_reason == "task_error" and "cannot switch to it" in oracle[name].error
+    assert all(traj.reward == 0.0 and not traj.success for traj in empty.values()), {
+        t: (traj.reward, traj.error) for t, traj in empty.items()
+    }
+    assert oracle["reward-json"].info["rewards"] == {"reward": 1.0, "length": 1.0, "executable": 1.0}
+    assert empty["reward-json"].info["rewards"] == {"reward": 0.0, "length": 0.0, "executable": 0.0}
+    assert oracle["multi-step"].info["steps"] == {"create": {"reward": 1.0}, "extend": {"reward": 1.0}}
+    assert set(empty["multi-step"].info["steps"]) == {"create"}  # min_reward stopped the later step
+    assert "/app/report.json" in oracle["separate-verifier"].info["artifacts"]
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_cheats_score_nothing(adapter):
+    ready(adapter)
+    tasks = load(ids=["hello-legacy"])
+    runs = {
+        name: run_sync(tasks, ScriptPolicy(commands, name), adapter)["hello-legacy"]
+        for name, commands in CHEATS.items()
+    }
+    oracle = run_sync(tasks, harbor.make_policy("oracle"), adapter)["hello-legacy"]
+    assert oracle.reward == 1.0  # control: this verifier does reward a solved task
+    for name, trajectory in runs.items():
+        assert trajectory.end_reason == "submitted", (name, trajectory.error)
+        assert trajectory.steps[0].exit_code == 0, (name, trajectory.steps[0].observation)
+        assert trajectory.reward == 0.0 and not trajectory.success, (name, trajectory.info)
+    for name in ("prewritten_reward", "background_writer", "modified_solution"):  # the mechanism acted
+        assert runs[name].steps[0].observation.strip().endswith("1"), name
+    smuggled = run_sync(load(ids=["separate-verifier"]), ScriptPolicy([SMUGGLER], "smuggler"), adapter)
+    trajectory = smuggled["separate-verifier"]
+    assert trajectory.steps[0].observation.strip() == "smuggled"
+    assert trajectory.reward == 0.0 and trajectory.info["artifacts_refused"] == ["usr/local/bin/python3"]
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_a_bad_reward_file_is_one_error_and_the_rest_run(adapter):
+    ready(adapter)
+    with pytest.warns(UserWarning):
+        tasks = load(BAD)
+    found = run_sync(tasks, harbor.make_policy("oracle"), adapter)
+    assert found["fine"].reward == 1.0
+    assert found["bad-reward"].reward == 0.0 and found["bad-reward"].end_reason == "submitted"
+    assert found["bad-reward"].info["error"] == "reward.json holds a non-numeric or non-finite reward 'full marks'"
