@@ -107,8 +107,8 @@ class Ping(Protocol):
 
 @runtime_checkable
 class FileRoot(Protocol):
-    """``root`` bounds the paths its file operations accept: "/" in a container, the sandbox's
-    private directory for the local adapter."""
+    """``root`` bounds the paths its file operations accept: "/" wherever they run as the
+    sandbox's commands do (containers, and the local adapter, under its isolation)."""
 
     root: str
 

@@ -108,7 +108,9 @@ class DockerAdapter(BackgroundOwner):
                 config = self._container_config(spec, image, labels)  # the daemon's network "none"
                 container, split = await self._start_container(name, config)
             try:
-                client, relays = await self._open_shell(container, self._workdir(spec), name, split)
+                client, relays = await self._open_shell(
+                    container, self._workdir(spec), name, split, writable_dirs=spec.writable_dirs
+                )
             except BaseException:
                 self._heartbeat.discard(name)
                 await self._remove(name)
@@ -246,7 +248,13 @@ class DockerAdapter(BackgroundOwner):
         return CreateFailed(f"the Docker daemon failed to create the container: {exc.message}")
 
     async def _open_shell(
-        self, container: DockerContainer, workdir: str, name: str, split: SplitRelay | None = None
+        self,
+        container: DockerContainer,
+        workdir: str,
+        name: str,
+        split: SplitRelay | None = None,
+        *,
+        writable_dirs: tuple[str, ...] = (),
     ) -> tuple[CgroupShellClient, list[OutputStream]]:
         """Start the long-lived shell exec, its output relays, and the shell-session server."""
         if not self.config.exit_with_shell:
@@ -270,6 +278,7 @@ class DockerAdapter(BackgroundOwner):
             interrupt=lambda _client: self.api.interrupt(container),
             output_cap=self.config.output_cap,
             mount="a tmpfs",
+            writable_dirs=writable_dirs,
         )
 
     async def _open_stream(self, container: DockerContainer, sandbox: Sandbox, command: list[str]) -> DuplexStream:

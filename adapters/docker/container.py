@@ -89,13 +89,16 @@ def container_config(
 
 def tmpfs_mounts(config: DockerConfig, spec: SandboxSpec, workdir: str) -> dict[str, str]:
     """Docker mounts tmpfs noexec by default; sandboxes run what they write, so add exec.
-    A read-only root gets tmpfs for the two places the sandbox must write."""
+    A read-only root gets tmpfs for the places the sandbox must write (the workdir, the
+    control dir, spec.writable_dirs)."""
     mounts = dict(config.tmpfs)
     if spec.snapshot:
         mounts.update(snapshot_tmpfs())
     if config.read_only:
         mounts.setdefault(workdir, "")
         mounts.setdefault(CTL_DIR, "mode=0700")
+        for path in spec.writable_dirs:
+            mounts.setdefault(path, "")
     return {path: _with_exec(options) for path, options in mounts.items()}
 
 

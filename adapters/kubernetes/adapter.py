@@ -333,7 +333,9 @@ class KubernetesAdapter(BackgroundOwner):
             return None
         seen = self.informer.pods.get(name) if self.informer else None
         pod = PodRef(self.namespace, name, seen.pod_ip if seen else None, secret, image)
-        return await self._open_shell(pod, spec.workdir or container_shell.DEFAULT_WORKDIR)
+        return await self._open_shell(
+            pod, spec.workdir or container_shell.DEFAULT_WORKDIR, writable_dirs=spec.writable_dirs
+        )
 
     def _control_plane_sandbox(
         self, name: str, labels: dict[str, str], expires_at: float, allow: bool
@@ -406,7 +408,9 @@ class KubernetesAdapter(BackgroundOwner):
         extra = f"; last event: {event}" if event and event not in why else ""
         return f"sandbox pod {name} (image {image}) was not ready within {budget:.3g}s: {why}{extra}"
 
-    async def _open_shell(self, pod: PodRef, workdir: str) -> tuple[CgroupShellClient, list[OutputStream]]:
+    async def _open_shell(
+        self, pod: PodRef, workdir: str, *, writable_dirs: tuple[str, ...] = ()
+    ) -> tuple[CgroupShellClient, list[OutputStream]]:
         """The long-lived shell exec, its output relays (when the transport has them), and
         the shell-session server; the client and the relays (closed with the pod)."""
         name = pod.name
@@ -428,6 +432,7 @@ class KubernetesAdapter(BackgroundOwner):
             interrupt=lambda shell: self._interrupt(pod, shell),
             output_cap=self.config.output_cap,
             mount="an emptyDir",
+            writable_dirs=writable_dirs,
             where=f" in pod {name}",
         )
 

@@ -139,6 +139,9 @@ def pod_manifest(
         workdir = spec.workdir or DEFAULT_WORKDIR
         container["volumeMounts"] = [{"name": "work", "mountPath": workdir}, {"name": "ctl", "mountPath": CTL_DIR}]
         pod_spec["volumes"] = [{"name": "work", "emptyDir": {}}, {"name": "ctl", "emptyDir": {}}]
+        for index, path in enumerate(sorted(set(spec.writable_dirs))):  # as the workdir: writable on a read-only root
+            container["volumeMounts"].append({"name": f"dir-{index}", "mountPath": path})
+            pod_spec["volumes"].append({"name": f"dir-{index}", "emptyDir": {}})
     optional = {
         "nodeSelector": settings.node_selector,
         "tolerations": settings.tolerations,

@@ -21,7 +21,7 @@ import msgspec
 from aiohttp import web
 
 import orchard_async as oa
-from orchard_async.apps.serve import adopt, pty
+from orchard_async.apps.serve import adopt, pty, resources
 from orchard_async.apps.serve.jobs import Job, Jobs
 from orchard_async.apps.serve.keys import ANONYMOUS, KeyStore, Tenant
 from orchard_async.apps.serve.metrics import Metrics
@@ -161,6 +161,14 @@ async def health(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(text=request.app[METRICS].render(), content_type="text/plain", charset="utf-8")
+
+
+async def get_resources(request: web.Request) -> web.Response:
+    """What this key can still create: the quotas' room and the backend's capacity."""
+    answer = resources.quotas(request.app[REGISTRY], request[TENANT])
+    answer["can_create"] = resources.can_create(answer)
+    answer["backend"] = await resources.backend(request.app[REGISTRY].adapter)
+    return reply({"status": "ok", **answer})
 
 
 async def create_sandbox(request: web.Request) -> web.StreamResponse:
@@ -450,6 +458,7 @@ def create_app(
     app.router.add_get("/", root)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/resources", get_resources)
     app.router.add_post("/sandboxes", create_sandbox)
     app.router.add_get("/sandboxes", list_sandboxes)
     app.router.add_get("/sandboxes/{id}", get_sandbox)
