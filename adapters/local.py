@@ -50,10 +50,11 @@ from orchard_async.adapters.local_reap import (
     _sandbox_processes,
     reap_local,
 )
-from orchard_async.capabilities import AdapterFacts, Doctor, Facts, Snapshots
+from orchard_async.capabilities import AdapterFacts, Doctor, Facts, Snapshots, spec_network
 from orchard_async.errors import ConfigError, CreateFailed, SandboxLost
+from orchard_async.kit import egress, procfs
 from orchard_async.kit import labels as names
-from orchard_async.kit import procfs
+from orchard_async.kit.egress import NamespaceEgress, NetworkSwitch
 from orchard_async.kit.sandbox import ShellSandbox
 from orchard_async.kit.shell import ShellClient, make_output_pipes, quote
 from orchard_async.kit.streams import PipeStream
@@ -182,7 +183,7 @@ def isolation_report(isolation: str = "auto") -> dict[str, str]:
             "sandboxes hidden (but for the interpreter's dirs, read-only)",
             "processes": "the sandbox sees only its own (own /proc); they all end with it",
             "environment": "clean: PATH, HOME, LANG, TERM, the spec's env and ORCHARD_SANDBOX only",
-            "network": "off unless the spec asks (own network namespace with loopback only)",
+            "network": "off unless the spec asks (own network namespace with loopback only); " + network_switching(),
             "output": "not spooled to disk: read from pipes, capped at the output cap",
             "pids": pids,
             "memory": "RLIMIT_AS (address space, per process) from spec.memory",
@@ -190,6 +191,17 @@ def isolation_report(isolation: str = "auto") -> dict[str, str]:
         }
     )
     return report
+
+
+def network_switching() -> str:
+    """What ``set_network`` can do for a local sandbox here, for doctor."""
+    refusal = egress.namespace_refusal()
+    if refusal:
+        return f"set_network refused ({refusal})"
+    return (
+        "set_network switches a sandbox created offline (a veth pair to the host, "
+        "an iptables allowlist in the sandbox's own namespace)" + egress.forwarding_note()
+    )
 
 
 class LocalAdapter:
@@ -303,7 +315,8 @@ class LocalAdapter:
     async def doctor(self) -> str:
         method, why = await anyio.to_thread.run_sync(lambda: self.fork_method)
         isolation = self.isolation if self.namespaces else f"none ({self._probe.why})"
-        return f"isolation {isolation}; {snaps.describe(method, why)}"
+        switching = network_switching() if self.namespaces else "network: the host's, not switchable"
+        return f"isolation {isolation}; {snaps.describe(method, why)}; {switching}"
 
     async def _create(self, spec: SandboxSpec) -> ShellSandbox:
         sandbox_id = f"lo-{uuid.uuid4().hex[:16]}"
@@ -381,10 +394,16 @@ class LocalAdapter:
             ) from exc
         log_reader.close()
 
+        async def server_pid() -> int:
+            return server.pid
+
+        egress = NamespaceEgress(server_pid, sandbox_id)
+
         async def teardown() -> None:
             self._live.pop(sandbox_id, None)
             await client.close()
             await self._stop(process, base, cgroup)
+            await egress.close()
 
         sandbox = ShellSandbox(
             id=sandbox_id,
@@ -396,9 +415,21 @@ class LocalAdapter:
             on_close=teardown,
             expires_at=expires_at,
             stream_opener=functools.partial(self._open_stream, base),
+            network=NetworkSwitch(spec_network(spec.network), egress.enforce, refusal=self._network_refusal(spec)),
         )
         self._live[sandbox_id] = (sandbox, process)
         return sandbox
+
+    def _network_refusal(self, spec: SandboxSpec) -> str:
+        """Why a sandbox of ``spec`` cannot have its network switched here ("" when it can)."""
+        if not self.namespaces:
+            return "a local sandbox without isolation is on the host's network: it cannot be switched"
+        if spec.network == "on":
+            return (
+                "a local sandbox created with network='on' shares the host's network namespace: "
+                "create it with network='none' to switch its network"
+            )
+        return egress.namespace_refusal()
 
     async def _open_stream(self, base: Path, sandbox: ShellSandbox, command: list[str]) -> anyio.abc.ByteStream:
         """Start ``command`` in the sandbox on two fresh FIFOs, its stdin and stdout, and

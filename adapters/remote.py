@@ -35,7 +35,7 @@ import math
 import os
 import posixpath
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -44,7 +44,15 @@ import anyio
 import anyio.abc
 import msgspec
 
-from orchard_async.capabilities import Doctor, FileRoot
+from orchard_async.capabilities import (
+    Doctor,
+    EgressRule,
+    FileRoot,
+    NetworkConflict,
+    NetworkControl,
+    NetworkState,
+    network_policy,
+)
 from orchard_async.errors import (
     AdapterUnavailable,
     BackendUnavailable,
@@ -170,8 +178,14 @@ class RemoteSession:
         return await self._sandbox._exec(cmd, timeout=timeout, stdin=stdin, session=self.id)
 
 
+def _network_state(answer: dict[str, Any]) -> NetworkState:
+    """The service's network answer (Orchard's shape, with our ``revision``)."""
+    policy = network_policy(answer["mode"], answer.get("allowlist") or [])
+    return NetworkState(mode=policy.mode, allow=policy.allow, revision=int(answer.get("revision") or 0))
+
+
 class RemoteSandbox:
-    capabilities = frozenset({FileRoot})
+    capabilities = frozenset({FileRoot, NetworkControl})
 
     def __init__(self, adapter: RemoteAdapter, info: dict[str, Any]):
         self._adapter = adapter
@@ -231,6 +245,20 @@ class RemoteSandbox:
             stdout_cut=job.get("stdout_cut") or 0,
             stderr_cut=job.get("stderr_cut") or 0,
         )
+
+    # -- network ---------------------------------------------------------------------------
+
+    async def set_network(
+        self, mode: str, allow: Sequence[EgressRule | Mapping[str, Any]] = (), *, revision: int | None = None
+    ) -> NetworkState:
+        policy = network_policy(mode, allow)  # a bad rule is refused here, before any request
+        body: dict[str, Any] = {"mode": policy.mode, "allowlist": [msgspec.to_builtins(rule) for rule in policy.allow]}
+        if revision is not None:
+            body["revision"] = revision
+        return _network_state(await self._adapter._call("PUT", f"{self._path}/network", json=body))
+
+    async def get_network(self) -> NetworkState:
+        return _network_state(await self._adapter._call("GET", f"{self._path}/network"))
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[RemoteSession]:
@@ -492,6 +520,8 @@ class RemoteAdapter:
             raise ConfigError(f"the service refused the API key: {detail}")
         if reason == "path_outside":
             raise PathOutsideSandbox(detail)
+        if reason == "network_conflict":
+            raise NetworkConflict(detail)
         if reason == "no_such_file" or (file and status == 404 and reason != "unknown_sandbox"):
             raise FileNotFoundError(detail)
         if status in (404, 410):

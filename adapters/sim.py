@@ -19,14 +19,22 @@ import posixpath
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import anyio
 import msgspec
 
-from orchard_async.capabilities import AdapterFacts, Facts
+from orchard_async.capabilities import (
+    AdapterFacts,
+    EgressRule,
+    Facts,
+    NetworkControl,
+    NetworkPolicy,
+    NetworkState,
+    spec_network,
+)
 from orchard_async.errors import (
     BackendUnavailable,
     ConfigError,
@@ -35,6 +43,7 @@ from orchard_async.errors import (
     SandboxLost,
 )
 from orchard_async.kit import labels as names
+from orchard_async.kit.egress import NetworkSwitch
 from orchard_async.protocols import DEFAULT_EXEC_TIMEOUT
 from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec, check_timeout
 
@@ -87,7 +96,13 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True):
     outage: tuple[int, int] | None = None  # creates number [a, b) fail: a backend down for a while
 
 
+async def _no_enforcement(policy: NetworkPolicy) -> None:
+    return None
+
+
 class SimSandbox:
+    capabilities = frozenset({NetworkControl})
+
     def __init__(self, adapter: SimAdapter, sandbox_id: str, spec: SandboxSpec, rng: random.Random):
         self.id = sandbox_id
         self.workdir = spec.workdir or "/sim"
@@ -100,6 +115,21 @@ class SimSandbox:
         self.closed = False
         self._instant_exec = adapter.config.exec_latency == Latency()
         self.expires_at = time.monotonic() + spec.ttl  # a hung command without a timeout waits for this
+        # Its commands do not run, so its network is bookkeeping only: the engine's switching is what it shows.
+        self._network = NetworkSwitch(spec_network(spec.network), _no_enforcement)
+        self.network_changes: list[NetworkPolicy] = []
+
+    async def set_network(
+        self, mode: str, allow: Sequence[EgressRule | Mapping[str, Any]] = (), *, revision: int | None = None
+    ) -> NetworkState:
+        if self.dead or self.closed:
+            raise SandboxLost(f"simulated sandbox {self.id} is gone")
+        state = await self._network.set(mode, allow, revision=revision)
+        self.network_changes.append(state.policy)
+        return state
+
+    async def get_network(self) -> NetworkState:
+        return self._network.state
 
     async def _wait(self, latency: Latency) -> None:
         await _sleep(latency, self._rng)

@@ -4,6 +4,7 @@ The public API. Everything not re-exported here is private.
 """
 
 from orchard_async import _checkout  # noqa: F401 - a checkout's adapters, recipes and bench are its own
+from orchard_async.capabilities import OFFLINE, ONLINE, EgressRule, NetworkConflict, NetworkPolicy, NetworkState
 from orchard_async.engine.episode import render
 from orchard_async.engine.plan import Episode, plan
 from orchard_async.engine.pool import Pool
@@ -56,13 +57,15 @@ from orchard_async.runtime import (
     recipe_option,
     run,
 )
-from orchard_async.task import Observation, Reward
+from orchard_async.task import Observation, PhaseNetworks, Reward
 from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_EXEC_TIMEOUT",
+    "OFFLINE",
+    "ONLINE",
     "Action",
     "Adapter",
     "AdapterUnavailable",
@@ -70,6 +73,7 @@ __all__ = [
     "ConfigError",
     "ContextExhausted",
     "CreateFailed",
+    "EgressRule",
     "EndReason",
     "Episode",
     "ExecResult",
@@ -78,10 +82,14 @@ __all__ = [
     "GradedApart",
     "InfraError",
     "ModelUnavailable",
+    "NetworkConflict",
+    "NetworkPolicy",
+    "NetworkState",
     "Observation",
     "Op",
     "OrchardError",
     "PathOutsideSandbox",
+    "PhaseNetworks",
     "Policy",
     "Pool",
     "Recipe",

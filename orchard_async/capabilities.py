@@ -18,15 +18,19 @@ what the class declares).
 Adapters: ``Snapshots`` (forks), ``Reattach`` (taking over sandboxes a gone controller made),
 ``Doctor`` (a one-line report), ``Facts`` (what the backend is: its default image, ...).
 Sandboxes: ``Ping`` (a liveness check that runs no command), ``FileRoot`` (where its paths are
-rooted). Streams (``open_stream``, ``connect``) are not optional: every sandbox has them, and one
+rooted), ``NetworkControl`` (its egress switched while it runs: ``set_network``). Streams (``open_stream``, ``connect``) are not optional: every sandbox has them, and one
 whose backend runs no processes refuses them with ``ConfigError`` (see ``protocols.Sandbox``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+import ipaddress
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import msgspec
+
+from orchard_async.errors import ConfigError
 
 if TYPE_CHECKING:
     from orchard_async.protocols import Sandbox
@@ -113,5 +117,122 @@ class FileRoot(Protocol):
     root: str
 
 
+NetworkMode = Literal["enabled", "restricted"]
+NETWORK_MODES: tuple[str, ...] = ("enabled", "restricted")
+
+
+class EgressRule(msgspec.Struct, frozen=True, kw_only=True):
+    """One destination a restricted sandbox may open connections to: an address range (no
+    DNS names: an allowlist by address works without a resolver) and a port range. Orchard
+    Env's shape; ``egress_rule`` normalizes one (a bare address becomes a host prefix,
+    ``port_end`` defaults to ``port_start``)."""
+
+    cidr: str
+    protocol: Literal["TCP", "UDP"] = "TCP"
+    port_start: int
+    port_end: int
+
+
+class NetworkPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """What a sandbox's egress should be: ``enabled`` (any destination) or ``restricted`` to
+    ``allow`` (empty: no egress at all; loopback inside the sandbox always works)."""
+
+    mode: NetworkMode
+    allow: tuple[EgressRule, ...] = ()
+
+
+OFFLINE = NetworkPolicy(mode="restricted")
+ONLINE = NetworkPolicy(mode="enabled")
+
+
+class NetworkState(msgspec.Struct, frozen=True, kw_only=True):
+    """A sandbox's egress as its adapter last set it. ``revision`` counts the changes (0: as
+    created), so a caller can make a change conditional on what it read (``set_network(...,
+    revision=n)``). ``host_address``: the address of the controller's machine as the sandbox
+    reaches it (a service there listening on all addresses, once allowlisted), where the
+    adapter has one."""
+
+    mode: NetworkMode
+    allow: tuple[EgressRule, ...] = ()
+    revision: int = 0
+    host_address: str | None = None
+
+    @property
+    def policy(self) -> NetworkPolicy:
+        return NetworkPolicy(mode=self.mode, allow=self.allow)
+
+
+def egress_rule(rule: EgressRule | Mapping[str, Any]) -> EgressRule:
+    """A checked, normalized rule; ``ConfigError`` (one line) for a bad one. A range that
+    covers a whole address family (``0.0.0.0/0``, ``::/0``) is refused: that is ``enabled``."""
+    fields = msgspec.to_builtins(rule) if isinstance(rule, EgressRule) else dict(rule)
+    unknown = set(fields) - {"cidr", "protocol", "port_start", "port_end"}
+    if unknown:
+        raise ConfigError(f"egress rule {fields!r}: unknown field(s) {', '.join(sorted(unknown))}")
+    try:
+        network = ipaddress.ip_network(str(fields["cidr"]), strict=False)
+    except KeyError:
+        raise ConfigError(f"egress rule {fields!r}: cidr is required") from None
+    except ValueError:
+        raise ConfigError(f"egress rule {fields!r}: cidr must be an IPv4 or IPv6 address or network") from None
+    if network.prefixlen == 0:
+        raise ConfigError(f"egress rule {fields!r}: {network} allows every address; use mode 'enabled' instead")
+    protocol = str(fields.get("protocol") or "TCP").upper()
+    if protocol not in ("TCP", "UDP"):
+        raise ConfigError(f"egress rule {fields!r}: protocol must be TCP or UDP")
+    start, end = fields.get("port_start"), fields.get("port_end")
+    end = start if end is None else end
+    if not all(isinstance(port, int) and not isinstance(port, bool) and 1 <= port <= 65535 for port in (start, end)):
+        raise ConfigError(f"egress rule {fields!r}: port_start (required) and port_end must be ports (1-65535)")
+    assert isinstance(start, int) and isinstance(end, int)
+    if end < start:
+        raise ConfigError(f"egress rule {fields!r}: port_end is below port_start")
+    return EgressRule(cidr=str(network), protocol=protocol, port_start=start, port_end=end)  # type: ignore[arg-type]
+
+
+def network_policy(mode: str, allow: Sequence[EgressRule | Mapping[str, Any]] = ()) -> NetworkPolicy:
+    """The checked policy for ``set_network(mode, allow)``; ``ConfigError`` for a bad one."""
+    if mode not in NETWORK_MODES:
+        raise ConfigError(f"network mode must be one of {', '.join(NETWORK_MODES)}, not {mode!r}")
+    if isinstance(allow, str | bytes | Mapping):
+        raise ConfigError("allow must be a list of egress rules")
+    rules = tuple(egress_rule(rule) for rule in allow)
+    if mode == "enabled" and rules:
+        raise ConfigError("an allowlist only applies to mode 'restricted' (mode 'enabled' allows every destination)")
+    return NetworkPolicy(mode=mode, allow=tuple(dict.fromkeys(rules)))  # type: ignore[arg-type]
+
+
+def spec_network(network: str) -> NetworkPolicy:
+    """The policy a sandbox is created with: ``SandboxSpec.network`` "on" is enabled, "none"
+    restricted to nothing."""
+    return ONLINE if network == "on" else OFFLINE
+
+
+class NetworkConflict(ConfigError):
+    """A conditional change (``revision=``) lost to another one, or ran while one was under
+    way: read the state again and decide anew (the service answers 409)."""
+
+
+@runtime_checkable
+class NetworkControl(Protocol):
+    """Egress switched while the sandbox runs (an environment set up online, then isolated
+    before anything untrusted runs in it). ``set_network`` returns once the new policy holds
+    for every new connection; a restricted sandbox's other traffic is refused (loopback inside
+    it excepted), and so are packets of connections it opened before the change to a
+    destination no longer allowed. ``revision``: apply only if the state is still at that
+    revision, else ``NetworkConflict``. ``ConfigError`` (one line) when this sandbox's network
+    cannot be switched here (the adapter says why; ``orchard-async doctor`` says what it can)."""
+
+    async def set_network(
+        self,
+        mode: str,
+        allow: Sequence[EgressRule | Mapping[str, Any]] = (),
+        *,
+        revision: int | None = None,
+    ) -> NetworkState: ...
+
+    async def get_network(self) -> NetworkState: ...
+
+
 ADAPTER_CAPABILITIES: tuple[type, ...] = (Snapshots, Reattach, Doctor, Facts)
-SANDBOX_CAPABILITIES: tuple[type, ...] = (Ping, FileRoot)
+SANDBOX_CAPABILITIES: tuple[type, ...] = (Ping, FileRoot, NetworkControl)

@@ -22,7 +22,7 @@ from orchard_async.adapters.docker.config import DockerConfig, hosts_dir
 from orchard_async.adapters.docker.container import container_config
 from orchard_async.adapters.docker.doctor import doctor
 from orchard_async.adapters.docker.fork import SNAPSHOT_REPO, Forks, check_snapshot_id
-from orchard_async.capabilities import AdapterFacts, Doctor, Facts, Reattach, Snapshots
+from orchard_async.capabilities import AdapterFacts, Doctor, Facts, NetworkPolicy, Reattach, Snapshots, spec_network
 from orchard_async.errors import BackendUnavailable, ConfigError, CreateFailed, SandboxLost
 from orchard_async.images import ImageMissing, build_command, missing_image_hint
 from orchard_async.kit import container_reattach
@@ -37,6 +37,7 @@ from orchard_async.kit.container_shell import (
     shell_command,
     start_shell,
 )
+from orchard_async.kit.egress import NamespaceEgress, NetworkSwitch, forwarding_note, namespace_refusal
 from orchard_async.kit.exec_streams import DuplexStream, ExecStream, Heartbeat, OutputStream, SplitRelay, close_streams
 from orchard_async.kit.sandbox import ShellSandbox
 from orchard_async.kit.shell import CgroupShellClient
@@ -115,7 +116,8 @@ class DockerAdapter(BackgroundOwner):
                 self._heartbeat.discard(name)
                 await self._remove(name)
                 raise
-        return self._sandbox(container, name, client, relays, labels, expires_at)
+        network = spec_network(spec.network)
+        return self._sandbox(container, name, client, relays, labels, expires_at, network)
 
     def _sandbox(
         self,
@@ -125,7 +127,14 @@ class DockerAdapter(BackgroundOwner):
         relays: list[OutputStream],
         labels: dict[str, str],
         expires_at: float,
+        network: NetworkPolicy,
     ) -> ShellSandbox:
+        async def container_pid() -> int:
+            details = await self.api.call("inspect", container.show())
+            return int(details.get("State", {}).get("Pid") or 0)
+
+        egress = NamespaceEgress(container_pid, name)
+
         async def teardown() -> None:
             self._live.pop(name, None)
             self._heartbeat.discard(name)
@@ -134,12 +143,21 @@ class DockerAdapter(BackgroundOwner):
             await self._remove(name)
             await client.close()
             await close_streams(relays)
+            await egress.close()
 
         opener = functools.partial(self._open_stream, container)
+        switch = NetworkSwitch(network, egress.enforce, refusal=self._network_refusal())
         sandbox = self._live[name] = container_sandbox(
-            name, client, labels, expires_at, teardown=teardown, open_stream=opener
+            name, client, labels, expires_at, teardown=teardown, open_stream=opener, network=switch
         )
         return sandbox
+
+    def _network_refusal(self) -> str:
+        """Why a container's network cannot be switched from here ("" when it can): the rules go
+        into its network namespace from the daemon's machine."""
+        if not self.api.same_host:
+            return "the Docker daemon runs on another machine: a container's network is switched from the daemon's"
+        return namespace_refusal()
 
     def _labels(self, spec: SandboxSpec, expires_at: float) -> dict[str, str]:
         lease = names.lease_labels(owner=self.owner, run=self.run_id, expires_at=expires_at, controller=self.controller)
@@ -314,7 +332,13 @@ class DockerAdapter(BackgroundOwner):
         except BaseException:
             self._heartbeat.discard(sandbox_id)
             raise
-        return self._sandbox(found.container, sandbox_id, client, relays, found.labels, found.expires_at)
+        details = await self.api.call("inspect", found.container.show())
+        mode = details.get("HostConfig", {}).get("NetworkMode")
+        # As it was created; a gone controller's switch is not known (the first change rewrites it all).
+        network = spec_network(
+            "on" if mode not in ("none", None) and not details.get("Config", {}).get("NetworkDisabled") else "none"
+        )
+        return self._sandbox(found.container, sandbox_id, client, relays, found.labels, found.expires_at, network)
 
     async def find_sandboxes(self, labels: dict[str, str]) -> dict[str, dict[str, str]]:
         """Sandboxes (anyone's, live or ended but not yet removed) carrying every one of
@@ -381,4 +405,13 @@ class DockerAdapter(BackgroundOwner):
 
     async def doctor(self) -> str:
         """One line for `orchard-async doctor`; raises AdapterUnavailable when no daemon answers."""
-        return await doctor(self.api, image=self.image, keepalive=self.keepalive)
+        line = await doctor(self.api, image=self.image, keepalive=self.keepalive)
+        await self.api.client()  # whether the daemon shares this machine decides the switching
+        refusal = self._network_refusal()
+        switching = (
+            f"set_network refused ({refusal})"
+            if refusal
+            else "set_network switches a container's egress (a veth pair to the host, an iptables allowlist "
+            "in its namespace)" + forwarding_note()
+        )
+        return f"{line}; {switching}"

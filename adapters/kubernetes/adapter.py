@@ -34,6 +34,7 @@ from orchard_async.adapters.kubernetes.manifests import (
     allow_egress_policy,
     allow_policy_name,
     deny_egress_policy,
+    egress_rules,
     namespace_manifest,
     pod_manifest,
     relay_ingress_policy,
@@ -44,13 +45,24 @@ from orchard_async.adapters.kubernetes.reap import reap
 from orchard_async.adapters.kubernetes.relay import new_secret
 from orchard_async.adapters.kubernetes.transport import ExecTransport, Outputs, PodRef, PodRelays, Streams, Transport
 from orchard_async.adapters.kubernetes.watch import PodInformer, pod_state, pod_verdict
-from orchard_async.capabilities import AdapterFacts, Doctor, Facts, Reattach, Snapshots
+from orchard_async.capabilities import (
+    OFFLINE,
+    AdapterFacts,
+    Doctor,
+    Facts,
+    NetworkConflict,
+    NetworkPolicy,
+    Reattach,
+    Snapshots,
+    spec_network,
+)
 from orchard_async.errors import ConfigError, CreateFailed, OrchardError, SandboxLost
 from orchard_async.images import ImageMissing, missing_image_hint
 from orchard_async.kit import container_reattach, container_shell
 from orchard_async.kit import labels as names
 from orchard_async.kit.background import Background, BackgroundOwner
 from orchard_async.kit.deadline import explained_deadline
+from orchard_async.kit.egress import NetworkSwitch
 from orchard_async.kit.exec_streams import OutputStream, close_streams
 from orchard_async.kit.retry import Backoff
 from orchard_async.kit.sandbox import ShellSandbox
@@ -258,7 +270,7 @@ class KubernetesAdapter(BackgroundOwner):
         if shell is None:  # control-plane-only: the pod is Running; there is no shell
             return self._control_plane_sandbox(name, labels, expires_at, allow)
         client, relays = shell
-        sandbox = self._sandbox(name, client, relays, labels, expires_at, allow)
+        sandbox = self._sandbox(name, client, relays, labels, expires_at, allow, spec_network(spec.network))
         self._pod_images[name] = image
         if archive is not None:
             try:
@@ -280,12 +292,15 @@ class KubernetesAdapter(BackgroundOwner):
         labels: dict[str, str],
         expires_at: float,
         allow: bool,
+        network: NetworkPolicy,
     ) -> ShellSandbox:
+        policy_made = [allow]  # set_network may make the pod's own policy later
+
         async def teardown() -> None:
             self._live.pop(name, None)
             self._pod_images.pop(name, None)
             client.lost = client.lost or "the sandbox was closed"
-            await self._remove(name, allow)
+            await self._remove(name, policy_made[0])
             if isinstance(self.transport, PodRelays):
                 self.transport.forget(PodRef(self.namespace, name))
             # The websockets' close handshakes (up to seconds while the kubelet is busy
@@ -294,11 +309,53 @@ class KubernetesAdapter(BackgroundOwner):
             self._background.start_soon(client.close, cancel_on_close=False)
             self._background.start_soon(close_streams, relays, cancel_on_close=False)
 
+        async def enforce(policy: NetworkPolicy) -> None:
+            await self._set_egress_policy(name, policy)
+            policy_made[0] = True
+
+        refusal = (
+            ""
+            if self.config.manage_network_policies
+            else "with manage_network_policies=false the adapter makes no NetworkPolicies: it cannot switch a network"
+        )
         opener = functools.partial(self._open_stream, PodRef(self.namespace, name))
         sandbox = self._live[name] = container_shell.container_sandbox(
-            name, client, labels, expires_at, teardown=teardown, open_stream=opener
+            name,
+            client,
+            labels,
+            expires_at,
+            teardown=teardown,
+            open_stream=opener,
+            network=NetworkSwitch(network, enforce, refusal=refusal),
         )
         return sandbox
+
+    async def _set_egress_policy(self, name: str, policy: NetworkPolicy) -> None:
+        """Rewrite the pod's own NetworkPolicy to ``policy`` (made, owned by the pod, if it has
+        none). The update carries the resourceVersion read, so a concurrent writer's change
+        is never overwritten: it is a NetworkConflict."""
+        collection = self.api.path("networkpolicies", group=NETWORKING)
+        path = self.api.path("networkpolicies", allow_policy_name(name), group=NETWORKING)
+        what = f"egress NetworkPolicy of {name}"
+        try:
+            try:
+                current = await self.api.request("GET", path, what=what)
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                pod = await self.api.request("GET", self.api.path("pods", name), what=f"pod {name} read")
+                uid = (pod.get("metadata") or {}).get("uid")
+                await self.api.request("POST", collection, body=allow_egress_policy(name, uid, policy), what=what)
+                return
+            current.setdefault("spec", {})["egress"] = egress_rules(policy)
+            current["spec"]["policyTypes"] = ["Egress"]
+            await self.api.request("PUT", path, body=current, what=what)
+        except ApiError as exc:
+            if exc.status == 409:
+                raise NetworkConflict(f"the {what} changed meanwhile: {exc.message}") from None
+            if exc.status == 404:
+                raise SandboxLost(f"sandbox {name} is gone: its network cannot be switched") from None
+            raise ConfigError(f"could not set the {what}: {exc}") from None
 
     async def _create(
         self, name: str, spec: SandboxSpec, image: str, labels: dict[str, str], allow: bool, node: str | None = None
@@ -532,7 +589,8 @@ class KubernetesAdapter(BackgroundOwner):
         allow = self.config.manage_network_policies  # its allow policy, if any, goes with it
         found = await adoptable(self.api, self.transport, sandbox_id, remove=lambda name: self._remove(name, allow))
         client, relays = await self._open_shell(found.pod, found.workdir)
-        return self._sandbox(sandbox_id, client, relays, found.labels, found.expires_at, allow)
+        # As a gone controller left it is not known: the first change rewrites the pod's policy whole.
+        return self._sandbox(sandbox_id, client, relays, found.labels, found.expires_at, allow, OFFLINE)
 
     async def find_sandboxes(self, labels: dict[str, str]) -> dict[str, dict[str, str]]:
         """Sandbox pods (anyone's, live or ended but not yet deleted) carrying every one of
@@ -579,7 +637,8 @@ class KubernetesAdapter(BackgroundOwner):
         configuration or the API server does not answer."""
         version = await self.api.version()
         egress = (
-            "denied by NetworkPolicy unless spec.network='on'"
+            "denied by NetworkPolicy unless spec.network='on', switched by set_network (the pod's own "
+            "NetworkPolicy, rewritten; enforced only by a CNI with NetworkPolicy support)"
             if self.config.manage_network_policies
             else "left to the cluster admin"
         )

@@ -21,6 +21,7 @@ import msgspec
 
 from orchard_async.adapters.kubernetes.api import NETWORKING
 from orchard_async.adapters.kubernetes.relay import relay_entry
+from orchard_async.capabilities import ONLINE, NetworkPolicy
 from orchard_async.images import build_command
 from orchard_async.kit import labels as names
 from orchard_async.kit.container_reattach import adoptable_entry
@@ -208,9 +209,30 @@ def relay_ingress_policy() -> dict[str, Any]:
     }
 
 
-def allow_egress_policy(name: str, uid: str | None) -> dict[str, Any]:
-    """All egress for one sandbox pod, owned by it (the garbage collector deletes it with
-    the pod; the adapter deletes it too, and reap removes orphans)."""
+PORTS_LISTED = 64  # a wider range of an egress rule needs endPort (Kubernetes 1.25 and later)
+
+
+def egress_rules(policy: NetworkPolicy) -> list[dict[str, Any]]:
+    """A NetworkPolicy's ``egress`` for one sandbox's policy: every destination (``enabled``),
+    else one rule per allowlisted range and ports (none: nothing beyond the namespace's deny)."""
+    if policy.mode == "enabled":
+        return [{}]
+    rules = []
+    for rule in policy.allow:
+        if rule.port_end - rule.port_start < PORTS_LISTED:
+            # One entry a port: endPort is stable only since Kubernetes 1.25, and an older API
+            # server drops it without a word (the range would shrink to its first port).
+            ports = [{"protocol": rule.protocol, "port": port} for port in range(rule.port_start, rule.port_end + 1)]
+        else:
+            ports = [{"protocol": rule.protocol, "port": rule.port_start, "endPort": rule.port_end}]
+        rules.append({"to": [{"ipBlock": {"cidr": rule.cidr}}], "ports": ports})
+    return rules
+
+
+def allow_egress_policy(name: str, uid: str | None, policy: NetworkPolicy = ONLINE) -> dict[str, Any]:
+    """One sandbox pod's own egress policy (all egress as created with ``network="on"``, or what
+    ``set_network`` asked), owned by the pod (the garbage collector deletes it with the pod;
+    the adapter deletes it too, and reap removes orphans)."""
     metadata: dict[str, Any] = {
         "name": allow_policy_name(name),
         "labels": {names.SANDBOX: name, names.POLICY: "allow-egress"},
@@ -221,7 +243,11 @@ def allow_egress_policy(name: str, uid: str | None) -> dict[str, Any]:
         "apiVersion": NETWORKING,
         "kind": "NetworkPolicy",
         "metadata": metadata,
-        "spec": {"podSelector": {"matchLabels": {names.SANDBOX: name}}, "policyTypes": ["Egress"], "egress": [{}]},
+        "spec": {
+            "podSelector": {"matchLabels": {names.SANDBOX: name}},
+            "policyTypes": ["Egress"],
+            "egress": egress_rules(policy),
+        },
     }
 
 

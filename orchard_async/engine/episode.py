@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 import anyio
 
 from orchard_async.engine.groups import Fork, GroupSetups, SharedSetup
+from orchard_async.engine.phases import enter_phase
 from orchard_async.engine.plan import Episode, agent_spec, forked_spec, scorer_spec
 from orchard_async.engine.pool import Pool
 from orchard_async.engine.recording import RecordingSandbox
-from orchard_async.errors import ContextExhausted, InfraError, SandboxLost, VerifierError
+from orchard_async.errors import ConfigError, ContextExhausted, InfraError, SandboxLost, VerifierError
 from orchard_async.protocols import GradedApart, Policy, Task
 from orchard_async.records.trajectory import EndReason, Op, Step, Trajectory
 from orchard_async.task import Observation, Reward
@@ -165,9 +166,11 @@ async def run_agent(
                 outcome.instruction = fork.instruction_for(raw)
             else:
                 try:
+                    await enter_phase(task, "setup", raw, sandbox.ops, sandbox.t0)
                     outcome.instruction = await task.setup(sandbox)
                 finally:
                     outcome.setup = time.monotonic() - mark
+            await enter_phase(task, "agent", raw, sandbox.ops, sandbox.t0)
             # Replies in a row that were not actions; at the task's limit (if it sets one) the episode ends.
             parse_failure_limit = getattr(task, "parse_failure_limit", 0) or 0
             parse_failures = 0
@@ -243,6 +246,7 @@ async def score(
     VerifierError when there is no verdict to give (retried like any InfraError)."""
     if isinstance(task, GradedApart):
         return await _grade_apart(task, sandbox, pool, spec, close_agent)
+    await enter_phase(task, "scoring", sandbox.inner, sandbox.ops, sandbox.t0)
     return await _evaluate(task, sandbox)
 
 
@@ -271,6 +275,7 @@ async def _grade_apart(
     """Read the submission, destroy the agent's sandbox (and all it left running), then
     grade in a fresh one. The fresh sandbox's create counts as scoring time."""
     budget = anyio.current_time() + task.score_timeout  # type: ignore[attr-defined]
+    refused: ConfigError | None = None  # the scorer's network cannot be switched: the task's error, not retried
     with anyio.CancelScope(deadline=budget) as scoring:
         try:
             submission = await task.submission(sandbox)
@@ -279,13 +284,20 @@ async def _grade_apart(
             scorer = await pool.acquire(scorer_spec(spec, task))
             sandbox.ops.append(Op("create", start - sandbox.t0, time.monotonic() - start, "scorer"))
             try:
-                reward = await task.grade(submission, RecordingSandbox(scorer, sandbox.ops, sandbox.t0))
+                try:
+                    await enter_phase(task, "scoring", scorer, sandbox.ops, sandbox.t0)  # type: ignore[arg-type]
+                except ConfigError as exc:
+                    refused = exc
+                else:
+                    reward = await task.grade(submission, RecordingSandbox(scorer, sandbox.ops, sandbox.t0))
             finally:
                 await pool.close_sandbox(scorer)
         except InfraError:
             raise
         except Exception as exc:
             raise VerifierError(f"the verifier crashed: {type(exc).__name__}: {exc}") from exc
+    if refused is not None:
+        raise refused
     if scoring.cancelled_caught:
         raise VerifierError(f"scoring took longer than the task's score_timeout ({task.score_timeout:.0f}s)")  # type: ignore[attr-defined]
     return reward

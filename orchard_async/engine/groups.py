@@ -36,6 +36,7 @@ from typing import Any
 
 import anyio
 
+from orchard_async.engine.phases import enter_phase
 from orchard_async.engine.plan import Episode, base_spec, can_fork, forked_groups
 from orchard_async.engine.pool import Pool
 from orchard_async.engine.recording import RecordingSandbox
@@ -116,6 +117,7 @@ class GroupSetups:
             try:
                 # The agent's share of the deadline bounds the base's setup as it bounds a sample's.
                 with anyio.fail_after(task.deadline - task.score_timeout):
+                    await enter_phase(task, "setup", raw, ops, t0)
                     instruction = await task.setup(RecordingSandbox(raw, ops, t0))
             except InfraError:
                 raise

@@ -23,6 +23,7 @@ import anyio
 import anyio.abc
 
 from orchard_async.errors import BackendUnavailable, ConfigError, CreateFailed, SandboxLost
+from orchard_async.kit.egress import NetworkSwitch
 from orchard_async.kit.exec_streams import (
     RELAYS_FAILED,
     OutputStream,
@@ -188,9 +189,11 @@ def container_sandbox(
     *,
     teardown: Callable[[], Awaitable[None]],
     open_stream: StreamOpener,
+    network: NetworkSwitch | None = None,
 ) -> ShellSandbox:
     """A container's sandbox: the shell client at the container's root, closed by
-    ``teardown``, its streams opened by ``open_stream`` (an exec per stream)."""
+    ``teardown``, its streams opened by ``open_stream`` (an exec per stream), its egress
+    switched by ``network``."""
     return ShellSandbox(
         id=name,
         client=client,
@@ -199,6 +202,7 @@ def container_sandbox(
         on_close=teardown,
         expires_at=expires_at,
         stream_opener=open_stream,
+        network=network,
     )
 
 

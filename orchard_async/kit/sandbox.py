@@ -10,14 +10,16 @@ from __future__ import annotations
 import posixpath
 import stat as statmod
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 
-from orchard_async.capabilities import FileRoot, Ping
+from orchard_async.capabilities import EgressRule, FileRoot, NetworkControl, NetworkState, Ping
 from orchard_async.errors import ConfigError, PathOutsideSandbox, SandboxLost
 from orchard_async.kit import streams
+from orchard_async.kit.egress import NetworkSwitch
 from orchard_async.kit.shell import ShellClient, quote
 from orchard_async.protocols import DEFAULT_EXEC_TIMEOUT
 from orchard_async.types import ExecResult, FileInfo
@@ -43,10 +45,11 @@ class ShellSandbox:
     directory for the local adapter). ``on_close`` is the adapter's teardown.
     ``stream_opener`` is the adapter's way to start a command in the sandbox with its stdin
     and stdout attached (see ``orchard_async.kit.streams``); without one, ``open_stream`` is a
-    ConfigError.
+    ConfigError. ``network`` switches its egress (``kit.egress``); without one, ``set_network``
+    is a ConfigError.
     """
 
-    capabilities = frozenset({Ping, FileRoot})
+    capabilities = frozenset({Ping, FileRoot, NetworkControl})
 
     def __init__(
         self,
@@ -58,6 +61,7 @@ class ShellSandbox:
         on_close: Callable[[], Awaitable[None]],
         expires_at: float,
         stream_opener: streams.StreamOpener | None = None,
+        network: NetworkSwitch | None = None,
     ):
         self.id = id
         self.workdir = client.workdir
@@ -67,6 +71,7 @@ class ShellSandbox:
         self._client = client
         self._on_close = on_close
         self._stream_opener = stream_opener
+        self._network = network
         self._sessions = 0
         self.closed = False
 
@@ -112,6 +117,23 @@ class ShellSandbox:
 
     async def connect(self, port: int) -> streams.SandboxStream:
         return await streams.connect(self, port)
+
+    # -- network ---------------------------------------------------------------------------
+
+    async def set_network(
+        self, mode: str, allow: Sequence[EgressRule | Mapping[str, Any]] = (), *, revision: int | None = None
+    ) -> NetworkState:
+        if self.closed or self._client.lost:
+            raise SandboxLost(f"sandbox {self.id} is {'closed' if self.closed else 'lost'}: its network is gone")
+        return await self._switch().set(mode, allow, revision=revision)
+
+    async def get_network(self) -> NetworkState:
+        return self._switch().state
+
+    def _switch(self) -> NetworkSwitch:
+        if self._network is None:
+            raise ConfigError(f"sandbox {self.id}'s adapter does not manage its network")
+        return self._network
 
     # -- files -----------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import msgspec
 from aiohttp import web
 
 import orchard_async as oa
-from orchard_async.apps.serve import adopt, pty, resources
+from orchard_async.apps.serve import adopt, network, pty, resources
 from orchard_async.apps.serve.jobs import Job, Jobs
 from orchard_async.apps.serve.keys import ANONYMOUS, KeyStore, Tenant
 from orchard_async.apps.serve.metrics import Metrics
@@ -468,6 +468,8 @@ def create_app(
     app.router.add_post("/sandboxes/{id}/exec", exec_command)
     app.router.add_get("/sandboxes/{id}/exec/pty", pty.handle)
     app.router.add_post("/sandboxes/{id}/apply_patch", apply_patch)
+    app.router.add_get("/sandboxes/{id}/network", network.get_network)
+    app.router.add_put("/sandboxes/{id}/network", network.put_network)
     app.router.add_post("/sandboxes/{id}/files", upload)
     app.router.add_get("/sandboxes/{id}/files", download)
     app.router.add_get("/sandboxes/{id}/files/list", list_files)
