@@ -9,6 +9,7 @@ import tarfile
 
 from orchard_async import Action, Observation
 from orchard_async.recipes.harbor import config as cfg
+from orchard_async.recipes.harbor.task import emptied
 
 
 def _tar_of(folder) -> bytes:
@@ -26,7 +27,7 @@ def solve_command(task, index: int) -> str:
     folder, env = task.solutions()[index]
     packed = base64.b64encode(_tar_of(folder)).decode()
     stage = (
-        f"rm -rf {cfg.SOLUTION} && mkdir -p {cfg.SOLUTION} && echo {packed} | base64 -d | tar xzf - -C {cfg.SOLUTION} "
+        f"{emptied(cfg.SOLUTION)} && echo {packed} | base64 -d | tar xzf - -C {cfg.SOLUTION} "
         f"--no-same-owner && chmod -R a+rX {cfg.SOLUTION} && chmod +x {cfg.SOLUTION}/solve.sh"
     )
     run = task.as_user(f"{cfg.SOLUTION}/solve.sh", task.agent_user, agent=True, env=cfg.resolve_env(env))

@@ -38,7 +38,19 @@ from typing import Annotated, Any, ClassVar
 import anyio
 import msgspec
 
-from orchard_async import ConfigError, RecipeOptions, Reward, Sandbox, SandboxSpec, recipe_option
+from orchard_async import (
+    OFFLINE,
+    ONLINE,
+    ConfigError,
+    NetworkPolicy,
+    PhaseNetworks,
+    RecipeOptions,
+    Reward,
+    Sandbox,
+    SandboxSpec,
+    recipe_option,
+)
+from orchard_async.capabilities import NetworkControl, network_policy
 from orchard_async.recipes.harbor import config as cfg
 from orchard_async.recipes.harbor import images
 from orchard_async.recipes.harbor.config import Step, TaskConfig
@@ -109,6 +121,16 @@ def quote(text: str) -> str:
     return shlex.quote(text)
 
 
+def emptied(*dirs: str) -> str:
+    """A command leaving each dir empty and a real dir (a mount point stays where it is; a
+    symlink or file the agent put in its place is removed first)."""
+    steps = []
+    for path in map(quote, dirs):
+        steps.append(f"{{ if [ -L {path} ] || {{ [ -e {path} ] && [ ! -d {path} ]; }}; then rm -rf {path}; fi; "
+                     f"mkdir -p {path} && find {path} -mindepth 1 -maxdepth 1 -exec rm -rf -- {{}} +; }}")  # fmt: skip
+    return " && ".join(steps)
+
+
 def files_of(folder: Path) -> list[tuple[str, bytes, int]]:
     """(relative path, content, mode) of every file under ``folder``."""
     if not folder.is_dir():
@@ -153,30 +175,31 @@ def egress_rules(network: cfg.Network) -> list[dict[str, Any]]:
     return rules
 
 
-def network_control(sandbox: Sandbox) -> Any:
-    """The sandbox's ``set_network`` owner when its adapter can switch egress while it runs."""
-    inner = getattr(sandbox, "inner", sandbox)
-    return inner if callable(getattr(inner, "set_network", None)) else None
-
-
-async def apply_network(sandbox: Sandbox, network: cfg.Network, *, created: str) -> None:
-    """Switch the sandbox to ``network`` for a phase; a sandbox that cannot switch keeps the
-    network it was created with (``created``), which must then be the phase's."""
-    wanted = "on" if network.mode == "public" else "none"
-    control = network_control(sandbox)
-    if control is None:
-        if network.mode == "allowlist":
-            raise ConfigError(
-                "network_mode 'allowlist' needs an adapter whose sandboxes switch egress (set_network); "
-                "this one cannot, so the task cannot run here"
-            )
-        if wanted != created:
-            raise ConfigError(f"this adapter cannot switch a sandbox's network to {network.mode!r} after creating it")
-        return
+def policy_of(network: cfg.Network) -> NetworkPolicy:
+    """A Harbor network mode as the library's policy: public is enabled, no-network restricted
+    to nothing, an allowlist restricted to its hosts' addresses."""
     if network.mode == "public":
-        await control.set_network("enabled")
-    else:
-        await control.set_network("restricted", egress_rules(network) if network.mode == "allowlist" else [])
+        return ONLINE
+    if network.mode == "no-network":
+        return OFFLINE
+    return network_policy("restricted", egress_rules(network))
+
+
+def phase_networks(setup: cfg.Network, agent: cfg.Network, scoring: cfg.Network) -> PhaseNetworks | None:
+    """The engine's per-phase networks for Harbor's (the environment's baseline for setup, the
+    agent's, the verifier's); None when every phase is public (the sandbox is simply online)."""
+    if all(n.mode == "public" for n in (setup, agent, scoring)):
+        return None
+    return PhaseNetworks(setup=policy_of(setup), agent=policy_of(agent), scoring=policy_of(scoring))
+
+
+async def apply_network(sandbox: Any, network: cfg.Network) -> None:
+    """Switch a sandbox that can (``NetworkControl``) to ``network``; ``ConfigError`` for one
+    that cannot."""
+    if not isinstance(sandbox, NetworkControl):
+        raise ConfigError(f"network_mode {network.mode!r} needs an adapter whose sandboxes switch egress (set_network)")
+    policy = policy_of(network)
+    await sandbox.set_network(policy.mode, policy.allow)
 
 
 @dataclass(eq=False)
@@ -195,6 +218,7 @@ class HarborTask:
     pass_threshold: float = 1.0
     built_image: str | None = None  # the tag a Dockerfile task's image is built as
     replay: images.ReplayPlan = field(default_factory=images.ReplayPlan)  # its Dockerfile, for sandboxes without it
+    network: PhaseNetworks | None = None  # Harbor's per-phase networks, switched by the engine
     id: str = ""
     _states: dict[str, SandboxState] = field(default_factory=dict, repr=False)
 
@@ -265,7 +289,6 @@ class HarborTask:
             await self._stage_step(sandbox, step)
         await self._healthcheck(sandbox)
         state.baseline = (await check(sandbox, LIST_PROCESSES, "listing the sandbox's processes")).encode()
-        await apply_network(sandbox, self.config.agent_network(), created=self.spec.network)
         return self.instruction
 
     async def _check_users(self, sandbox: Sandbox) -> None:
@@ -397,18 +420,14 @@ class HarborTask:
         """One verification: ``/tests`` and ``/logs/verifier`` fresh, the test script run as
         the verifier's user, the rewards read by Harbor's rules (ValueError when they break
         them, FileNotFoundError when there are none)."""
-        await check(sandbox, f"rm -rf {cfg.TESTS} {cfg.VERIFIER_LOGS} {cfg.SOLUTION} && mkdir -p {cfg.TESTS} "
-                    f"{cfg.VERIFIER_LOGS} && chmod 777 {cfg.VERIFIER_LOGS}", "restoring /tests and /logs/verifier")  # fmt: skip
+        await check(sandbox, emptied(cfg.TESTS, cfg.VERIFIER_LOGS, cfg.SOLUTION) + f" && chmod 777 {cfg.VERIFIER_LOGS}",
+                    "restoring /tests and /logs/verifier")  # fmt: skip
         tests = self.folder / "tests"
         script = "test.sh"
         await upload(sandbox, tests, cfg.TESTS)
         if step is not None:
             step_tests = self.folder / "steps" / step.name / "tests"
             await upload(sandbox, step_tests, cfg.TESTS)
-        if self.config.steps and step is not None:
-            await self._network_for(sandbox, step)
-        else:
-            await self._network_for(sandbox, None)
         user = (step.verifier.user if step else None) or self.config.verifier.user
         env, cwd = self.verifier_env(
             sandbox, cfg.resolve_env({**self.config.verifier.env, **(step.verifier.env if step else {})})
@@ -422,14 +441,6 @@ class HarborTask:
         reward_json = await _read_optional(sandbox, cfg.REWARD_JSON)
         reward_txt = await _read_optional(sandbox, cfg.REWARD_TXT)
         return cfg.parse_rewards(reward_json, reward_txt)
-
-    async def _network_for(self, sandbox: Sandbox, step: Step | None) -> None:
-        wanted = self.config.verifier_network(step)
-        control = network_control(sandbox)
-        if control is not None:
-            await apply_network(sandbox, wanted, created=self.spec.network)
-        # Without switching, the verifier keeps the sandbox's network (Harbor's static providers
-        # run it under the startup policy too).
 
 
 def _meets(rewards: dict[str, float] | None, minimum: float | dict[str, float] | None) -> bool:
@@ -536,9 +547,29 @@ def task_folders(source: Path) -> list[Path]:
     return folders
 
 
-def spec_for(config: TaskConfig, environment: cfg.Environment, image: str | None, network: cfg.Network, *,
-             workdir: str | None) -> SandboxSpec:  # fmt: skip
-    writable = tuple(sorted({*WRITABLE, *([workdir] if workdir else [])}))
+# Top-level dirs of the host's own that a sandbox without an image (local) keeps: a task's dir
+# below one of them is asked for as it is, never the whole top-level dir.
+SYSTEM_DIRS = frozenset({"/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt", "/proc",
+                         "/root", "/run", "/sbin", "/sys", "/tmp", "/usr", "/var"})  # fmt: skip
+
+
+def writable_dirs(paths: list[str]) -> tuple[str, ...]:
+    """The dirs a sandbox must let the task write: each path's top-level dir (``/srv`` for
+    ``/srv/work``: an adapter makes a new top-level dir, not one inside the host's), or the
+    path itself below the host's system dirs."""
+    found = set()
+    for path in paths:
+        normal = posixpath.normpath(path)
+        top = "/" + normal.strip("/").split("/")[0]
+        if normal == "/" or top == "/tmp":
+            continue  # every sandbox's /tmp is its own and writable
+        found.add(normal if top in SYSTEM_DIRS else top)
+    return tuple(sorted(found))
+
+
+def spec_for(environment: cfg.Environment, image: str | None, online: bool, *,
+             workdir: str | None, also_writable: tuple[str, ...] = ()) -> SandboxSpec:  # fmt: skip
+    writable = writable_dirs([*WRITABLE, *([workdir] if workdir else []), *also_writable])
     extra: dict[str, Any] = {}
     if "writable_dirs" in SandboxSpec.__struct_fields__:  # absolute dirs on adapters that have them (local)
         extra["writable_dirs"] = writable
@@ -546,7 +577,7 @@ def spec_for(config: TaskConfig, environment: cfg.Environment, image: str | None
         image=image,
         cpu=float(environment.cpus) if environment.cpus else None,
         memory=f"{environment.memory_mb}Mi" if environment.memory_mb else None,
-        network="on" if network.mode == "public" else "none",
+        network="on" if online else "none",
         workdir=workdir,
         env=cfg.resolve_env(environment.env),
         labels={"orchard.recipe": "harbor"},
@@ -608,11 +639,20 @@ def load_task(folder: Path, options: HarborOptions) -> HarborTask:
     verifier_timeout = sum((s.verifier.timeout_sec or config.verifier.timeout_sec or 600.0) for s in steps) if steps \
         else (config.verifier.timeout_sec or 600.0)  # fmt: skip
     score_timeout = verifier_timeout + SCORE_MARGIN
+    replay = images.replay_plan(folder / "environment")
+    first = steps[0] if steps else None
+    # One sandbox network for every phase when all are public; else offline at creation and
+    # switched per phase (the separate verifier's baseline is its own environment's).
+    verifier_env = config.verifier_environment_of(first) or environment
+    networks = phase_networks(environment.network, config.agent_network(first), config.verifier_network(first))
+    # What a replayed Dockerfile writes outside the workdir must be writable where no image ran.
+    replayed = [d for d in [replay.workdir, *(dest for kind, _, dest in replay.steps if kind == "copy")] if d and d.startswith("/")]
     common: dict[str, Any] = dict(
         folder=folder,
         config=config,
         instruction=instruction,
-        spec=spec_for(config, environment, image, config.agent_network(), workdir=workdir),
+        spec=spec_for(environment, image, networks is None, workdir=workdir, also_writable=tuple(replayed)),
+        network=networks,
         image_map=dict(options.image_map),
         max_steps=options.max_steps,
         deadline=SETUP_BUDGET + agent_timeout + score_timeout,
@@ -620,11 +660,10 @@ def load_task(folder: Path, options: HarborOptions) -> HarborTask:
         exec_timeout=min(options.exec_timeout, agent_timeout),
         pass_threshold=options.pass_threshold,
         built_image=build,
-        replay=images.replay_plan(folder / "environment"),
+        replay=replay,
     )
     if mode == "shared":
         return HarborTask(**common)
-    verifier_env = config.verifier_environment_of(steps[0] if steps else None) or environment
     # Harbor's precedence: the verifier environment's docker_image, else tests/Dockerfile, else
     # the task's own image.
     tests = folder / "tests"
@@ -634,7 +673,7 @@ def load_task(folder: Path, options: HarborOptions) -> HarborTask:
         verifier_image = images.built_tag(f"{folder.name}-verifier", tests, options.image_map)
     else:
         verifier_image = image
-    scorer = spec_for(config, verifier_env, verifier_image, config.verifier_network(), workdir=verifier_env.workdir)
+    scorer = spec_for(verifier_env, verifier_image, networks is None, workdir=verifier_env.workdir)
     return SeparateHarborTask(**common, scorer_spec=scorer)
 
 

@@ -45,6 +45,9 @@ ALLOWED: dict[str, set[str]] = {
     "recipes": {"public", "contract", "records", "models", "images"},
     "apps": {"public", "contract", "kit", "records", "models", "images", "engine", "registry", "adapters"},
     "bench": {"public", "contract", "kit", "records", "adapters", "recipes", "apps"},
+    # The Harbor environment provider (orchard_async.harbor): Harbor's runner drives an adapter
+    # from the registry, with the Harbor recipe's images and task rules; nothing imports it.
+    "harbor": {"public", "contract", "registry", "recipes"},
 }
 LAZY_EXTRA = {"registry", "adapters", "recipes", "public"}  # plugin points, imported when used
 NEVER_LAZY = {"apps", "bench"}  # nothing in the layers reaches the applications
