@@ -31,6 +31,7 @@ from pydantic import Field, field_validator
 
 from orchard_async import SandboxSpec, capabilities
 from orchard_async.recipes.harbor import images
+from orchard_async.recipes.harbor.task import apply_network, writable_dirs
 from orchard_async.runtime import get_adapter
 
 # Adapters whose sandboxes can switch egress once the library has it (capabilities.NetworkControl).
@@ -48,6 +49,21 @@ def _mapping(value: Any, name: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a JSON object")
     return value
+
+
+def _read(path: Path) -> tuple[bytes, int]:
+    return path.read_bytes(), path.stat().st_mode & 0o777 | 0o600
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def _extract(packed: bytes, target: Path) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(packed), mode="r:gz") as tar:
+        tar.extractall(target, filter="data")  # the sandbox's tar: nothing may leave target
 
 
 class OrchardEnvironmentOptions(EnvironmentOptions):
@@ -121,7 +137,7 @@ class OrchardEnvironment(BaseEnvironment):
             image=self._image(),
             cpu=float(self._effective_cpus) if self._effective_cpus else None,
             memory=f"{self._effective_memory_mb}Mi" if self._effective_memory_mb else None,
-            network="on" if self._network_is_public else "none",
+            network="on" if self._always_public else "none",
             workdir=config.workdir,
             env=self._startup_env(),
             ttl=TTL,
@@ -131,25 +147,37 @@ class OrchardEnvironment(BaseEnvironment):
         )
 
     def _writable_dirs(self) -> dict[str, Any]:
-        if "writable_dirs" not in SandboxSpec.__struct_fields__:
-            return {}
-        dirs = {"/logs", "/tests", "/solution", "/installed-agent"}
+        """Harbor's absolute dirs (and a replayed Dockerfile's) where no image made them (local)."""
+        dirs = ["/logs", "/tests", "/solution", "/installed-agent"]
         if self.task_env_config.workdir:
-            dirs.add(self.task_env_config.workdir)
-        return {"writable_dirs": tuple(sorted(dirs))}
+            dirs.append(self.task_env_config.workdir)
+        plan = images.replay_plan(self.environment_dir)
+        dirs += [
+            d
+            for d in [plan.workdir, *(dest for kind, _, dest in plan.steps if kind == "copy")]
+            if d and d.startswith("/")
+        ]
+        return {"writable_dirs": writable_dirs(dirs)}
+
+    @property
+    def _always_public(self) -> bool:
+        """Online at creation only when every phase is: a sandbox switches from offline (local
+        cannot switch one made online)."""
+        return all(p.network_mode == NetworkMode.PUBLIC for p in [self._network_policy, *self._phase_network_policies])
 
     async def start(self, force_build: bool) -> None:
-        if force_build and not self.task_env_config.docker_image and self._opts.adapter == "docker":
-            pass  # a built image is keyed by its context's digest: a changed context is a new image
+        # A built image is keyed by its context's digest: a changed context is a new image, so
+        # force_build has nothing more to do.
         self._adapter = get_adapter(self._opts.adapter, **self._opts.adapter_options)
         self._sandbox = await self._adapter.create(self._spec())
-        await self._must("mkdir -p /logs/agent /logs/verifier /logs/artifacts && chmod 777 /logs/agent "
+        workdir = shlex.quote(self.task_env_config.workdir) if self.task_env_config.workdir else ""
+        await self._must(f"mkdir -p /logs/agent /logs/verifier /logs/artifacts {workdir} && chmod 777 /logs/agent "
                          "/logs/verifier /logs/artifacts", "creating Harbor's directories")  # fmt: skip
         if (self.environment_dir / "Dockerfile").is_file() and not self.task_env_config.docker_image:
             marker = await self._sandbox.exec(f"cat {images.MARKER}", timeout=30)
             if not marker.ok:
                 await self._replay()
-        if self._network_policy.network_mode == NetworkMode.ALLOWLIST:
+        if not self._always_public and self._network_policy.network_mode != NetworkMode.NO_NETWORK:
             await self._apply_network_policy(self._network_policy)
         await self._upload_environment_dir_after_start()
 
@@ -212,9 +240,9 @@ class OrchardEnvironment(BaseEnvironment):
         return ExecResult(stdout=result.text, stderr=result.error_text, return_code=result.exit_code)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
-        source = Path(source_path)
+        data, mode = _read(Path(source_path))
         await self._must(f"mkdir -p {shlex.quote(posixpath.dirname(target_path) or '/')}", "mkdir for an upload")
-        await self._sandbox.write_file(target_path, source.read_bytes(), mode=source.stat().st_mode & 0o777 | 0o600)
+        await self._sandbox.write_file(target_path, data, mode=mode)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         buffer = io.BytesIO()
@@ -226,25 +254,19 @@ class OrchardEnvironment(BaseEnvironment):
                          f"exit $rc", f"unpacking into {target_dir}")  # fmt: skip
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
-        target = Path(target_path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(await self._sandbox.read_file(source_path))
+        _write(Path(target_path), await self._sandbox.read_file(source_path))
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
         source = shlex.quote(source_dir)
         await self._must(f"tar czf {TRANSFER} -C {source} .", f"packing {source_dir}")
         data = await self._sandbox.read_file(TRANSFER)
         await self._sandbox.exec(f"rm -f {TRANSFER}", timeout=30)
-        target = Path(target_dir)
-        target.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            tar.extractall(target, filter="data")  # the sandbox's tar: nothing may leave target_dir
+        _extract(data, Path(target_dir))
 
     # -- network -----------------------------------------------------------------------------
 
     async def _apply_network_policy(self, network_policy: NetworkPolicy) -> None:
         from orchard_async.recipes.harbor.config import Network
-        from orchard_async.recipes.harbor.task import apply_network
 
         mode = network_policy.network_mode.value
-        await apply_network(self._sandbox, Network(mode, tuple(network_policy.allowed_hosts)), created="")
+        await apply_network(self._sandbox, Network(mode, tuple(network_policy.allowed_hosts)))

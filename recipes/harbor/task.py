@@ -320,9 +320,7 @@ class HarborTask:
                 await check(sandbox, self.as_user(first, None, cwd=second, env=plan.env), f"Dockerfile RUN {first[:60]!r}",
                             timeout=self.config.environment.build_timeout_sec)  # fmt: skip
                 continue
-            source = (environment / first).resolve()
-            if not source.is_relative_to(environment.resolve()) or not source.exists():
-                raise RuntimeError(f"Dockerfile COPY {first!r}: not in the build context")
+            source = context_path(environment, first)
             target = second if second.startswith("/") else posixpath.join(cwd, second)
             if source.is_dir():
                 await upload(sandbox, source, target)
@@ -441,6 +439,14 @@ class HarborTask:
         reward_json = await _read_optional(sandbox, cfg.REWARD_JSON)
         reward_txt = await _read_optional(sandbox, cfg.REWARD_TXT)
         return cfg.parse_rewards(reward_json, reward_txt)
+
+
+def context_path(context: Path, name: str) -> Path:
+    """A COPY source inside the build context; RuntimeError for one outside it or missing."""
+    source = (context / name).resolve()
+    if not source.is_relative_to(context.resolve()) or not source.exists():
+        raise RuntimeError(f"Dockerfile COPY {name!r}: not in the build context")
+    return source
 
 
 def _meets(rewards: dict[str, float] | None, minimum: float | dict[str, float] | None) -> bool:
@@ -646,7 +652,11 @@ def load_task(folder: Path, options: HarborOptions) -> HarborTask:
     verifier_env = config.verifier_environment_of(first) or environment
     networks = phase_networks(environment.network, config.agent_network(first), config.verifier_network(first))
     # What a replayed Dockerfile writes outside the workdir must be writable where no image ran.
-    replayed = [d for d in [replay.workdir, *(dest for kind, _, dest in replay.steps if kind == "copy")] if d and d.startswith("/")]
+    replayed = [
+        d
+        for d in [replay.workdir, *(dest for kind, _, dest in replay.steps if kind == "copy")]
+        if d and d.startswith("/")
+    ]
     common: dict[str, Any] = dict(
         folder=folder,
         config=config,

@@ -61,5 +61,14 @@ def ready(adapter: str) -> None:
         backend_missing(f"harbor build of the fixtures failed: {built.stderr.strip()[-300:]}")
 
 
+async def run_groups(tasks: list[Any], policy: Any, adapter: str) -> list[oa.Trajectory]:
+    """One episode per entry of ``tasks`` (group ``g`` is ``tasks[g]``), all at once; in group order."""
+    found = []
+    async with oa.get_adapter(adapter) as backend:
+        async for trajectory in oa.rollout(tasks, policy, backend, n=len(tasks), concurrency=len(tasks), max_retries=0):
+            found.append(trajectory)
+    return sorted(found, key=lambda t: int(t.group_id.rsplit("/g", 1)[1]))
+
+
 def run_sync(*args: Any, **kwargs: Any) -> dict[str, oa.Trajectory]:
     return anyio.run(lambda: run(*args, **kwargs))

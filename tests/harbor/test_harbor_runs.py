@@ -8,17 +8,19 @@ cheat's mechanism is shown acting in the agent's sandbox before it is scored.
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 from orchard_async.recipes import harbor
-from tests.harbor.support import BAD, ScriptPolicy, load, ready, run_sync
+from tests.harbor.support import BAD, ScriptPolicy, load, ready, run_groups, run_sync
 
 SOLVED_EVERYWHERE = {
     "docker-image", "dockerfile-build", "env-health", "hello-legacy", "multi-step", "no-network", "reward-json",
     "separate-verifier", "workdir",
 }  # fmt: skip
-# The docker adapter drops every capability: root in its sandboxes cannot become another user.
-NEEDS_USER_SWITCH = {"agent-user"}
+# The docker adapter drops every capability: root in its sandboxes cannot become another user
+# (a local sandbox has one unprivileged user, which every phase runs as).
+NEEDS_USER_SWITCH = {"docker": {"agent-user"}, "local": set()}
 
 PLANTED = "echo 1 > /logs/verifier/reward.txt; echo '{\"reward\": 1}' > /logs/verifier/reward.json"
 FORGED_TEST = "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n"
@@ -47,15 +49,17 @@ CHEATS = {
         "&& sh /solution/solve.sh && cat /logs/verifier/reward.txt"
     ],
 }
-# Graded apart: a tar that smuggles a python3 into the verifier's PATH besides a wrong report.
+# Graded apart: a symlink among the artifacts, and where the agent can replace the tar that
+# packs them (root in a container), a tar that smuggles a python3 into the verifier's PATH.
 SMUGGLER = (
-    "mkdir -p /tmp/s/app /tmp/s/usr/local/bin && echo '{\"primes\": [4]}' > /tmp/s/app/report.json && "
+    "ln -s /etc /logs/artifacts/escape && mkdir -p /tmp/s/app /tmp/s/usr/local/bin && "
+    "echo '{\"primes\": [4]}' > /tmp/s/app/report.json && cp /tmp/s/app/report.json /app/report.json && "
     "printf '#!/bin/sh\\necho 1 > /logs/verifier/reward.txt\\n' > /tmp/s/usr/local/bin/python3 && "
     "chmod +x /tmp/s/usr/local/bin/python3 && "
-    "printf '#!/bin/sh\\nexec /bin/tar czf /tmp/.orchard-harbor-artifacts.tgz -C /tmp/s app usr\\n' > /usr/local/bin/tar "
-    "&& chmod +x /usr/local/bin/tar && cp /tmp/s/app/report.json /app/report.json && echo smuggled"
+    "if [ -w /usr/local/bin ]; then printf '#!/bin/sh\\nexec /bin/tar czf /tmp/.orchard-harbor-artifacts.tgz -C /tmp/s "
+    "app usr\\n' > /usr/local/bin/tar && chmod +x /usr/local/bin/tar; fi; echo smuggled"
 )
-ADAPTERS = [pytest.param("docker", id="docker")]
+ADAPTERS = [pytest.param("local", id="local"), pytest.param("docker", id="docker")]
 
 
 @pytest.mark.soak
@@ -65,8 +69,11 @@ def test_oracle_solves_every_fixture_and_empty_none(adapter):
     tasks = load()
     oracle = run_sync(tasks, harbor.make_policy("oracle"), adapter)
     empty = run_sync(tasks, harbor.make_policy("empty"), adapter)
-    assert {t for t, traj in oracle.items() if traj.reward == 1.0 and traj.success} == SOLVED_EVERYWHERE
-    for name in NEEDS_USER_SWITCH:
+    unswitched = NEEDS_USER_SWITCH[adapter]
+    assert {t for t, traj in oracle.items() if traj.reward == 1.0 and traj.success} == SOLVED_EVERYWHERE | (
+        {"agent-user"} - unswitched
+    )
+    for name in unswitched:
         assert oracle[name].end_reason == "task_error" and "cannot switch to it" in oracle[name].error
     assert all(traj.reward == 0.0 and not traj.success for traj in empty.values()), {
         t: (traj.reward, traj.error) for t, traj in empty.items()
@@ -78,29 +85,46 @@ def test_oracle_solves_every_fixture_and_empty_none(adapter):
     assert "/app/report.json" in oracle["separate-verifier"].info["artifacts"]
 
 
-@pytest.mark.parametrize("adapter", ADAPTERS)
+class EachGroupItsScript:
+    """Group ``g`` of the rollout runs ``scripts[g]`` (episode ids are ``TASK/gN/sM``)."""
+
+    name = "cheats"
+
+    def __init__(self, scripts: list[list[str] | None]):
+        self.scripts = scripts
+
+    async def act(self, observation):
+        group = int(observation.episode_id.split("/")[-2][1:])
+        script = self.scripts[group]
+        if script is None:
+            return await harbor.make_policy("oracle").act(observation)
+        return await ScriptPolicy(script).act(observation)
+
+
+@pytest.mark.parametrize("adapter", [*ADAPTERS[:1], pytest.param("docker", id="docker", marks=pytest.mark.soak)])
 def test_cheats_score_nothing(adapter):
     ready(adapter)
-    tasks = load(ids=["hello-legacy"])
-    runs = {
-        name: run_sync(tasks, ScriptPolicy(commands, name), adapter)["hello-legacy"]
-        for name, commands in CHEATS.items()
-    }
-    oracle = run_sync(tasks, harbor.make_policy("oracle"), adapter)["hello-legacy"]
-    assert oracle.reward == 1.0  # control: this verifier does reward a solved task
-    for name, trajectory in runs.items():
+    hello, separate = load(ids=["hello-legacy"])[0], load(ids=["separate-verifier"])[0]
+    names = [*CHEATS, "oracle", "smuggler"]
+    scripts = [*CHEATS.values(), None, [SMUGGLER]]
+    tasks = [hello] * (len(names) - 1) + [separate]
+    found = anyio.run(lambda: run_groups(tasks, EachGroupItsScript(scripts), adapter))
+    runs = dict(zip(names, found, strict=True))
+    assert runs["oracle"].reward == 1.0  # control: this verifier does reward a solved task
+    for name in CHEATS:
+        trajectory = runs[name]
         assert trajectory.end_reason == "submitted", (name, trajectory.error)
         assert trajectory.steps[0].exit_code == 0, (name, trajectory.steps[0].observation)
         assert trajectory.reward == 0.0 and not trajectory.success, (name, trajectory.info)
     for name in ("prewritten_reward", "background_writer", "modified_solution"):  # the mechanism acted
         assert runs[name].steps[0].observation.strip().endswith("1"), name
-    smuggled = run_sync(load(ids=["separate-verifier"]), ScriptPolicy([SMUGGLER], "smuggler"), adapter)
-    trajectory = smuggled["separate-verifier"]
+    trajectory = runs["smuggler"]
     assert trajectory.steps[0].observation.strip() == "smuggled"
-    assert trajectory.reward == 0.0 and trajectory.info["artifacts_refused"] == ["usr/local/bin/python3"]
+    refused = set(trajectory.info["artifacts_refused"])
+    assert trajectory.reward == 0.0 and refused and refused <= {"logs/artifacts/escape", "usr/local/bin/python3"}
 
 
-@pytest.mark.parametrize("adapter", ADAPTERS)
+@pytest.mark.parametrize("adapter", [*ADAPTERS[:1], pytest.param("docker", id="docker", marks=pytest.mark.soak)])
 def test_a_bad_reward_file_is_one_error_and_the_rest_run(adapter):
     ready(adapter)
     with pytest.warns(UserWarning):
