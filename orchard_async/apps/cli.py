@@ -65,7 +65,10 @@ OUTSIDE_COMMANDS = {
     "serve": ("orchard_async.apps.serve.cli:add_serve_command", "run the environment service (Orchard Env's HTTP API)"),
     "view": ("orchard_async.apps.view.cli:add_view_command", "look at a run in the browser"),
     "export": ("orchard_async.records.export:add_command", "trajectories -> training data, in the recipe's own chat"),
-    "harbor": ("orchard_async.recipes.harbor.cli:add_command", "Harbor task folders: validate them, build their images"),
+    "harbor": (
+        "orchard_async.recipes.harbor.cli:add_command",
+        "Harbor task folders: validate them, build their images",
+    ),
 }
 
 # Adapter options that say where and how to reach the backend, not what an episode sees:
