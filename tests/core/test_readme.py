@@ -34,7 +34,7 @@ SERVICE_API = REPO / "docs" / "service-api.md"
 RECIPE_READMES = sorted((REPO / "recipes").glob("*/README.md"))
 NEWCOMER_DOCS = [README, INDEX, SERVICE_API, *RECIPE_READMES]
 # Commands with actions of their own: `orchard-async bench exec`, `orchard-async images build`.
-GROUPS = ("bench", "images")
+GROUPS = ("bench", "images", "harbor")
 FLAG = re.compile(r"--?[A-Za-z][\w-]*")
 # Words that make a command line an outline rather than one to run: alternatives, optional
 # parts, elisions, metavars that are not values.
