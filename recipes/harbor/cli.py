@@ -50,8 +50,8 @@ def _switches_network(adapter: str) -> bool:
 def runs_on(task: HarborTask, adapter: str, *, check_images: bool = True) -> str:
     """Why ``task`` cannot run on ``adapter``, or "" when it can."""
     config = task.config
-    networks = [config.agent_network(s) for s in (config.steps or (None,))]  # type: ignore[arg-type]
-    networks += [config.verifier_network(s) for s in (config.steps or (None,))]  # type: ignore[arg-type]
+    steps = config.steps or (None,)
+    networks = [config.agent_network(s) for s in steps] + [config.verifier_network(s) for s in steps]
     if any(n.mode == "allowlist" for n in networks) and not _switches_network(adapter):
         return f"network_mode 'allowlist' needs sandboxes that switch egress; {adapter} here does not"
     if adapter == "sim":

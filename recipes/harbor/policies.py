@@ -6,13 +6,14 @@ from __future__ import annotations
 import base64
 import io
 import tarfile
+from pathlib import Path
 
 from orchard_async import Action, Observation
 from orchard_async.recipes.harbor import config as cfg
-from orchard_async.recipes.harbor.task import emptied
+from orchard_async.recipes.harbor.task import HarborTask, emptied
 
 
-def _tar_of(folder) -> bytes:
+def _tar_of(folder: Path) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for path in sorted(folder.rglob("*")):
@@ -21,7 +22,7 @@ def _tar_of(folder) -> bytes:
     return buffer.getvalue()
 
 
-def solve_command(task, index: int) -> str:
+def solve_command(task: HarborTask, index: int) -> str:
     """Put solution ``index`` at /solution (as root, where commands run as root), then run
     its ``solve.sh`` as the agent user in the workdir with ``[solution].env``."""
     folder, env = task.solutions()[index]
@@ -41,7 +42,7 @@ class OraclePolicy:
 
     async def act(self, observation: Observation) -> Action:
         task = observation.task
-        if not hasattr(task, "solutions"):
+        if not isinstance(task, HarborTask):
             raise TypeError("the harbor oracle needs Harbor tasks (with a solution/ folder)")
         if observation.step < len(task.solutions()):
             command = solve_command(task, observation.step)

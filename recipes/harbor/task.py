@@ -91,7 +91,7 @@ echo "processes kept respawning" >&2; exit 1
 ENV_FILE = "/tmp/.orchard-harbor-env"
 
 
-class HarborOptions(RecipeOptions):
+class HarborOptions(RecipeOptions, frozen=True):
     """The Harbor recipe's options (``--recipe-options``, or keywords of ``load_tasks``)."""
 
     RECIPE: ClassVar[str] = "harbor"
@@ -159,7 +159,7 @@ async def upload(sandbox: Sandbox, folder: Path, target: str) -> None:
 
 def egress_rules(network: cfg.Network) -> list[dict[str, Any]]:
     """Harbor's ``allowed_hosts`` as egress rules by address (names resolved here, now)."""
-    rules = []
+    rules: list[dict[str, Any]] = []
     for host in network.allowed_hosts:
         if host.startswith("*."):
             raise ConfigError(f"allowed host {host!r}: a wildcard cannot be enforced by address")
@@ -520,7 +520,9 @@ def artifact_files(packed: bytes, allowed: list[str]) -> tuple[list[tuple[str, b
     as (path, data, mode without set-id bits); and the members refused (links, devices, paths
     that leave the allowed ones)."""
     roots = [a.rstrip("/") for a in allowed]
-    files, refused, total = [], [], 0
+    files: list[tuple[str, bytes, int]] = []
+    refused: list[str] = []
+    total = 0
     if not packed:
         return files, refused
     with tarfile.open(fileobj=io.BytesIO(packed), mode="r:*") as tar:
