@@ -89,6 +89,7 @@ done
 echo "processes kept respawning" >&2; exit 1
 """
 ENV_FILE = "/tmp/.orchard-harbor-env"
+BUILTIN = Path(__file__).resolve().parent / "builtin"  # three small tasks (builtin/README.md)
 
 
 class HarborOptions(RecipeOptions, frozen=True):
@@ -698,8 +699,10 @@ def load_tasks(
     import warnings
 
     opts = HarborOptions.resolve(options, **keywords)
-    if not source or source == "builtin":
-        raise ConfigError("the harbor recipe needs --tasks DIR (a Harbor dataset folder, or one task folder)")
+    if not source:
+        raise ConfigError("the harbor recipe needs --tasks DIR (a Harbor dataset folder, or one task folder) or builtin")
+    if source == "builtin":
+        source = str(BUILTIN)
     tasks, problems = [], []
     for folder in task_folders(Path(source).expanduser()):
         if opts.ids and folder.name not in opts.ids:
