@@ -700,7 +700,9 @@ def load_tasks(
 
     opts = HarborOptions.resolve(options, **keywords)
     if not source:
-        raise ConfigError("the harbor recipe needs --tasks DIR (a Harbor dataset folder, or one task folder) or builtin")
+        raise ConfigError(
+            "the harbor recipe needs --tasks DIR (a Harbor dataset folder, or one task folder) or builtin"
+        )
     if source == "builtin":
         source = str(BUILTIN)
     tasks, problems = [], []
