@@ -24,6 +24,8 @@ CONTAINER_ADAPTERS = ("docker", "kubernetes")
 # Adapters whose sandboxes switch egress while they run (allowlists need it); read from the
 # adapter class when the library declares it (capabilities.NetworkControl).
 NETWORK_SWITCHING = ("docker", "kubernetes", "local")
+# Adapters whose root cannot become another user (no CAP_SETUID): a task's non-root user fails there.
+USERLESS_ADAPTERS = ("docker",)
 
 
 @dataclass
@@ -56,6 +58,15 @@ def runs_on(task: HarborTask, adapter: str, *, check_images: bool = True) -> str
         return f"network_mode 'allowlist' needs sandboxes that switch egress; {adapter} here does not"
     if adapter == "sim":
         return "the sim adapter runs no commands"
+    users = {
+        task.agent_user,
+        config.verifier.user,
+        *(s.agent.user for s in config.steps),
+        *(s.verifier.user for s in config.steps),
+    }
+    others = sorted(str(u) for u in users if u is not None and str(u) not in ("root", "0"))
+    if others and adapter in USERLESS_ADAPTERS:
+        return f"user {others[0]!r}: the {adapter} adapter's sandboxes cannot switch users (every capability dropped)"
     if adapter in CONTAINER_ADAPTERS and check_images:
         wanted = [task.spec.image] + (
             [task.scorer_spec.image] if isinstance(task, SeparateHarborTask) and task.scorer_spec else []

@@ -114,6 +114,7 @@ def test_validate_names_what_is_missing_on_docker(monkeypatch):
     monkeypatch.setattr(cli.images, "image_present", lambda tag: not tag.startswith("orchard-harbor/"))
     verdicts = {v.name: v for v in validate(TASKS, HarborOptions.resolve(OPTIONS), "docker")}
     assert "orchard-async harbor build" in verdicts["hello-legacy"].why
+    assert "cannot switch users" in verdicts["agent-user"].why
     assert verdicts["docker-image"].runs
     unmapped = {v.name: v for v in validate(TASKS, HarborOptions.resolve({}), "docker")}
     monkeypatch.setattr(cli.images, "image_present", lambda tag: False)
