@@ -35,7 +35,9 @@ CHEATS = {
     "background_writer": [
         "cat > /tmp/w.sh <<'EOF'\nwhile :; do mkdir -p /logs/verifier /tests; "
         f"{PLANTED}; printf '{FORGED_TEST}' > /tests/test.sh; chmod +x /tests/test.sh; sleep 0.01; done\nEOF\n"
-        "(setsid sh /tmp/w.sh >/dev/null 2>&1 &); sleep 0.2; cat /logs/verifier/reward.txt",
+        # proof it runs: the reward it planted is seen (a read may fall between its truncate and write)
+        "(setsid sh /tmp/w.sh >/dev/null 2>&1 &); i=0; until grep -qx 1 /logs/verifier/reward.txt 2>/dev/null; do "
+        "i=$((i+1)); [ $i -gt 500 ] && break; sleep 0.02; done; [ $i -le 500 ] && echo 1 || echo never",
     ],
     # a process tree that respawns: each child plants the reward a little later
     "respawner": [
