@@ -188,8 +188,11 @@ def policy_of(network: cfg.Network) -> NetworkPolicy:
 
 def phase_networks(setup: cfg.Network, agent: cfg.Network, scoring: cfg.Network) -> PhaseNetworks | None:
     """The engine's per-phase networks for Harbor's (the environment's baseline for setup, the
-    agent's, the verifier's); None when every phase is public (the sandbox is simply online)."""
-    if all(n.mode == "public" for n in (setup, agent, scoring)):
+    agent's, the verifier's); None when every phase is public or every one offline (the
+    sandbox is made so and never switched)."""
+    if all(n.mode == "public" for n in (setup, agent, scoring)) or all(
+        n.mode == "no-network" for n in (setup, agent, scoring)
+    ):
         return None
     return PhaseNetworks(setup=policy_of(setup), agent=policy_of(agent), scoring=policy_of(scoring))
 
@@ -653,7 +656,9 @@ def load_task(folder: Path, options: HarborOptions) -> HarborTask:
     # One sandbox network for every phase when all are public; else offline at creation and
     # switched per phase (the separate verifier's baseline is its own environment's).
     verifier_env = config.verifier_environment_of(first) or environment
-    networks = phase_networks(environment.network, config.agent_network(first), config.verifier_network(first))
+    phases = (environment.network, config.agent_network(first), config.verifier_network(first))
+    networks = phase_networks(*phases)
+    online = all(n.mode == "public" for n in phases)
     # What a replayed Dockerfile writes outside the workdir must be writable where no image ran.
     replayed = [
         d
@@ -664,7 +669,7 @@ def load_task(folder: Path, options: HarborOptions) -> HarborTask:
         folder=folder,
         config=config,
         instruction=instruction,
-        spec=spec_for(environment, image, networks is None, workdir=workdir, also_writable=tuple(replayed)),
+        spec=spec_for(environment, image, online, workdir=workdir, also_writable=tuple(replayed)),
         network=networks,
         image_map=dict(options.image_map),
         max_steps=options.max_steps,
@@ -686,7 +691,7 @@ def load_task(folder: Path, options: HarborOptions) -> HarborTask:
         verifier_image = images.built_tag(f"{folder.name}-verifier", tests, options.image_map)
     else:
         verifier_image = image
-    scorer = spec_for(verifier_env, verifier_image, networks is None, workdir=verifier_env.workdir)
+    scorer = spec_for(verifier_env, verifier_image, online, workdir=verifier_env.workdir)
     return SeparateHarborTask(**common, scorer_spec=scorer)
 
 

@@ -24,6 +24,7 @@ PAYLOAD = b"allowlisted-payload"
 def test_harbor_modes_become_the_engines_phase_networks():
     public, offline = cfg.Network("public"), cfg.Network("no-network")
     assert phase_networks(public, public, public) is None  # online throughout: nothing to switch
+    assert phase_networks(offline, offline, offline) is None  # offline throughout, likewise
     phases = phase_networks(offline, cfg.Network("allowlist", ("192.0.2.7", "198.51.100.0/24")), offline)
     assert (phases.setup.mode, phases.scoring.mode, phases.setup.allow, phases.scoring.allow) == (
         "restricted", "restricted", (), ()
