@@ -19,6 +19,7 @@ EVERY_COMMAND = {
     "export-gui",
     "swe",
     "claw",
+    "harbor",
     "inspect",
     "reap",
     "doctor",
