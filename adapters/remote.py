@@ -561,6 +561,7 @@ class RemoteAdapter:
             # sent only when asked for: a service from before them would refuse the fields
             **({"writable_dirs": list(spec.writable_dirs)} if spec.writable_dirs else {}),
             **({"gpus": spec.gpus} if spec.gpus else {}),
+            **({"switch_users": True} if spec.switch_users else {}),
         }
         # Retried with the same id (a lost answer finds the sandbox it made), while the caller waits.
         until = min(deadline, anyio.current_time() + max(self.retry_for, 0.0))

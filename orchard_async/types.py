@@ -109,6 +109,9 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     # GPUs the sandbox gets (docker device requests, kubernetes nvidia.com/gpu limits); an
     # adapter that cannot give them refuses the spec at create time, never a CPU-only sandbox.
     gpus: int = 0
+    # Commands may switch to another user of the image (`su`, `setpriv`), as tasks with a
+    # non-root agent user do: the sandbox's root keeps CAP_SETUID and CAP_SETGID, nothing more.
+    switch_users: bool = False
 
     def __post_init__(self) -> None:
         # Every field is checked here, types included: msgspec validates types only when it
@@ -137,6 +140,8 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
         if self.snapshot is not None and not (isinstance(self.snapshot, str) and self.snapshot.strip()):
             raise ConfigError(f"snapshot must be a snapshot id from adapter.snapshot(), got {self.snapshot!r}")
         _check_writable_dirs(self.writable_dirs)
+        if not isinstance(self.switch_users, bool):
+            raise ConfigError(f"switch_users must be true or false, got {self.switch_users!r}")
         if not isinstance(self.gpus, int) or isinstance(self.gpus, bool) or self.gpus < 0:
             raise ConfigError(f"gpus must be a whole number of GPUs (0 or more), got {self.gpus!r}")
 

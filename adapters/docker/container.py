@@ -67,6 +67,9 @@ if [ -e "$_o_pid" ]; then _o_nap "$2"; fi
 """
 
 
+SWITCH_USER_CAPABILITIES = ("SETGID", "SETUID")
+
+
 def container_config(
     config: DockerConfig,
     spec: SandboxSpec,
@@ -93,6 +96,8 @@ def container_config(
         "CapDrop": ["ALL"],  # the shell server needs none (see the package's docstring)
         "SecurityOpt": ["no-new-privileges"],
     }
+    if spec.switch_users:  # su/setpriv to the image's other users, and nothing else
+        host["CapAdd"] = list(SWITCH_USER_CAPABILITIES)
     if spec.cpu:
         host["NanoCpus"] = int(spec.cpu * 1e9)
     if spec.memory_bytes:

@@ -116,7 +116,8 @@ def pod_manifest(
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "privileged": False,
-            "capabilities": {"drop": ["ALL"]},
+            # su/setpriv to the image's other users when the spec asks, and nothing else
+            "capabilities": {"drop": ["ALL"], **({"add": ["SETGID", "SETUID"]} if spec.switch_users else {})},
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "terminationMessagePolicy": "FallbackToLogsOnError",

@@ -143,6 +143,8 @@ class OrchardEnvironment(BaseEnvironment):
             ttl=TTL,
             labels={"orchard.harbor": "environment"},
             pull="never",
+            # Harbor's runner may run any phase as another user of the image (exec(user=...)).
+            switch_users=True,
             **self._writable_dirs(),
         )
 

@@ -580,7 +580,7 @@ def writable_dirs(paths: list[str]) -> tuple[str, ...]:
 
 
 def spec_for(environment: cfg.Environment, image: str | None, online: bool, *,
-             workdir: str | None, also_writable: tuple[str, ...] = ()) -> SandboxSpec:  # fmt: skip
+             workdir: str | None, also_writable: tuple[str, ...] = (), switch_users: bool = False) -> SandboxSpec:  # fmt: skip
     writable = writable_dirs([*WRITABLE, *([workdir] if workdir else []), *also_writable])
     extra: dict[str, Any] = {}
     if "writable_dirs" in SandboxSpec.__struct_fields__:  # absolute dirs on adapters that have them (local)
@@ -594,6 +594,7 @@ def spec_for(environment: cfg.Environment, image: str | None, online: bool, *,
         env=cfg.resolve_env(environment.env),
         labels={"orchard.recipe": "harbor"},
         pull="never",  # no registry: images are local or built here
+        switch_users=switch_users,
         **extra,
     )
 
@@ -665,11 +666,16 @@ def load_task(folder: Path, options: HarborOptions) -> HarborTask:
         for d in [replay.workdir, *(dest for kind, _, dest in replay.steps if kind == "copy")]
         if d and d.startswith("/")
     ]
+    # Users other than root that a phase runs as: the sandbox's root must be able to switch.
+    users = {u for u in (config.agent.user, config.verifier.user, *(s.agent.user for s in steps),
+                         *(s.verifier.user for s in steps)) if u and str(u) not in ("root", "0")}  # fmt: skip
     common: dict[str, Any] = dict(
         folder=folder,
         config=config,
         instruction=instruction,
-        spec=spec_for(environment, image, online, workdir=workdir, also_writable=tuple(replayed)),
+        spec=spec_for(
+            environment, image, online, workdir=workdir, also_writable=tuple(replayed), switch_users=bool(users)
+        ),
         network=networks,
         image_map=dict(options.image_map),
         max_steps=options.max_steps,
@@ -691,7 +697,7 @@ def load_task(folder: Path, options: HarborOptions) -> HarborTask:
         verifier_image = images.built_tag(f"{folder.name}-verifier", tests, options.image_map)
     else:
         verifier_image = image
-    scorer = spec_for(verifier_env, verifier_image, online, workdir=verifier_env.workdir)
+    scorer = spec_for(verifier_env, verifier_image, online, workdir=verifier_env.workdir, switch_users=bool(users))
     return SeparateHarborTask(**common, scorer_spec=scorer)
 
 

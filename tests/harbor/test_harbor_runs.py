@@ -18,9 +18,9 @@ SOLVED_EVERYWHERE = {
     "docker-image", "dockerfile-build", "env-health", "hello-legacy", "multi-step", "no-network", "reward-json",
     "separate-verifier", "workdir",
 }  # fmt: skip
-# The docker adapter drops every capability: root in its sandboxes cannot become another user
-# (a local sandbox has one unprivileged user, which every phase runs as).
-NEEDS_USER_SWITCH = {"docker": {"agent-user"}, "local": set()}
+# Tasks whose users the adapter cannot switch to: none (a task with users asks for
+# SandboxSpec.switch_users; a local sandbox has one unprivileged user, which every phase runs as).
+NEEDS_USER_SWITCH: dict[str, set[str]] = {"docker": set(), "local": set()}
 
 PLANTED = "echo 1 > /logs/verifier/reward.txt; echo '{\"reward\": 1}' > /logs/verifier/reward.json"
 FORGED_TEST = "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n"

@@ -200,6 +200,7 @@ class Registry:
                 workdir=request.workdir,
                 writable_dirs=tuple(request.writable_dirs),
                 gpus=request.gpus,
+                switch_users=request.switch_users,
                 ttl=ttl,
                 labels={**request.labels, TENANT_LABEL: tenant.name, ID_LABEL: public_id, **self.name_label()},
             )
