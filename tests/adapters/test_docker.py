@@ -445,7 +445,7 @@ CONTROLLER = textwrap.dedent(
             return await super().act(observation)
 
     class DiesBeforeAttaching(DockerAdapter):
-        async def _open_shell(self, *args):
+        async def _open_shell(self, *args, **keywords):
             os.kill(os.getpid(), signal.SIGKILL)
 
     class DiesBeforeStarting(DockerAdapter):

@@ -371,7 +371,8 @@ async def test_a_slow_create_fails_with_its_reason_before_the_pools_create_timeo
     with pytest.raises(oa.CreateFailed) as caught:
         await pool.acquire(oa.SandboxSpec(ttl=60))
     message = str(caught.value)
-    assert "was not ready within 1.5s: Unschedulable" in message and "node affinity" in message, message
+    # the budget is what was left of the pool's 1.5 s when the adapter began: a little less under load
+    assert re.search(r"was not ready within 1\.\d+s: Unschedulable", message) and "node affinity" in message, message
     (name,) = [path.rpartition("/")[2] for path in api.deleted]
     assert name.startswith("orchard-") and name in message
     assert await adapter.list_owned() == []
