@@ -10,12 +10,15 @@ own error ends the episode as failed, never retried.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
+import anyio.lowlevel
 
+from orchard_async.engine.control import RolloutControl
 from orchard_async.engine.groups import Fork, GroupSetups, SharedSetup
 from orchard_async.engine.phases import enter_phase
 from orchard_async.engine.plan import Episode, agent_spec, forked_spec, scorer_spec
@@ -61,18 +64,26 @@ class AgentOutcome:
 
 
 async def run_attempt(
-    episode: Episode, policy: Policy, pool: Pool, *, run_id: str, attempt: int = 0, groups: GroupSetups | None = None
+    episode: Episode,
+    policy: Policy,
+    pool: Pool,
+    *,
+    run_id: str,
+    attempt: int = 0,
+    groups: GroupSetups | None = None,
+    control: RolloutControl | None = None,
 ) -> Trajectory:
     """Run the episode once: its agent phase, then, when it ended in a way the scorer can
     judge, its scoring. Raises InfraError when the backend fails; everything else ends up in
     the returned trajectory. With ``groups``, a task that opts in starts from its group's
-    snapshot and skips setup (see ``groups``)."""
+    snapshot and skips setup (see ``groups``); with ``control``, a trainer may pause it at
+    its turn boundaries (see ``control``)."""
     task = episode.task
     t0 = time.monotonic()
     started_at = time.time()
     ops: list[Op] = []
     timings = {"create": 0.0, "setup": 0.0, "agent": 0.0, "exec": 0.0, "score": 0.0, "destroy": 0.0}
-    spec = agent_spec(episode, attempt)
+    spec = agent_spec(episode, attempt, control.pause_allowance if control is not None else 0.0)
     outcome = AgentOutcome()
     reward = Reward(value=0.0, success=False)
 
@@ -103,7 +114,12 @@ async def run_attempt(
 
     try:
         outcome = await run_agent(
-            episode, policy, sandbox, deadline=t_agent + task.deadline - task.score_timeout, fork=fork
+            episode,
+            policy,
+            sandbox,
+            deadline=t_agent + task.deadline - task.score_timeout,
+            fork=fork,
+            control=control,
         )
         if outcome.setup is not None:
             timings["setup"] = outcome.setup
@@ -146,13 +162,21 @@ async def run_attempt(
 
 
 async def run_agent(
-    episode: Episode, policy: Policy, sandbox: RecordingSandbox, *, deadline: float, fork: Fork | None = None
+    episode: Episode,
+    policy: Policy,
+    sandbox: RecordingSandbox,
+    *,
+    deadline: float,
+    fork: Fork | None = None,
+    control: RolloutControl | None = None,
 ) -> AgentOutcome:
     """The agent phase, until ``deadline`` (monotonic seconds): the task's setup (or, for a
     sample of a forked group, its fork's instruction), then the policy's actions run in the
     sandbox until the policy submits or cannot go on, the task's step budget or parse-failure
     limit is reached, or the deadline passes. Raises InfraError (the attempt is retried); a
-    failure of the policy's or the task's own ends the phase, recorded in the outcome."""
+    failure of the policy's or the task's own ends the phase, recorded in the outcome. With
+    ``control``, each turn begins at a boundary where a trainer's pause holds it (the
+    deadline moves on by the time paused) and its step records the weight version then."""
     task = episode.task
     raw = sandbox.inner  # the steps' commands go straight to it: each step records its own timing
     outcome = AgentOutcome()
@@ -174,7 +198,18 @@ async def run_agent(
             # Replies in a row that were not actions; at the task's limit (if it sets one) the episode ends.
             parse_failure_limit = getattr(task, "parse_failure_limit", 0) or 0
             parse_failures = 0
+            version = ""
             for index in range(task.max_steps):
+                if control is not None:
+                    if control.paused:  # the time paused is not the agent's: its deadline waits too
+                        phase_deadline, agent_phase.deadline = agent_phase.deadline, math.inf
+                        paused, overran = await control.turn_boundary(episode.episode_id)
+                        deadline += paused
+                        agent_phase.deadline = phase_deadline + paused
+                        if overran:  # its sandbox's TTL no longer covers the rest: abort it
+                            control.abort(episode.episode_id)
+                            await anyio.lowlevel.checkpoint()
+                    version = control.weight_version
                 mark = time.monotonic()
                 observation = Observation(episode.episode_id, task, outcome.instruction, index, steps, deadline - mark)
                 try:
@@ -191,12 +226,18 @@ async def run_agent(
                 agent_s = time.monotonic() - mark
                 outcome.agent += agent_s
                 if action.kind == "submit":
-                    steps.append(Step(index=index, action=action, agent_s=agent_s))
+                    steps.append(Step(index=index, action=action, agent_s=agent_s, weight_version=version))
                     outcome.end_reason = EndReason.SUBMITTED
                     break
                 if action.kind == "invalid":
                     steps.append(
-                        Step(index=index, action=action, observation=f"error: {action.error}", agent_s=agent_s)
+                        Step(
+                            index=index,
+                            action=action,
+                            observation=f"error: {action.error}",
+                            agent_s=agent_s,
+                            weight_version=version,
+                        )
                     )
                     parse_failures += 1
                     if parse_failure_limit and parse_failures >= parse_failure_limit:
@@ -220,6 +261,7 @@ async def run_agent(
                         exec_s=result.duration,
                         stdout_cut=result.stdout_cut,
                         stderr_cut=result.stderr_cut,
+                        weight_version=version,
                     )
                 )
     except InfraError:

@@ -79,8 +79,10 @@ class _Group:
 class GroupSetups:
     """The groups of one rollout whose tasks opt in (see the module docstring)."""
 
-    def __init__(self, pool: Pool, episodes: Sequence[Episode]):
+    def __init__(self, pool: Pool, episodes: Sequence[Episode], *, hold: bool = False):
         self.pool = pool
+        # Growth may still come (engine.control, ``hold``): snapshots are kept until the rollout ends.
+        self.hold = hold
         self.adapter = pool.adapter
         counts = Counter(episode.group_id for episode in episodes)
         # A group of one sample gains nothing from a base and a snapshot: it sets up alone.
@@ -138,13 +140,19 @@ class GroupSetups:
             ops.append(Op("destroy", mark - t0, shared.destroy, "group-setup"))
         return Fork(snapshot, instruction, raw.workdir)
 
+    def grow(self, group_id: str, count: int) -> None:
+        """A group gained ``count`` samples (engine.control): its snapshot waits for them too."""
+        group = self._groups.get(group_id)
+        if group is not None:
+            group.remaining += count
+
     async def finish(self, episode: Episode) -> None:
         """One sample of a group has ended for good: drop the snapshot after the last."""
         group = self._groups.get(episode.group_id)
         if group is None:
             return
         group.remaining -= 1
-        if group.remaining <= 0:
+        if group.remaining <= 0 and not self.hold:
             await self._drop(group)
 
     async def _drop(self, group: _Group) -> None:
@@ -160,10 +168,13 @@ class GroupSetups:
 
 
 @asynccontextmanager
-async def group_setups(pool: Pool, episodes: Sequence[Episode]) -> AsyncIterator[GroupSetups | None]:
+async def group_setups(
+    pool: Pool, episodes: Sequence[Episode], *, hold: bool = False
+) -> AsyncIterator[GroupSetups | None]:
     """For a rollout: its groups' setups, or None when no group of two or more samples
-    opts in or the adapter cannot snapshot at all (every sample then runs the plain path)."""
-    groups = GroupSetups(pool, episodes)
+    opts in or the adapter cannot snapshot at all (every sample then runs the plain path).
+    ``hold``: keep every snapshot until the rollout ends (its groups may grow)."""
+    groups = GroupSetups(pool, episodes, hold=hold)
     if not can_fork(pool.adapter) or not groups._groups:
         yield None
         return

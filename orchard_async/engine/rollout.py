@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from orchard_async.engine.control import RolloutControl
 from orchard_async.engine.episode import run_attempt
 from orchard_async.engine.groups import GroupSetups, group_setups
 from orchard_async.engine.plan import Episode, episode_count, leaders_ahead, plan, warm_ahead
@@ -56,12 +57,15 @@ async def run_with_retries(
     max_retries: int,
     retry_backoff: float = RETRY_BACKOFF,
     groups: GroupSetups | None = None,
+    control: RolloutControl | None = None,
 ) -> Trajectory:
     retries: list[Retry] = []
     for attempt in range(max_retries + 1):
         started = time.monotonic()
         try:
-            trajectory = await run_attempt(episode, policy, pool, run_id=run_id, attempt=attempt, groups=groups)
+            trajectory = await run_attempt(
+                episode, policy, pool, run_id=run_id, attempt=attempt, groups=groups, control=control
+            )
         except InfraError as exc:
             retries.append(
                 Retry(
@@ -77,6 +81,22 @@ async def run_with_retries(
         trajectory.retries = retries
         return trajectory
     last = retries[-1]
+    return _ended_early(
+        episode, policy, pool, run_id, last.reason, f"gave up after {len(retries)} attempts: {last.error}", retries
+    )
+
+
+def _ended_early(
+    episode: Episode,
+    policy: Policy,
+    pool: Pool,
+    run_id: str,
+    reason: EndReason,
+    error: str,
+    retries: list[Retry],
+    started_at: float | None = None,
+) -> Trajectory:
+    """The record of an episode that ended without a trajectory of its own (retries spent, or aborted)."""
     return Trajectory(
         episode_id=episode.episode_id,
         task_id=episode.task.id,
@@ -86,11 +106,52 @@ async def run_with_retries(
         adapter=pool.adapter.name,
         run_id=run_id,
         status="failed",
-        end_reason=last.reason,
-        error=f"gave up after {len(retries)} attempts: {last.error}",
+        end_reason=reason,
+        error=error,
         retries=retries,
-        started_at=time.time(),
+        started_at=time.time() if started_at is None else started_at,
     )
+
+
+async def run_controlled(
+    episode: Episode,
+    policy: Policy,
+    pool: Pool,
+    control: RolloutControl,
+    *,
+    run_id: str,
+    max_retries: int,
+    retry_backoff: float = RETRY_BACKOFF,
+    groups: GroupSetups | None = None,
+) -> Trajectory:
+    """``run_with_retries`` under a trainer's control: it starts only when the rollout is
+    not paused, and an abort cancels it wherever it is (its sandboxes are closed on the way
+    out, shielded) and records it as ``aborted``, whatever it had done."""
+    await control.until_resumed()
+    started_at = time.time()
+    trajectory = None
+    if not control.is_aborted(episode.episode_id):
+        with anyio.CancelScope() as scope:
+            control.started(episode.episode_id, scope)
+            try:
+                trajectory = await run_with_retries(
+                    episode,
+                    policy,
+                    pool,
+                    run_id=run_id,
+                    max_retries=max_retries,
+                    retry_backoff=retry_backoff,
+                    groups=groups,
+                    control=control,
+                )
+            finally:
+                control.ended(episode.episode_id)
+    if trajectory is None or control.is_aborted(episode.episode_id):
+        retries = trajectory.retries if trajectory is not None else []
+        return _ended_early(
+            episode, policy, pool, run_id, EndReason.ABORTED, "aborted by the trainer", retries, started_at
+        )
+    return trajectory
 
 
 async def rollout(
@@ -106,10 +167,13 @@ async def rollout(
     skip: Iterable[str] = (),
     run_id: str | None = None,
     warm: int | None = None,
+    control: RolloutControl | None = None,
 ) -> AsyncIterator[Trajectory]:
     """Yield each episode's trajectory as soon as it ends (finished or failed, never lost).
     ``warm``: sandboxes kept created ahead for the next episodes of the plan (None: the
-    concurrency on adapters where that pays, see ``orchard_async.engine.plan.warm_size``; 0: none)."""
+    concurrency on adapters where that pays, see ``orchard_async.engine.plan.warm_size``; 0: none).
+    ``control``: a trainer's handle to abort episodes, grow groups and pause the rollout
+    while it runs (``orchard_async.engine.control``)."""
     if concurrency < 1:
         raise ConfigError(f"concurrency must be at least 1, got {concurrency}")
     if max_retries < 0:
@@ -120,20 +184,39 @@ async def rollout(
     run_id = run_id or uuid.uuid4().hex[:12]
     if not episodes:
         return
+    if control is not None:
+        control.attach(episodes)
     send, receive = anyio.create_memory_object_stream[Trajectory](max_buffer_size=concurrency)
     ordered = leaders_ahead(pool.adapter, episodes, concurrency)  # forked groups' bases set up early
 
     async def worker(groups: GroupSetups | None) -> None:
-        for episode in pending:  # shared iterator: each episode goes to exactly one worker
-            trajectory = await run_with_retries(
-                episode,
-                policy,
-                pool,
-                run_id=run_id,
-                max_retries=max_retries,
-                retry_backoff=retry_backoff,
-                groups=groups,
-            )
+        while True:
+            episode = next(pending, None)  # shared iterator: each episode goes to exactly one worker
+            if episode is None and control is not None:
+                episode = await control.next_grown()  # a group the trainer grew
+            if episode is None:
+                return
+            if control is None:
+                trajectory = await run_with_retries(
+                    episode,
+                    policy,
+                    pool,
+                    run_id=run_id,
+                    max_retries=max_retries,
+                    retry_backoff=retry_backoff,
+                    groups=groups,
+                )
+            else:
+                trajectory = await run_controlled(
+                    episode,
+                    policy,
+                    pool,
+                    control,
+                    run_id=run_id,
+                    max_retries=max_retries,
+                    retry_backoff=retry_backoff,
+                    groups=groups,
+                )
             if groups is not None:
                 await groups.finish(episode)
             await send.send(trajectory)
@@ -141,10 +224,19 @@ async def rollout(
     async def workers() -> None:
         # Groups of tasks that opt in are set up once and forked (groups.py); their
         # snapshots are dropped as groups end, and here for any left when the run ends.
-        async with send, group_setups(pool, episodes) as groups:
-            async with anyio.create_task_group() as group:
-                for _ in range(min(concurrency, len(episodes))):
-                    group.start_soon(worker, groups)
+        hold = control is not None and control.hold
+        async with send, group_setups(pool, episodes, hold=hold) as groups:
+            if control is not None and groups is not None:
+                control.on_grow(groups.grow)
+            # Under a control, every worker is started: grown groups may add work beyond the plan.
+            workers_wanted = concurrency if control is not None else min(concurrency, len(episodes))
+            try:
+                async with anyio.create_task_group() as group:
+                    for _ in range(workers_wanted):
+                        group.start_soon(worker, groups)
+            finally:
+                if control is not None:
+                    control.end()
 
     async with warm_ahead(pool, ordered, warm, concurrency) as pending, anyio.create_task_group() as group:
         group.start_soon(workers)

@@ -114,6 +114,7 @@ printf '@@READY %s\n' $$
 
 READY_TIMEOUT = 30.0
 FRAME_GRACE = 10.0  # beyond a command's own timeout, before the sandbox counts as lost
+INTERRUPT_GRACE = 1.0  # for the interrupt of a cancelled command (a container's takes an exec)
 
 
 def quote(value: str) -> str:
@@ -452,6 +453,21 @@ class ShellClient:
                 code, timed_out, out, out_cut, err, err_cut = outcome
                 if self._captures:
                     (out, out_cut), (err, err_cut) = (capture.result() for capture in self._captures)
+            except anyio.get_cancelled_exc_class():
+                # The caller gave up on the command (an aborted or cancelled episode): stop it
+                # now, so closing the sandbox does not wait for it to end by itself. Its frame
+                # is never read: the shell is out of step with this client from here on.
+                self.lost = "a command was cancelled"
+                try:
+                    with anyio.move_on_after(INTERRUPT_GRACE, shield=True):
+                        while True:  # again until it answers: a signal sent before the command began is lost
+                            await self._interrupt(self)
+                            with anyio.move_on_after(0.05):
+                                await self._read_header(nonce)
+                                break
+                except Exception:  # noqa: BLE001 - the shell is gone already: nothing left to stop
+                    pass
+                raise
             except TimeoutError:
                 self.lost = "the sandbox shell stopped answering"
                 return self._lost_result(started)

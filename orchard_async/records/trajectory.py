@@ -72,6 +72,8 @@ class EndReason(enum.StrEnum):
     * ``verifier_error``: nobody could judge the episode (``VerifierError``).
     * ``model_unavailable``: the model server could not answer (``ModelUnavailable``).
     * ``infra_error``: any other ``InfraError`` (e.g. ``BackendUnavailable``).
+    * ``aborted``: a trainer aborted the episode (``engine.control.RolloutControl.abort``):
+      never retried, never data.
     """
 
     SUBMITTED = "submitted"
@@ -86,6 +88,7 @@ class EndReason(enum.StrEnum):
     VERIFIER_ERROR = "verifier_error"
     MODEL_UNAVAILABLE = "model_unavailable"
     INFRA_ERROR = "infra_error"
+    ABORTED = "aborted"
 
     @classmethod
     def _missing_(cls, value: object) -> EndReason | None:
@@ -104,7 +107,8 @@ class EndReason(enum.StrEnum):
 
     @property
     def is_infra(self) -> bool:
-        """The backend's fault (retried by the engine), not the policy's or the task's."""
+        """The backend's fault (retried by the engine) or a trainer's abort: never a reward,
+        and not the policy's or the task's."""
         return self in _INFRA_ENDS
 
     @classmethod
@@ -131,7 +135,7 @@ _INFRA_ERROR_ENDS: tuple[tuple[type[InfraError], EndReason], ...] = (
     (SandboxLost, EndReason.SANDBOX_LOST),
     (CreateFailed, EndReason.CREATE_FAILED),
 )
-_INFRA_ENDS = frozenset({reason for _, reason in _INFRA_ERROR_ENDS} | {EndReason.INFRA_ERROR})
+_INFRA_ENDS = frozenset({reason for _, reason in _INFRA_ERROR_ENDS} | {EndReason.INFRA_ERROR, EndReason.ABORTED})
 
 
 class TurnTokens(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -174,6 +178,7 @@ class Step(msgspec.Struct, kw_only=True, omit_defaults=True):
     exec_s: float = 0.0
     stdout_cut: int = 0
     stderr_cut: int = 0
+    weight_version: str = ""  # the policy weights in force when this turn began (engine.control)
 
 
 class Op(msgspec.Struct, array_like=True):

@@ -50,6 +50,8 @@ ALLOWED: dict[str, set[str]] = {
     # The Harbor environment provider (orchard_async.harbor): Harbor's runner drives an adapter
     # from the registry, with the Harbor recipe's images and task rules; nothing imports it.
     "harbor": {"public", "contract", "registry", "recipes"},
+    # The trainer adapters (TRL, verl, SkyRL): the outermost library layer; nothing imports them.
+    "trainers": {"public", "contract", "records", "models", "engine"},
 }
 LAZY_EXTRA = {"registry", "adapters", "recipes", "public"}  # plugin points, imported when used
 NEVER_LAZY = {"apps", "bench"}  # nothing in the layers reaches the applications
@@ -171,6 +173,9 @@ def test_the_layers_import_only_what_the_architecture_page_allows() -> None:
         ("orchard_async.recipes.swe.task", "orchard_async.recipes.claw.task", "module"),
         ("orchard_async.engine.rollout", "orchard_async.apps.cli", "lazy"),  # layers never reach the apps
         ("orchard_async.records.trajectory", "orchard_async.engine.episode", "module"),
+        ("orchard_async.engine.rollout", "orchard_async.trainers.trl_rollout", "lazy"),  # nothing imports trainers
+        ("orchard_async.apps.cli", "orchard_async.trainers", "module"),
+        ("orchard_async.trainers.trl_rollout", "orchard_async.kit.shell", "module"),
     ],
 )
 def test_a_wrong_import_is_caught(module: str, target: str, when: str) -> None:
@@ -185,6 +190,8 @@ def test_a_wrong_import_is_caught(module: str, target: str, when: str) -> None:
         ("orchard_async.adapters.local", "orchard_async.adapters.local_isolation", "module"),
         ("orchard_async.recipes.gui.task", "orchard_async.models.client", "module"),
         ("orchard_async.bench.service", "orchard_async.apps.cli", "module"),
+        ("orchard_async.trainers.verl_loop", "orchard_async.engine.control", "module"),
+        ("orchard_async.trainers.skyrl_env", "orchard_async.models.tokens", "module"),
     ],
 )
 def test_a_right_import_passes(module: str, target: str, when: str) -> None:

@@ -181,7 +181,7 @@ def test_every_end_reason_is_scored_infrastructure_or_the_episodes_own() -> None
     scored = {reason for reason in oa.EndReason if reason.scored}
     infra = {reason for reason in oa.EndReason if reason.is_infra}
     assert scored == {"submitted", "max_steps", "deadline", "context_exhausted", "parse_failures"}
-    assert infra == {"create_failed", "sandbox_lost", "verifier_error", "model_unavailable", "infra_error"}
+    assert infra == {"create_failed", "sandbox_lost", "verifier_error", "model_unavailable", "infra_error", "aborted"}
     assert set(oa.EndReason) - scored - infra == {"policy_error", "task_error"}
     errors = {
         oa.CreateFailed: "create_failed",
