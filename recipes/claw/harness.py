@@ -41,8 +41,8 @@ from orchard_async import Action, ModelUnavailable, Observation, episode_label
 from orchard_async.images import ImageSpec
 from orchard_async.models.client import ModelConfig
 from orchard_async.models.proxy import ModelCall, ModelProxy, Upstream, serve_into, stitch_calls
-from orchard_async.records.trajectory import TurnTokens
 from orchard_async.recipes.claw.task import ClawOptions
+from orchard_async.records.trajectory import TurnTokens
 
 SOURCES = Path(__file__).parent / "sandbox"
 HARNESS_SOURCE = SOURCES / "claw_harness.py"

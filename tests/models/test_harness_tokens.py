@@ -18,9 +18,9 @@ import msgspec
 from aiohttp import web
 
 from orchard_async.models.client import ModelConfig
-from orchard_async.records.export import export_tokens
 from orchard_async.recipes import claw
 from orchard_async.recipes.claw.harness import HarnessPolicy
+from orchard_async.records.export import export_tokens
 from tests.recipes.swe_support import run_rollout
 from tests.recipes.test_claw_openai import SCRIPT, text_reply
 
