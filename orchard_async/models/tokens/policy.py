@@ -7,10 +7,13 @@ turn t plus its sampled tokens plus the observation's tokens; nothing that came 
 ever re-tokenized.
 
 Where the conversation comes from: the recipe's own chat builder (``Chats.messages_of`` of its
-``training_chats``, the one the exports use), so the model sees each recipe's system prompt,
-task and observations as that recipe writes them; its replies are parsed into actions by the
-recipe's ``parse_reply`` (a module attribute; by default the bash-block protocol of the toy
-and SWE recipes: exactly one ```bash block, ``submit`` to finish).
+``token_chats`` when it has one, a text model's form of its chat (the GUI's: no screenshots),
+else of its ``training_chats``, the one the exports use), so the model sees each recipe's
+system prompt, task and observations as that recipe writes them; its replies are parsed into
+actions by the recipe's ``parse_reply`` (a module attribute; by default the bash-block
+protocol of the toy and SWE recipes: exactly one ```bash block, ``submit`` to finish). A
+recipe's ``automatic_action(observation)`` (a module attribute) is a turn its policies take
+without asking the model (the GUI's ``submit`` after an answer): no tokens, no engine call.
 
 The observation's tokens are the chat template's delta: the text the template adds after an
 assistant turn (with a stand-in content) when the recipe's new messages follow it, checked
@@ -39,6 +42,7 @@ from orchard_async.task import Observation
 Message = dict[str, Any]
 MessagesOf = Callable[[Trajectory], list[Message]]
 ParseReply = Callable[[str], Action]
+AutomaticAction = Callable[[Observation], Action | None]
 
 # The assistant content the template is rendered with to find its delta: any text the
 # template keeps as it is.
@@ -86,6 +90,7 @@ class TokenPolicy:
         messages_of: MessagesOf,
         *,
         parse_reply: ParseReply = bash_reply,
+        automatic_action: AutomaticAction | None = None,
         sampling: Sampling | None = None,
         token_budget: int = 0,
     ):
@@ -95,6 +100,7 @@ class TokenPolicy:
         self.tokenizer = tokenizer
         self.messages_of = messages_of
         self.parse_reply = parse_reply
+        self.automatic_action = automatic_action
         self.sampling = sampling or Sampling()
         self.token_budget = token_budget
         self.name = f"tokens:{engine.name}"
@@ -169,6 +175,10 @@ class TokenPolicy:
     # -- acting --------------------------------------------------------------------------------
 
     async def act(self, observation: Observation) -> Action:
+        if self.automatic_action is not None:
+            own = self.automatic_action(observation)
+            if own is not None:
+                return own
         spent = sum(step.action.usage.get("total_tokens", 0) for step in observation.history)
         if self.token_budget and spent >= self.token_budget:
             return Action(kind="submit", error=f"token budget spent ({spent} of {self.token_budget} tokens)")
@@ -212,7 +222,7 @@ def token_policy(
     from orchard_async.runtime import load_recipe  # the registry: only when a policy is made
 
     module = load_recipe(recipe)
-    chats_of = getattr(module, "training_chats", None)
+    chats_of = getattr(module, "token_chats", None) or getattr(module, "training_chats", None)
     if not callable(chats_of):
         raise ConfigError(f"the {recipe} recipe has no chat builder (training_chats): it cannot run token policies")
     chats = chats_of(dict(options or {}))
@@ -231,6 +241,7 @@ def token_policy(
         loaded,
         chats.messages_of,
         parse_reply=parse if callable(parse) else bash_reply,
+        automatic_action=getattr(module, "automatic_action", None),
         sampling=sampling,
         token_budget=config.token_budget,
     )
