@@ -133,7 +133,8 @@ class TokenPolicy:
         # (False for good once a check finds it does not), and how many of them came
         self._local_delta: dict[tuple[str, ...], bool] = {}
         self._delta_seen: dict[tuple[str, ...], int] = {}
-        self._base: tuple[str, list[int]] | None | bool = False  # (BASE's text, its end of turn), None: unusable
+        self._base: tuple[str, list[int]] | None = None  # (BASE's text, its end of turn); None: unusable
+        self._base_rendered = False
 
     # -- rendering ---------------------------------------------------------------------------
 
@@ -180,14 +181,15 @@ class TokenPolicy:
 
     def _base_delta(self, added: list[Message]) -> tuple[list[int], str] | None:
         """The same, rendered after ``BASE`` (a few messages) instead of the episode."""
-        if self._base is False:
+        if not self._base_rendered:
+            self._base_rendered = True
             try:
                 closed = self.render(BASE, generation_prompt=False)
             except Exception:  # a template that refuses so short a chat: the whole history every turn
                 closed = ""
             where = closed.rfind(STAND_IN)
             self._base = (closed, self.encode(closed[where + len(STAND_IN) :])) if where >= 0 else None
-        if not self._base:
+        if self._base is None:
             return None
         closed, end_of_turn = self._base
         try:
@@ -263,9 +265,10 @@ class TokenPolicy:
             own = self.automatic_action(observation)
             if own is not None:
                 return own
-        spent = sum(step.action.usage.get("total_tokens", 0) for step in observation.history)
-        if self.token_budget and spent >= self.token_budget:
-            return Action(kind="submit", error=f"token budget spent ({spent} of {self.token_budget} tokens)")
+        if self.token_budget:
+            spent = sum(step.action.usage.get("total_tokens", 0) for step in observation.history)
+            if spent >= self.token_budget:
+                return Action(kind="submit", error=f"token budget spent ({spent} of {self.token_budget} tokens)")
         record, prompt = self.next_prompt(observation)
         generation = await self.engine.generate(prompt, self.sampling)
         text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
