@@ -236,7 +236,8 @@ class TokenPolicy:
             if added is not None:
                 delta = self.observation_ids(before, added, last.token_ids)
                 if delta is not None:
-                    return TurnTokens(segment=last.segment, prompt_ids=delta), context + delta
+                    context += delta  # the list built for this turn: no second copy
+                    return TurnTokens(segment=last.segment, prompt_ids=delta), context
             segment_index = last.segment + 1
         else:
             segment_index = max((turn.segment + 1 for turn in turns if turn is not None), default=0)
