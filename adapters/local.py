@@ -1,6 +1,7 @@
 """The local adapter: sandboxes as processes on this machine, the embedded default.
 
-Each sandbox is a private directory ``<root>/<id>/`` (``work/`` for the agent, ``ctl/`` for
+Each sandbox is a private directory ``<root>/<id>/`` (``work/`` for the agent, seen inside
+at ``/workspace`` as in a container, ``dirs/`` behind ``spec.writable_dirs``, ``ctl/`` for
 the shell protocol's scratch files, ``out/`` for the FIFOs the controller reads a command's
 output from, ``bin/`` for ``python``, ``lease.json`` for reap) and one persistent ``sh``
 speaking the shell-session protocol over pipes.
@@ -30,6 +31,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -84,6 +86,52 @@ if [ "$2" = ns ]; then kill -KILL -1 2>/dev/null; fi
 """
 
 
+# Signals a child gets back at their default by subprocess itself (restore_signals).
+RESTORED_BY_SUBPROCESS = frozenset(
+    getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)
+)
+# Runs a command with every signal at its default: where the host's `env` lacks
+# --default-signal (coreutils before 8.31).
+RESET_SIGNALS = (
+    "import os, signal, sys\n"
+    "for s in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:\n"
+    "    try: signal.signal(s, signal.SIG_DFL)\n"
+    "    except (OSError, ValueError): pass\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])\n"
+)
+
+
+def inherited_ignores() -> list[str]:
+    """Signals this process ignores that a child would inherit ignored: nohup's SIGHUP, a
+    background job's SIGINT and SIGQUIT. (A signal a shell ignores on entry is one it cannot
+    trap or reset, so a sandbox's shell would hand them on to every command.)"""
+    ignored = []
+    for sig in signal.valid_signals() - RESTORED_BY_SUBPROCESS:
+        with contextlib.suppress(OSError, ValueError):
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                ignored.append(signal.Signals(sig).name)
+    return sorted(ignored)
+
+
+@functools.cache
+def _env_resets_signals() -> bool:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(["env", "--default-signal=HUP", "true"], capture_output=True, timeout=10)
+        return done.returncode == 0
+    return False
+
+
+def default_signals_argv() -> list[str]:
+    """The prefix that starts a sandbox with default signal dispositions, whatever this
+    process inherited (nothing when it ignores none)."""
+    ignored = inherited_ignores()
+    if not ignored:
+        return []
+    if _env_resets_signals():
+        return ["env", "--default-signal=" + ",".join(name.removeprefix("SIG") for name in ignored)]
+    return [sys.executable, "-S", "-c", RESET_SIGNALS]
+
+
 # What the controller starts first, before the sandbox's directory exists: it waits for the
 # controller's `go <cgroup or ->` line on the pipe (`read` takes bytes up to the newline
 # only: the rest is the server's), then sends its stderr to the sandbox's log and becomes the
@@ -125,6 +173,8 @@ def isolation_report(isolation: str = "auto") -> dict[str, str]:
             {
                 "isolation": f"NONE ({found.why}): sandboxes without network are refused unless "
                 "isolation='none' is asked for, which runs commands as you, on your files, with your network",
+                "filesystem": f"yours, as you: no {iso.WORKSPACE} (the work dir is a dir of the host, the default "
+                "cwd) and no spec.writable_dirs (refused) without a mount namespace",
                 "output": "not spooled to disk: read from pipes, capped at the output cap",
                 "pids": "not enforced (RLIMIT_NPROC would count every process of your user, not the sandbox's)",
                 "memory": "RLIMIT_AS (address space, per process) from spec.memory",
@@ -149,8 +199,9 @@ def isolation_report(isolation: str = "auto") -> dict[str, str]:
         {
             "isolation": f"{mode}: own user, PID, mount, IPC, UTS and network namespaces per sandbox",
             "user": f"commands run as {user}, with no capabilities and no-new-privileges",
-            "filesystem": "host root read-only; writable: the sandbox's work and control dirs and a private /tmp; "
-            "your home, /home, /root and the other sandboxes hidden (but for the interpreter's dirs, read-only)",
+            "filesystem": f"host root read-only; writable: the sandbox's work dir (at {iso.WORKSPACE}, the default "
+            "cwd), spec.writable_dirs, its control dir and a private /tmp; your home, /home, /root and the other "
+            "sandboxes hidden (but for the interpreter's dirs, read-only)",
             "processes": "the sandbox sees only its own (own /proc); they all end with it",
             "environment": "clean: PATH, HOME, LANG, TERM, the spec's env and ORCHARD_SANDBOX only",
             "network": "off unless the spec asks (own network namespace with loopback only); " + network_switching(),
@@ -213,6 +264,13 @@ class LocalAdapter:
                 f"the local adapter cannot isolate a sandbox here ({self._probe.why}), so network='none' cannot "
                 "hold; install bubblewrap, or pass isolation='none' to run without any isolation"
             )
+        if spec.gpus:
+            raise ConfigError(f"the local adapter gives sandboxes no GPU (gpus={spec.gpus}); use docker or kubernetes")
+        if not self.namespaces and spec.writable_dirs:
+            raise ConfigError(
+                f"the local adapter without isolation cannot make writable_dirs {list(spec.writable_dirs)} "
+                "(no mount namespace to make them in); install bubblewrap, or use docker"
+            )
         # Shielded: a create cut short by cancellation would leave a process and a dir that
         # nobody holds. It takes tens of milliseconds; the caller's cancellation lands at
         # its next checkpoint, where it already owns the sandbox and destroys it.
@@ -224,7 +282,7 @@ class LocalAdapter:
                     return await self._create(spec)
             return await self._create(spec)
 
-    def _prepare_dirs(self, base: Path, lease: dict) -> None:
+    def _prepare_dirs(self, base: Path, lease: dict, plan: iso.Layout, writable_dirs: tuple[str, ...]) -> None:
         base.mkdir(parents=True)
         # The lease goes in before anything else: a controller killed from here on leaves a
         # dir that reap recognises as its (dead) own at once, instead of a lease-less dir it
@@ -234,9 +292,12 @@ class LocalAdapter:
             (base / name).mkdir()
         iso.write_python_shims(base / "bin")
         (base / "ctl" / "shell.log").touch()
+        writable = iso.host_dirs(base, plan.binds, writable_dirs)
+        for path in writable:
+            path.mkdir(parents=True, exist_ok=True)
         owner = self._owner()
         if owner is not None:  # root's sandboxes run as nobody: what they write is nobody's
-            for path in (base / "work", base / "ctl", base / "ctl" / "shell.log"):
+            for path in (base / "work", base / "ctl", base / "ctl" / "shell.log", *writable):
                 os.chown(path, *owner)
         make_output_pipes(str(base / "out"), owner)
 
@@ -291,13 +352,19 @@ class LocalAdapter:
         }
         lease = {"id": sandbox_id, "labels": labels, "expires_at": expires_at}
         tree = snaps.tree_of(self.root, spec.snapshot) if spec.snapshot else None
-        plan = iso.layout(self.root, base, network=spec.network == "on")
+        plan = iso.layout(self.root, base, network=spec.network == "on", writable_dirs=spec.writable_dirs)
         inner = iso.sandbox_argv(self.isolation, plan, self._probe.user_namespace)
         supervisor = ["sh", "-c", SUPERVISOR, "supervisor", str(int(spec.ttl) + 1), "ns" if self.namespaces else ""]
-        argv = ["sh", "-c", GATE, "gate", str(base), iso.LAUNCHER, self.isolation, *inner, *supervisor]
+        argv = [
+            *default_signals_argv(),
+            *["sh", "-c", GATE, "gate", str(base), iso.LAUNCHER, self.isolation, *inner, *supervisor],
+        ]
+        # Inside a mount namespace the work dir is WORKSPACE, as in a container; without one
+        # (isolation "none") it can only be its host path.
+        workdir = iso.WORKSPACE if self.namespaces else str(work)
         env = {
             "PATH": f"{base / 'bin'}:{iso.SYSTEM_PATH}",
-            "HOME": str(work),
+            "HOME": workdir,
             "LANG": "C.UTF-8",
             "TERM": "dumb",
             **spec.env,
@@ -315,7 +382,7 @@ class LocalAdapter:
         assert process.stdin is not None and process.stdout is not None
         cgroup = ""
         try:
-            self._prepare_dirs(base, lease)
+            self._prepare_dirs(base, lease, plan, spec.writable_dirs)
             if tree is not None:
                 if self.fork_method[0] == "overlay":  # two mkdirs and a mount: no thread hop for that
                     snaps.fork_into(tree, base, "overlay", self._owner())
@@ -335,7 +402,7 @@ class LocalAdapter:
         server = _ServerPid()
         client = ShellClient(
             StapledByteStream(process.stdin, process.stdout),
-            workdir=str(work),
+            workdir=workdir,
             interrupt=functools.partial(self._interrupt, server),
             output_cap=self.output_cap,
             output_pipes=str(base / "out"),
@@ -371,7 +438,9 @@ class LocalAdapter:
         sandbox = ShellSandbox(
             id=sandbox_id,
             client=client,
-            root=str(base),
+            # Its file operations run as its commands do, under the same isolation: any
+            # path a command can read, they can (its work dir being WORKSPACE).
+            root="/",
             labels=labels,
             on_close=teardown,
             expires_at=expires_at,

@@ -46,6 +46,15 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # TTL timer and its sleep): a pids limit counts them, so they are added to spec.pids.
 ADAPTER_PROCESSES = 6
 PER_NAMESPACE_NPROC = (5, 14)  # RLIMIT_NPROC counted per user namespace since Linux 5.14
+# Where a sandbox sees its work dir, as in a container: the path Orchard's clients and
+# Harbor's tasks name (the work dir is also bound at its host path, where the shell's
+# control files live beside it).
+WORKSPACE = "/workspace"
+# Top-level entries the sandbox gets fresh ones of (its own /proc, /dev, /tmp and /run),
+# instead of the host's.
+OWN_TOP_LEVEL = ("proc", "dev", "tmp", "run")
+# Where spec.writable_dirs may not go: the kernel's views the adapter itself mounts.
+NOT_WRITABLE = ("/proc", "/dev", "/sys")
 
 # Host side of every sandbox (`$1` the sandbox dir, `$2` a cgroup dir or "", `$3` "none" when
 # the sandbox has no PID namespace to end its processes): joins the cgroup in a child that
@@ -73,11 +82,20 @@ exit $rc
 # The unshare mode's mounts, run as root of the new namespaces (`$1` the sandbox dir, `$2`
 # "net" when the network is private, `$3` the hidden dirs, `$4` the python dirs to expose, `$5`
 # the resolv.conf target to keep, `$6` uid and `$7` gid the sandbox runs as, `$8` "root" when
-# the caller is root, then the command). What is exposed again is opened first (fds 3-9):
-# the empty dirs laid over their parents hide their paths, not the open files.
+# the caller is root, `$9` the writable binds, one "SOURCE TARGET" a line, SOURCE relative to
+# the sandbox dir, `$10` and `$11` the new root's entries and mount table (root_plan), then
+# the command). What is exposed again is opened first (fds 3-9): the
+# empty dirs laid over their parents hide their paths, not the open files.
+#
+# The sandbox's root is a tmpfs of its own (the private /tmp's, made before anything is bound
+# into it) holding a read-only recursive bind of every top-level entry of the host's root: a
+# new top-level dir such as /workspace needs a writable root to be made in, which the host's,
+# read-only, is not. pivot_root then leaves the host's root out of reach.
+NEW_ROOT = "/tmp"  # the unshare mode builds the new root in the private /tmp's own tmpfs
 SETUP = r"""
 set -eu
-base=$1 net=$2 hide=$3 expose=$4 resolv=$5 uid=$6 gid=$7 caller=$8; shift 8
+base=$1 net=$2 hide=$3 expose=$4 resolv=$5 uid=$6 gid=$7 caller=$8 binds=$9 root=${10} table=${11}
+shift 11
 exec 3<"$base"
 if [ -n "$resolv" ]; then exec 9<"$resolv"; fi
 n=4; for d in $expose; do eval "exec $n<\"\$d\""; n=$((n+1)); done
@@ -95,26 +113,50 @@ while read -r _ _ _ _ mp opts _; do
     mount -t tmpfs -o ro,mode=755,nosuid,nodev tmpfs "$mp" 2>/dev/null || [ ! -e "$mp" ] ||
     { echo "cannot make $mp read-only" >&2; exit 1; }
 done </proc/self/mountinfo
-mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp
-if [ -d /run ]; then mount -t tmpfs -o mode=755,nosuid,nodev tmpfs /run; fi
-if [ -d /dev/shm ]; then mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm; fi
-for d in $hide; do mount -t tmpfs -o mode=755,nosuid,nodev tmpfs "$d"; done
+# The new root (root_plan): its dirs, files and symlinks, then one `mount -a` of a table of
+# its binds and tmpfs mounts, one process for all of them. Binds of read-only mounts are
+# read-only, so every entry of the host's is.
+r=@NEW_ROOT@
+mount -t tmpfs -o mode=755,nosuid,nodev tmpfs "$r"
+nl='
+'
+tab='	'
+dirs=
+while IFS= read -r line; do
+  case "$line" in
+    d\ *) dirs="$dirs${line#d }$nl" ;;
+    f\ *) : >"${line#f }" ;;
+    l\ *) line=${line#l }; ln -s "${line%%"$tab"*}" "${line#*"$tab"}" ;;
+  esac
+done <<ROOT
+$root
+ROOT
+IFS=$nl; mkdir -p -- $dirs; unset IFS
+printf '%s' "$table" >"$r/.mounts"
+mount -a -c -T "$r/.mounts"
+rm -f "$r/.mounts"
 if [ -n "$resolv" ]; then
-  mkdir -p "${resolv%/*}" && : >"$resolv" && mount -c --bind /proc/self/fd/9 "$resolv"
+  mkdir -p "$r${resolv%/*}" && : >"$r$resolv" && mount -c --bind /proc/self/fd/9 "$r$resolv"
 fi
 # Binds of read-only mounts are read-only: only work and ctl are made writable again. They
 # are bound from the dir opened first, which still reaches what is mounted on them (a fork's
 # overlay, see local_snapshot): the bind of the dir itself carries no mounts under it.
-mkdir -p "$base" && mount -c --bind /proc/self/fd/3 "$base"
-for d in work ctl; do mount -c --bind "/proc/self/fd/3/$d" "$base/$d" && mount -o remount,bind,rw "$base/$d"; done
-n=4; for d in $expose; do mkdir -p "$d" && mount -c --bind "/proc/self/fd/$n" "$d"; n=$((n+1)); done
-for d in $hide; do mount -o remount,bind,ro,nosuid,nodev "$d"; done
+mkdir -p "$r$base" && mount -c --bind /proc/self/fd/3 "$r$base"
+for d in work ctl; do mount -c --bind "/proc/self/fd/3/$d" "$r$base/$d" && mount -o remount,bind,rw "$r$base/$d"; done
+printf '%s\n' "$binds" | while read -r src target; do
+  [ -n "$src" ] || continue
+  mkdir -p "$r$target" && mount -c --bind "/proc/self/fd/3/$src" "$r$target" && mount -o remount,bind,rw "$r$target"
+done
+n=4; for d in $expose; do mkdir -p "$r$d" && mount -c --bind "/proc/self/fd/$n" "$r$d"; n=$((n+1)); done
+for d in $hide; do mount -o remount,bind,ro,nosuid,nodev "$r$d"; done
 exec 3<&- 4<&- 5<&- 6<&- 7<&- 8<&- 9<&-
+cd "$r" && mkdir .host && pivot_root . .host && cd / && umount -l /.host && rmdir /.host
+mount -o remount,bind,ro,nosuid,nodev /
 if [ "$net" = net ] && command -v ip >/dev/null 2>&1; then ip link set lo up; fi
-cd "$base/work"
+cd @WORKSPACE@
 if [ "$caller" = root ]; then set -- setpriv --reuid="$uid" --regid="$gid" --clear-groups "$@"; else set -- setpriv "$@"; fi
 exec "$@"
-"""
+""".replace("@WORKSPACE@", WORKSPACE).replace("@NEW_ROOT@", NEW_ROOT)
 
 
 @dataclass(frozen=True)
@@ -126,6 +168,9 @@ class Layout:
     hidden: tuple[str, ...]
     exposed: tuple[str, ...]
     resolv: str  # /etc/resolv.conf's target when it lives under a hidden dir, else ""
+    # Writable dirs bound into the sandbox: (source relative to the sandbox dir, target);
+    # the work dir at WORKSPACE first, then spec.writable_dirs (see writable_binds).
+    binds: tuple[tuple[str, str], ...] = (("work", WORKSPACE),)
 
 
 def is_root() -> bool:
@@ -177,13 +222,64 @@ def python_dirs() -> tuple[str, ...]:
     return tuple(d for d in real if not any(other != d and under(d, other) for other in real))
 
 
-def layout(root: Path, base: Path, network: bool) -> Layout:
+def layout(root: Path, base: Path, network: bool, writable_dirs: tuple[str, ...] = ()) -> Layout:
     hidden = hidden_dirs(root)
     covered = [*hidden, "/tmp", "/run"]
     exposed = tuple(d for d in python_dirs() if any(under(d, h) for h in covered))
     resolv = os.path.realpath("/etc/resolv.conf")
     keep_resolv = resolv if network and os.path.isfile(resolv) and any(under(resolv, h) for h in covered) else ""
-    return Layout(str(base), network, tuple(hidden), exposed, keep_resolv)
+    binds = writable_binds(writable_dirs)
+    check_writable_binds(binds, str(base), covered)
+    return Layout(str(base), network, tuple(hidden), exposed, keep_resolv, binds)
+
+
+def writable_binds(writable_dirs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """The binds that make the work dir WORKSPACE and each of ``writable_dirs`` a writable dir
+    of the sandbox's: (source under the sandbox dir, target). A dir inside another one (or
+    inside WORKSPACE) needs no bind: it is made in that one's source (see host_dirs)."""
+    binds = [("work", WORKSPACE)]
+    for target in sorted(set(writable_dirs)):
+        if not any(under(target, bound) for _, bound in binds):
+            binds.append((f"dirs/{len(binds) - 1}", target))
+    return tuple(binds)
+
+
+def host_dirs(base: Path, binds: tuple[tuple[str, str], ...], writable_dirs: tuple[str, ...]) -> list[Path]:
+    """The host dirs behind ``writable_dirs``, sources first, in the order to make them."""
+    made = [base / source for source, _ in binds[1:]]
+    for target in sorted(set(writable_dirs)):
+        source, bound = next((source, bound) for source, bound in binds if under(target, bound))
+        if target != bound:
+            made.append(base / source / os.path.relpath(target, bound))
+    return made
+
+
+def check_writable_binds(binds: tuple[tuple[str, str], ...], base: str, writable: list[str]) -> None:
+    """Refuse, in one line, a writable dir the sandbox's mounts cannot make: its mount point
+    must exist on the host or be made in something writable while the mounts are built (the
+    sandbox's own root, its /tmp and /run, a hidden dir's empty one, an earlier bind)."""
+    for _, target in binds[1:]:
+        covers_own = target in ("/tmp", "/run") or under(base, target) or under(WORKSPACE, target)
+        if covers_own or any(under(target, d) for d in NOT_WRITABLE):
+            raise ConfigError(f"writable_dirs: {target} would cover the sandbox's own mounts; choose another path")
+        top = "/" + target.strip("/").split("/")[0]
+        made_here = [*writable, *(bound for _, bound in binds if bound != target)]
+        if (
+            target == top
+            or not os.path.lexists(top)
+            or any(under(target, d) for d in made_here)
+            or os.path.isdir(target)
+        ):
+            continue
+        raise ConfigError(
+            f"writable_dirs: the local adapter cannot make {target}: its parent is the host's, read-only, "
+            f"and has no {os.path.basename(target)}; choose a new top-level dir (like /app) or one under /tmp"
+        )
+
+
+def root_entries() -> list[str]:
+    """The host's top-level entries the sandbox's root binds read-only (all but its own)."""
+    return sorted(name for name in os.listdir("/") if name not in OWN_TOP_LEVEL)
 
 
 def user_tail(root_caller: bool, user_namespace: bool) -> list[str]:
@@ -209,7 +305,16 @@ def bwrap_argv(plan: Layout, user_namespace: bool) -> list[str]:
         argv.append("--unshare-net")
     if not root_caller:
         argv.append("--unshare-user")
-    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+    # The root is bwrap's own tmpfs (made read-only last) with each of the host's top-level
+    # entries bound read-only into it: a new top-level dir (WORKSPACE) needs a root it can be
+    # made in, which the host's, read-only, is not.
+    for name in root_entries():
+        entry = "/" + name
+        if os.path.islink(entry):
+            argv += ["--symlink", os.readlink(entry), entry]
+        elif os.path.exists(entry):
+            argv += ["--ro-bind", entry, entry]
+    argv += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
     if os.path.isdir("/run"):
         argv += ["--tmpfs", "/run"]
     for d in plan.hidden:
@@ -217,19 +322,22 @@ def bwrap_argv(plan: Layout, user_namespace: bool) -> list[str]:
     # Dirs leading to what is bound into the empty ones, traversable by the sandbox's user
     # (left to itself, bwrap copies the modes of the host's, e.g. a 0700 pytest tmp dir).
     tmpfs = ["/tmp", "/run", *plan.hidden]
-    for target in (plan.base, *plan.exposed, plan.resolv):
+    targets = [plan.base, *plan.exposed, plan.resolv, *(target for _, target in plan.binds)]
+    for target in targets:
         for parent in ancestors(target):
-            if any(under(parent, t) and parent != t for t in tmpfs):
+            if any(under(parent, t) and parent != t for t in tmpfs) or not os.path.lexists(parent):
                 argv += ["--perms", "0755", "--dir", parent]
     if plan.resolv:
         argv += ["--ro-bind", plan.resolv, plan.resolv]
     base = plan.base
     argv += ["--ro-bind", base, base, "--bind", f"{base}/work", f"{base}/work", "--bind", f"{base}/ctl", f"{base}/ctl"]
+    for source, target in plan.binds:
+        argv += ["--bind", f"{base}/{source}", target]
     for d in plan.exposed:
         argv += ["--ro-bind", d, d]
     for d in plan.hidden:
         argv += ["--remount-ro", d]
-    argv += ["--chdir", f"{base}/work", "--cap-drop", "ALL"]
+    argv += ["--remount-ro", "/", "--chdir", WORKSPACE, "--cap-drop", "ALL"]
     if root_caller:  # kept only for setpriv to switch to nobody; it drops them itself
         argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
         argv += ["--", "setpriv", *user_tail(True, user_namespace)]
@@ -249,11 +357,51 @@ def unshare_argv(plan: Layout, user_namespace: bool) -> list[str]:
         argv.append("--net")
     argv += ["--", "sh", "-c", SETUP, "setup", plan.base, "" if plan.network else "net"]
     argv += [" ".join(plan.hidden), " ".join(plan.exposed), plan.resolv, str(uid), str(gid)]
-    argv += ["root" if root_caller else "user"]
+    argv += ["root" if root_caller else "user", "".join(f"{source} {target}\n" for source, target in plan.binds)]
+    argv += list(root_plan(plan))
     # A non-root caller is root of the first user namespace here; the second one maps the
     # caller's own uid back, so the sandbox does not run as (powerless) uid 0.
     argv += user_tail(False, user_namespace or not root_caller)
     return argv
+
+
+def root_plan(plan: Layout) -> tuple[str, str]:
+    """The unshare mode's new root, built under NEW_ROOT: its entries (``d PATH`` a dir, ``f
+    PATH`` a file, ``l TARGET<tab>PATH`` a symlink, one a line) and the mount table that fills
+    it (fstab lines: a read-only recursive bind of each of the host's top-level entries, its
+    own /proc and /dev, tmpfs for /tmp, /run, /dev/shm and over each hidden dir)."""
+    entries, table = [], []
+
+    def mount(source: str, target: str, kind: str, options: str) -> None:
+        table.append(f"{fstab_field(source)} {fstab_field(NEW_ROOT + target)} {kind} {options} 0 0\n")
+
+    for name in root_entries():
+        host, made = "/" + name, NEW_ROOT + "/" + name
+        if os.path.islink(host):
+            entries.append(f"l {os.readlink(host)}\t{made}")
+        elif os.path.isdir(host):
+            entries.append(f"d {made}")
+            mount(host, host, "none", "rbind")
+        elif os.path.exists(host):
+            entries.append(f"f {made}")
+            mount(host, host, "none", "bind")
+    own = ["/proc", "/dev", "/tmp", *(["/run"] if os.path.isdir("/run") else [])]
+    entries += [f"d {NEW_ROOT}{d}" for d in own]
+    mount("/proc", "/proc", "none", "rbind")
+    mount("/dev", "/dev", "none", "rbind")
+    mount("tmpfs", "/tmp", "tmpfs", "mode=1777,nosuid,nodev")
+    if "/run" in own:
+        mount("tmpfs", "/run", "tmpfs", "mode=755,nosuid,nodev")
+    if os.path.isdir("/dev/shm"):
+        mount("tmpfs", "/dev/shm", "tmpfs", "mode=1777,nosuid,nodev")
+    for d in plan.hidden:
+        mount("tmpfs", d, "tmpfs", "mode=755,nosuid,nodev")
+    return "\n".join(entries), "".join(table)
+
+
+def fstab_field(path: str) -> str:
+    """A path as a field of an fstab line: its blanks and backslashes in octal."""
+    return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in path)
 
 
 def sandbox_argv(mode: str, plan: Layout, user_namespace: bool) -> list[str]:

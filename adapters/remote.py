@@ -47,6 +47,7 @@ import msgspec
 from orchard_async.capabilities import (
     Doctor,
     EgressRule,
+    Exposes,
     FileRoot,
     NetworkConflict,
     NetworkControl,
@@ -63,6 +64,7 @@ from orchard_async.errors import (
 )
 from orchard_async.kit import streams
 from orchard_async.kit.deadline import explained_deadline
+from orchard_async.kit.expose import Exposures
 from orchard_async.kit.retry import Attempts, Backoff, retry_after
 from orchard_async.protocols import DEFAULT_EXEC_TIMEOUT
 from orchard_async.types import ExecResult, ExitReason, FileInfo, SandboxSpec, check_env, check_timeout
@@ -185,7 +187,7 @@ def _network_state(answer: dict[str, Any]) -> NetworkState:
 
 
 class RemoteSandbox:
-    capabilities = frozenset({FileRoot, NetworkControl})
+    capabilities = frozenset({FileRoot, NetworkControl, Exposes})
 
     def __init__(self, adapter: RemoteAdapter, info: dict[str, Any]):
         self._adapter = adapter
@@ -194,6 +196,7 @@ class RemoteSandbox:
         self.root: str = info.get("root") or "/"
         self.labels: dict[str, str] = info.get("labels") or {}
         self.expires_at: float = info.get("expires_at") or 0.0
+        self._exposures = Exposures(self)
         self.closed = False
 
     @property
@@ -280,6 +283,13 @@ class RemoteSandbox:
     async def connect(self, port: int) -> streams.SandboxStream:
         return await streams.connect(self, port)
 
+    async def expose(self, port: int) -> str:
+        """As ``ShellSandbox.expose``: a loopback URL on this controller, over ``connect``."""
+        return await self._exposures.expose(port)
+
+    async def unexpose(self, port: int) -> bool:
+        return await self._exposures.unexpose(port)
+
     # -- files -------------------------------------------------------------------------------
 
     async def read_file(self, path: str) -> bytes:
@@ -324,6 +334,7 @@ class RemoteSandbox:
         self.closed = True
         self._adapter._live.pop(self.id, None)
         with anyio.CancelScope(shield=True):
+            await self._exposures.close()
             try:
                 await self._adapter._call("DELETE", self._path)
             except SandboxLost:
@@ -547,6 +558,10 @@ class RemoteAdapter:
             "labels": spec.labels,
             "workdir": spec.workdir,
             "pids": spec.pids,
+            # sent only when asked for: a service from before them would refuse the fields
+            **({"writable_dirs": list(spec.writable_dirs)} if spec.writable_dirs else {}),
+            **({"gpus": spec.gpus} if spec.gpus else {}),
+            **({"switch_users": True} if spec.switch_users else {}),
         }
         # Retried with the same id (a lost answer finds the sandbox it made), while the caller waits.
         until = min(deadline, anyio.current_time() + max(self.retry_for, 0.0))

@@ -276,6 +276,8 @@ class SimAdapter:
         return random.Random(int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big"))
 
     async def create(self, spec: SandboxSpec) -> SimSandbox:
+        if spec.gpus:
+            raise ConfigError(f"the sim adapter has no GPU to simulate (gpus={spec.gpus})")
         number = self.creates
         self.creates += 1
         rng = self._rng(spec) if self._random else None

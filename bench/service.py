@@ -19,6 +19,12 @@ machine's load falls on all alike.
 
 Then sandboxes created and deleted per second, in-process and through the remote adapter.
 ``--clients`` first times ``GET /health`` with httpx and with aiohttp (the client's own cost).
+
+``--exposed`` measures instead what an exposed port costs (issue 27): a keep-alive HTTP server
+(1 KiB answers) in a sandbox of the service (``serve --services``) and one in an in-process
+sandbox, each asked ``GET /`` directly at its own address (network on, so that a direct way
+exists) and through its exposed URL: the service's ``/s/{token}/`` and ``sandbox.expose``. The
+ways take turns in slices, at 1 and 16 callers, so the machine's load falls on all alike.
 """
 
 from __future__ import annotations
@@ -43,9 +49,29 @@ import httpx
 
 import orchard_async as oa
 from orchard_async.apps.cli import parse_adapter_options
+from orchard_async.capabilities import Exposes
 from orchard_async.records.paths import check_output_file
 
 IMAGE = "orchard/busybox:test"
+EXPOSED_IMAGE = "orchard/python:test"  # --exposed: its server needs python3
+EXPOSED_PORT = 8080
+# --exposed: an HTTP/1.1 keep-alive server, as a service in a sandbox is (http.server alone
+# answers HTTP/1.0 and closes every connection: each request would time a new relay instead)
+KEEPALIVE_SERVER = r"""
+import http.server, sys
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    def do_GET(self):
+        body = b"x" * 1024
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *_):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), Handler).serve_forever()
+"""
 ORCHARD_EXEC = {"command": "true", "timeout_seconds": None, "cwd": None, "env": None, "login_shell": False}
 
 
@@ -69,6 +95,7 @@ class ServiceProcess:
         name: str | None = None,
         idle_timeout: float = 0.0,
         env: dict[str, str] | None = None,
+        flags: tuple[str, ...] = (),
     ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -77,7 +104,7 @@ class ServiceProcess:
         command += ["--port", str(self.port), "--idle-timeout", f"{idle_timeout:g}", "--name", self.name]
         if options:
             command += ["--adapter-options", json.dumps(options)]
-        self.command, self.log = command, log
+        self.command, self.log = command + list(flags), log
         self.env = {**os.environ, **env} if env else None
         self.process: subprocess.Popen | None = None
 
@@ -292,6 +319,112 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+async def start_keepalive_server(sandbox: Any) -> None:
+    await sandbox.write_file("keepalive_server.py", KEEPALIVE_SERVER)
+    started = await sandbox.exec(f"nohup python3 keepalive_server.py {EXPOSED_PORT} >server.log 2>&1 &", timeout=30)
+    if not started.ok:
+        raise RuntimeError(f"the bench's HTTP server did not start in {sandbox.id}: {started.error_text[:200]}")
+
+
+async def direct_url(sandbox: Any, adapter: str) -> str:
+    """The server's own address from here: the host's loopback for a local sandbox with
+    network (it shares the host's), else the sandbox's address."""
+    if adapter == "local":
+        return f"http://127.0.0.1:{EXPOSED_PORT}"
+    found = await sandbox.exec("hostname -i", timeout=30)
+    address = found.text.split()[0] if found.ok and found.text.split() else ""
+    if not address:
+        raise RuntimeError(f"no address for {sandbox.id}: {found.error_text[:200]}")
+    return f"http://{address}:{EXPOSED_PORT}"
+
+
+def http_get(http: aiohttp.ClientSession, url: str) -> Callable[[], Awaitable[None]]:
+    async def call() -> None:
+        async with http.get(url) as response:
+            body = await response.read()
+        if response.status != 200 or len(body) != 1024:
+            raise RuntimeError(f"GET {url.split('/s/')[0]} answered {response.status}, {len(body)} bytes")
+
+    return call
+
+
+async def answering(http: aiohttp.ClientSession, url: str, within: float = 60.0) -> None:
+    with anyio.fail_after(within):
+        while True:
+            try:
+                await http_get(http, url)()
+                return
+            except (aiohttp.ClientError, RuntimeError):
+                await anyio.sleep(0.1)
+
+
+async def measure_exposed(args: argparse.Namespace) -> dict[str, Any]:
+    """``--exposed``: a request through an exposed URL vs to the same server directly."""
+    scratch = Path(tempfile.mkdtemp(prefix="serve-bench-"))
+    options = json.loads(args.adapter_options) if args.adapter_options else {}
+    if args.adapter == "local" and "root" not in options:
+        options["root"] = str(scratch / "service-sandboxes")
+    service = ServiceProcess(args.adapter, options, scratch / "serve.log", flags=("--services",))
+    service.start()
+    await service.ready()
+    in_process_options = {**options, "root": str(scratch / "own-sandboxes")} if args.adapter == "local" else options
+    local = oa.get_adapter(args.adapter, **in_process_options)
+    remote = oa.get_adapter("remote", url=service.url)
+    http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.max_connections))
+    rows: list[dict[str, Any]] = []
+    try:
+        spec = oa.SandboxSpec(image=EXPOSED_IMAGE, network="on", ttl=3600)
+        far, own = await remote.create(spec), await local.create(spec)
+        if not isinstance(own, Exposes):
+            raise oa.ConfigError(f"the {args.adapter} adapter's sandboxes cannot expose a port")
+        for sandbox in (far, own):
+            await start_keepalive_server(sandbox)
+        async with http.post(f"{service.url}/sandboxes/{far.id}/services", json={"port": EXPOSED_PORT}) as response:
+            service_url = (await response.json())["url"]
+        urls = {
+            "direct, the service's sandbox": await direct_url(far, args.adapter),
+            "service URL (/s/{token}/), same server": service_url,
+            "direct, an in-process sandbox": await direct_url(own, args.adapter),
+            "sandbox.expose URL, same server": await own.expose(EXPOSED_PORT),
+        }
+        for url in urls.values():
+            await answering(http, url + "/")
+        ways = {way: [http_get(http, url + "/")] for way, url in urls.items()}
+        for callers in (1, 16):
+            for calls in ways.values():
+                await round_trips(calls, callers, min(args.ops, callers * 5))  # warm up connections
+            await alternate(ways, rows, callers, 1, args.ops)
+        await far.close()
+        await own.close()
+    finally:
+        await http.close()
+        await remote.close()
+        await local.close()
+        service.stop()
+    return {
+        "adapter": args.adapter,
+        "load_average": list(os.getloadavg()),
+        "cpus": os.cpu_count(),
+        "exposed": rows,
+    }
+
+
+def exposed_markdown(result: dict[str, Any]) -> str:
+    lines = [
+        f"`GET /` (1 KiB, keep-alive) on adapter `{result['adapter']}`, {result['cpus']} CPUs, load average "
+        "at the end " + ", ".join(f"{x:.1f}" for x in result["load_average"]),
+        "",
+        "| way | callers | ops | p50 ms | p99 ms | mean ms | req/s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in result["exposed"]:
+        lines.append(
+            f"| {row['way']} | {row['callers']} | {row['ops']} | {row['p50_ms']} | {row['p99_ms']} "
+            f"| {row['mean_ms']} | {row['ops_per_s']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 SLICES = 8  # how many alternating slices each way's ops are cut into (--compare-plain)
 
 
@@ -373,6 +506,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also a second service without bash lanes (ORCHARD_SERVE_BASH_LANE=0); all ways alternate in slices",
     )
     parser.add_argument("--clients", action="store_true", help="also GET /health with httpx vs aiohttp")
+    parser.add_argument(
+        "--exposed",
+        action="store_true",
+        help="instead: a request through an exposed URL (the service's /s/{token}/, sandbox.expose) vs to the same server directly",
+    )
     parser.add_argument("--json", dest="json_out", help="write the result as JSON here")
     parser.add_argument("--markdown", help="write the tables as markdown here")
 
@@ -389,10 +527,10 @@ def run(args: argparse.Namespace) -> int:
         if path:
             check_output_file(path, what=flag)
     parse_adapter_options(args.adapter_options)  # bad options are one line before anything starts
-    result = oa.run(measure, args)
+    result = oa.run(measure_exposed if args.exposed else measure, args)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2))
-    table = to_markdown(result)
+    table = exposed_markdown(result) if args.exposed else to_markdown(result)
     if args.markdown:
         Path(args.markdown).write_text(table)
     print(table)

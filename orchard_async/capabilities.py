@@ -19,7 +19,8 @@ Adapters: ``Snapshots`` (forks), ``Reattach`` (taking over sandboxes a gone cont
 ``Doctor`` (a one-line report), ``Facts`` (what the backend is: its default image, ...).
 Sandboxes: ``Ping`` (a liveness check that runs no command), ``FileRoot`` (where its paths are
 rooted), ``NetworkControl`` (its egress switched while it runs: ``set_network``, with the policy's
-shapes here: ``EgressRule``, ``NetworkPolicy``, ``NetworkState``). Streams (``open_stream``,
+shapes here: ``EgressRule``, ``NetworkPolicy``, ``NetworkState``), ``Exposes`` (a port as a
+loopback URL: ``sandbox.expose(port)``). Streams (``open_stream``,
 ``connect``) are not optional: every sandbox has them, and one whose backend runs no processes
 refuses them with ``ConfigError`` (see ``protocols.Sandbox``).
 """
@@ -113,8 +114,8 @@ class Ping(Protocol):
 
 @runtime_checkable
 class FileRoot(Protocol):
-    """``root`` bounds the paths its file operations accept: "/" in a container, the sandbox's
-    private directory for the local adapter."""
+    """``root`` bounds the paths its file operations accept: "/" wherever they run as the
+    sandbox's commands do (containers, and the local adapter, under its isolation)."""
 
     root: str
 
@@ -236,5 +237,18 @@ class NetworkControl(Protocol):
     async def get_network(self) -> NetworkState: ...
 
 
+@runtime_checkable
+class Exposes(Protocol):
+    """A port of the sandbox as a URL on the controller's loopback (``kit.expose``: every
+    connection relayed through ``connect``, so it works with the network off): ``expose``
+    answers ``http://127.0.0.1:N`` (the same for the same port) until ``unexpose(port)`` or the
+    sandbox's close; for HTTP and WebSocket clients in the controller's process (OpenEnv, MCP).
+    ``unexpose`` is False for a port that was not exposed."""
+
+    async def expose(self, port: int) -> str: ...
+
+    async def unexpose(self, port: int) -> bool: ...
+
+
 ADAPTER_CAPABILITIES: tuple[type, ...] = (Snapshots, Reattach, Doctor, Facts)
-SANDBOX_CAPABILITIES: tuple[type, ...] = (Ping, FileRoot, NetworkControl)
+SANDBOX_CAPABILITIES: tuple[type, ...] = (Ping, FileRoot, NetworkControl, Exposes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+import posixpath
 import re
 from typing import Literal
 
@@ -75,6 +76,16 @@ def _check_choice(what: str, value: object, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"{what} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
 
 
+def _check_writable_dirs(dirs: object) -> None:
+    if not isinstance(dirs, tuple | list):  # a str is neither: "/app" is not a list of dirs
+        raise ConfigError(f"writable_dirs must be a list of absolute paths, got {dirs!r}")
+    for path in dirs:
+        if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+            raise ConfigError(f"writable_dirs: {path!r} is not an absolute path")
+        if posixpath.normpath(path) != path or path == "/" or "//" in path:
+            raise ConfigError(f"writable_dirs: {path!r} must be a normalised path below / (no '..', '.' or trailing /)")
+
+
 class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     """What a sandbox must be. Validated on construction: a bad spec never reaches a backend."""
 
@@ -91,6 +102,16 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     # Start from this snapshot (``adapter.snapshot(sandbox)``'s id) instead of the image's
     # file system: a fork of a sandbox that was already set up (protocols.py, "Forks").
     snapshot: str | None = None
+    # Absolute dirs that must exist and be writable inside the sandbox besides its workdir
+    # (Harbor's tasks write /app, /logs, /tests, /solution): created at start, keeping what
+    # the image already has there.
+    writable_dirs: tuple[str, ...] = ()
+    # GPUs the sandbox gets (docker device requests, kubernetes nvidia.com/gpu limits); an
+    # adapter that cannot give them refuses the spec at create time, never a CPU-only sandbox.
+    gpus: int = 0
+    # Commands may switch to another user of the image (`su`, `setpriv`), as tasks with a
+    # non-root agent user do: the sandbox's root keeps CAP_SETUID and CAP_SETGID, nothing more.
+    switch_users: bool = False
 
     def __post_init__(self) -> None:
         # Every field is checked here, types included: msgspec validates types only when it
@@ -118,6 +139,11 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
         _check_choice("pull", self.pull, ("missing", "never", "always"))
         if self.snapshot is not None and not (isinstance(self.snapshot, str) and self.snapshot.strip()):
             raise ConfigError(f"snapshot must be a snapshot id from adapter.snapshot(), got {self.snapshot!r}")
+        _check_writable_dirs(self.writable_dirs)
+        if not isinstance(self.switch_users, bool):
+            raise ConfigError(f"switch_users must be true or false, got {self.switch_users!r}")
+        if not isinstance(self.gpus, int) or isinstance(self.gpus, bool) or self.gpus < 0:
+            raise ConfigError(f"gpus must be a whole number of GPUs (0 or more), got {self.gpus!r}")
 
     @property
     def memory_bytes(self) -> int | None:

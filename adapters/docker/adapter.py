@@ -41,6 +41,7 @@ from orchard_async.kit.container_shell import (
 )
 from orchard_async.kit.egress import NamespaceEgress, NetworkSwitch, forwarding_note, namespace_refusal
 from orchard_async.kit.exec_streams import DuplexStream, ExecStream, Heartbeat, OutputStream, SplitRelay, close_streams
+from orchard_async.kit.guardian import stop_guardian
 from orchard_async.kit.sandbox import ShellSandbox
 from orchard_async.kit.shell import CgroupShellClient
 from orchard_async.protocols import Sandbox
@@ -86,6 +87,7 @@ class DockerAdapter(BackgroundOwner):
         # removes this adapter's never-started containers if the process dies (guardian.py)
         self._guardian: subprocess.Popen[bytes] | None = None
         self._guarded = False
+        self._gpus: int | None = None  # the daemon's GPUs: -1 some (the nvidia runtime), None not asked yet
 
     @property
     def facts(self) -> AdapterFacts:
@@ -98,6 +100,8 @@ class DockerAdapter(BackgroundOwner):
         if not self._guarded:
             self._guarded = True
             self._guardian = guardian.start(self.api.endpoint, self.controller, self.run_id)
+        if spec.gpus:
+            await self._check_gpus(spec.gpus)
         self._create_gate = self._create_gate or anyio.Semaphore(self.config.max_creating)
         image = spec.snapshot or spec.image or self.image
         async with self._create_gate:  # admission control: the daemon serialises creates
@@ -117,7 +121,9 @@ class DockerAdapter(BackgroundOwner):
                 config = self._container_config(spec, image, labels)  # the daemon's network "none"
                 container, split, watch = await self._start_container(name, config)
             try:
-                client, relays = await self._open_shell(container, self._workdir(spec), name, split)
+                client, relays = await self._open_shell(
+                    container, self._workdir(spec), name, split, writable_dirs=spec.writable_dirs
+                )
             except BaseException:
                 self._heartbeat.discard(name)
                 await self._remove(name)
@@ -163,6 +169,22 @@ class DockerAdapter(BackgroundOwner):
             name, client, labels, expires_at, teardown=teardown, open_stream=opener, network=switch
         )
         return sandbox
+
+    async def _check_gpus(self, wanted: int) -> None:
+        """Refuse a spec asking for GPUs the daemon cannot give, before any container exists
+        (its own refusal would come only at start, as a server error): GPUs come from the
+        nvidia runtime or from CDI devices named nvidia.com/gpu."""
+        if self._gpus is None:
+            info = await self.api.info()
+            cdi = [d for d in info.get("DiscoveredDevices") or [] if str(d.get("ID", "")).startswith("nvidia.com/gpu")]
+            self._gpus = len(cdi) if cdi else (-1 if "nvidia" in (info.get("Runtimes") or {}) else 0)
+        if self._gpus == 0:
+            raise ConfigError(
+                f"the Docker daemon has no GPU to give (no nvidia runtime, no nvidia.com/gpu CDI device), so "
+                f"gpus={wanted} cannot hold; install the NVIDIA Container Toolkit there, or ask for gpus=0"
+            )
+        if self._gpus > 0 and wanted > self._gpus:
+            raise ConfigError(f"gpus={wanted}, but the Docker daemon has {self._gpus} GPU(s)")
 
     def _network_refusal(self) -> str:
         """Why a container's network cannot be switched from here ("" when it can): the rules go
@@ -286,7 +308,13 @@ class DockerAdapter(BackgroundOwner):
         return CreateFailed(f"the Docker daemon failed to create the container: {exc.message}")
 
     async def _open_shell(
-        self, container: DockerContainer, workdir: str, name: str, split: SplitRelay | None = None
+        self,
+        container: DockerContainer,
+        workdir: str,
+        name: str,
+        split: SplitRelay | None = None,
+        *,
+        writable_dirs: tuple[str, ...] = (),
     ) -> tuple[CgroupShellClient, list[OutputStream]]:
         """Start the long-lived shell exec, its output relays, and the shell-session server."""
         if not self.config.exit_with_shell:
@@ -310,6 +338,7 @@ class DockerAdapter(BackgroundOwner):
             interrupt=lambda _client: self.api.interrupt(container),
             output_cap=self.config.output_cap,
             mount="a tmpfs",
+            writable_dirs=writable_dirs,
         )
 
     async def _open_stream(self, container: DockerContainer, sandbox: Sandbox, command: list[str]) -> DuplexStream:
@@ -416,7 +445,7 @@ class DockerAdapter(BackgroundOwner):
             await self._background.close()
             await self.api.close()
             if self._guardian is not None:
-                await anyio.to_thread.run_sync(guardian.stop, self._guardian)
+                await anyio.to_thread.run_sync(stop_guardian, self._guardian)
                 self._guardian, self._guarded = None, False
 
     async def doctor(self) -> str:

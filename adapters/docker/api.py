@@ -143,6 +143,10 @@ class DockerApi:
     async def version(self) -> dict[str, Any]:
         return await self.call("version", (await self.client()).version(), 10)
 
+    async def info(self) -> dict[str, Any]:
+        """The daemon's ``docker info``: its CPUs, memory, runtimes, devices."""
+        return dict(await self.call("info", (await self.client()).system.info(), 10))
+
     async def image_present(self, image: str) -> bool:
         docker = await self.client()
         try:

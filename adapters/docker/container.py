@@ -67,6 +67,9 @@ if [ -e "$_o_pid" ]; then _o_nap "$2"; fi
 """
 
 
+SWITCH_USER_CAPABILITIES = ("SETGID", "SETUID")
+
+
 def container_config(
     config: DockerConfig,
     spec: SandboxSpec,
@@ -93,11 +96,15 @@ def container_config(
         "CapDrop": ["ALL"],  # the shell server needs none (see the package's docstring)
         "SecurityOpt": ["no-new-privileges"],
     }
+    if spec.switch_users:  # su/setpriv to the image's other users, and nothing else
+        host["CapAdd"] = list(SWITCH_USER_CAPABILITIES)
     if spec.cpu:
         host["NanoCpus"] = int(spec.cpu * 1e9)
     if spec.memory_bytes:
         # Swap as large as memory means no swap: over the limit, the OOM killer acts.
         host["Memory"] = host["MemorySwap"] = spec.memory_bytes
+    if spec.gpus:  # what `docker run --gpus N` asks for: any driver that offers the gpu capability
+        host["DeviceRequests"] = [{"Driver": "", "Count": spec.gpus, "DeviceIDs": None, "Capabilities": [["gpu"]]}]
     timer = ["sh", "-c", (RELAYS_IN_MAIN if relays_in_main else "") + TIMER, "orchard-timer"]
     watch_grace = str(math.ceil(reattach_grace)) if reattach_grace else "0"
     body: dict[str, Any] = {}
@@ -120,13 +127,16 @@ def container_config(
 
 def tmpfs_mounts(config: DockerConfig, spec: SandboxSpec, workdir: str) -> dict[str, str]:
     """Docker mounts tmpfs noexec by default; sandboxes run what they write, so add exec.
-    A read-only root gets tmpfs for the two places the sandbox must write."""
+    A read-only root gets tmpfs for the places the sandbox must write (the workdir, the
+    control dir, spec.writable_dirs)."""
     mounts = dict(config.tmpfs)
     if spec.snapshot:
         mounts.update(snapshot_tmpfs())
     if config.read_only:
         mounts.setdefault(workdir, "")
         mounts.setdefault(CTL_DIR, "mode=0700")
+        for path in spec.writable_dirs:
+            mounts.setdefault(path, "")
     return {path: _with_exec(options) for path, options in mounts.items()}
 
 

@@ -94,20 +94,5 @@ def start(endpoint: str, controller: str, run: str) -> subprocess.Popen[bytes] |
         return None
 
 
-def stop(guardian: subprocess.Popen[bytes]) -> None:
-    """The adapter's clean end: the guardian leaves its containers alone and exits."""
-    assert guardian.stdin is not None
-    try:
-        guardian.stdin.write(b"closed")
-        guardian.stdin.close()
-    except OSError:  # it died already
-        pass
-    try:
-        guardian.wait(5)
-    except subprocess.TimeoutExpired:
-        guardian.kill()  # our own child, by its handle
-        guardian.wait()
-
-
 if __name__ == "__main__":
     guard(*sys.argv[1:4])

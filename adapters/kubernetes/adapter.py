@@ -32,11 +32,13 @@ from orchard_async.adapters.kubernetes.hollow import (
     hollow_verdict,
 )
 from orchard_async.adapters.kubernetes.manifests import (
+    GPU_RESOURCE,
     PodSettings,
     allow_egress_policy,
     allow_policy_name,
     deny_egress_policy,
     egress_rules,
+    gpus_of,
     namespace_manifest,
     pod_manifest,
     relay_ingress_policy,
@@ -66,6 +68,7 @@ from orchard_async.kit.background import Background, BackgroundOwner
 from orchard_async.kit.deadline import explained_deadline
 from orchard_async.kit.egress import NetworkSwitch
 from orchard_async.kit.exec_streams import OutputStream, close_streams
+from orchard_async.kit.guardian import stop_guardian
 from orchard_async.kit.retry import Backoff
 from orchard_async.kit.sandbox import ShellSandbox
 from orchard_async.kit.shell import CgroupShellClient, ShellClient
@@ -117,6 +120,7 @@ class KubernetesAdapter(BackgroundOwner):
             tolerations=tolerations,
             runtime_class=config.runtime_class,
             priority_class=config.priority_class,
+            gpu_runtime_class=config.gpu_runtime_class,
         )
         self.api = KubeApi(
             namespace=self.namespace,
@@ -256,6 +260,8 @@ class KubernetesAdapter(BackgroundOwner):
             config = msgspec.structs.replace(self.config, namespace=self.namespace, run_id=self.run_id)
             selector = f"{names.RUN}={self.run_id},{names.CONTROLLER}={self.controller}"
             self._guardian = guardian.start(config, selector, self.pod_settings.reattach_grace)
+        if spec.gpus:
+            await self._check_gpus(spec.gpus)
         assert self._create_gate is not None
         name = f"orchard-{uuid.uuid4().hex[:16]}"
         expires_at = time.time() + spec.ttl
@@ -400,7 +406,9 @@ class KubernetesAdapter(BackgroundOwner):
             return None
         seen = self.informer.pods.get(name) if self.informer else None
         pod = PodRef(self.namespace, name, seen.pod_ip if seen else None, secret, image)
-        return await self._open_shell(pod, spec.workdir or container_shell.DEFAULT_WORKDIR)
+        return await self._open_shell(
+            pod, spec.workdir or container_shell.DEFAULT_WORKDIR, writable_dirs=spec.writable_dirs
+        )
 
     def _control_plane_sandbox(
         self, name: str, labels: dict[str, str], expires_at: float, allow: bool
@@ -473,7 +481,26 @@ class KubernetesAdapter(BackgroundOwner):
         extra = f"; last event: {event}" if event and event not in why else ""
         return f"sandbox pod {name} (image {image}) was not ready within {budget:.3g}s: {why}{extra}"
 
-    async def _open_shell(self, pod: PodRef, workdir: str) -> tuple[CgroupShellClient, list[OutputStream]]:
+    async def _check_gpus(self, wanted: int) -> None:
+        """Refuse a spec asking for more GPUs than any node offers (the pod would wait
+        unschedulable until its create timed out). Where this key may not list nodes, the
+        scheduler is left to decide."""
+        try:
+            nodes = await self.api.request("GET", "/api/v1/nodes", what="nodes", retry_for=0)
+        except ApiError as exc:
+            if exc.status in (401, 403):
+                return
+            raise
+        most = max((gpus_of(node) for node in nodes.get("items", [])), default=0)
+        if most < wanted:
+            raise ConfigError(
+                f"gpus={wanted}, but no node of the cluster offers that many {GPU_RESOURCE} "
+                f"(at most {most}); install NVIDIA's device plugin on a GPU node, or ask for fewer"
+            )
+
+    async def _open_shell(
+        self, pod: PodRef, workdir: str, *, writable_dirs: tuple[str, ...] = ()
+    ) -> tuple[CgroupShellClient, list[OutputStream]]:
         """The long-lived shell exec, its output relays (when the transport has them), and
         the shell-session server; the client and the relays (closed with the pod)."""
         name = pod.name
@@ -495,6 +522,7 @@ class KubernetesAdapter(BackgroundOwner):
             interrupt=lambda shell: self._interrupt(pod, shell),
             output_cap=self.config.output_cap,
             mount="an emptyDir",
+            writable_dirs=writable_dirs,
             where=f" in pod {name}",
         )
 
@@ -637,7 +665,7 @@ class KubernetesAdapter(BackgroundOwner):
             await self.api.close()
             self._started = False
             if self._guardian is not None:
-                await anyio.to_thread.run_sync(guardian.stop, self._guardian)
+                await anyio.to_thread.run_sync(stop_guardian, self._guardian)
                 self._guardian, self._guarded = None, False
 
     async def doctor(self) -> str:

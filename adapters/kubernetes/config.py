@@ -28,6 +28,7 @@ class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     node_selector: dict[str, str] = {}  # {label: value} for every pod
     tolerations: list[dict[str, Any]] = []  # core/v1 Toleration objects for every pod
     runtime_class: str | None = None  # runtimeClassName (e.g. gvisor, kata) for stronger isolation
+    gpu_runtime_class: str | None = None  # runtimeClassName of sandboxes with spec.gpus (e.g. nvidia)
     priority_class: str | None = None  # priorityClassName
     # create the namespace's deny-egress policy and per-sandbox allow policies (False where an
     # admin manages policies)

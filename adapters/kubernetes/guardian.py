@@ -75,21 +75,6 @@ def start(config: KubernetesConfig, selector: str, reattach_grace: float) -> sub
         return None
 
 
-def stop(guardian: subprocess.Popen[bytes]) -> None:
-    """The adapter's clean end: the guardian leaves the pods alone and exits."""
-    assert guardian.stdin is not None
-    try:
-        guardian.stdin.write(b"closed")
-        guardian.stdin.close()
-    except OSError:  # it died already
-        pass
-    try:
-        guardian.wait(5)
-    except subprocess.TimeoutExpired:
-        guardian.kill()  # our own child, by its handle
-        guardian.wait()
-
-
 async def act(config: KubernetesConfig, selector: str, linger: float) -> None:
     from orchard_async.adapters.kubernetes.adapter import KubernetesAdapter  # the adapter starts this module
 

@@ -32,6 +32,7 @@ CONTAINER = "sandbox"  # the sandbox container's name in its pod
 DENY_POLICY = "orchard-deny-egress"
 RELAY_POLICY = "orchard-relay-ingress"
 PULL_POLICIES = {"missing": "IfNotPresent", "never": "Never", "always": "Always"}
+GPU_RESOURCE = "nvidia.com/gpu"  # what NVIDIA's device plugin offers on a node
 
 # The pod's main process: the self-destruct timer. `$1` the attach grace, `$2` the rest of
 # the TTL (waited only if a shell attached), `$3` the file the shell writes its pid to.
@@ -48,6 +49,7 @@ class PodSettings(msgspec.Struct, frozen=True, kw_only=True):
     tolerations: list[dict[str, Any]] = []  # core/v1 Toleration objects
     runtime_class: str | None = None  # runtimeClassName (e.g. gvisor, kata)
     priority_class: str | None = None  # priorityClassName
+    gpu_runtime_class: str | None = None  # runtimeClassName of pods that ask for GPUs (e.g. nvidia)
 
 
 def sandbox_labels(
@@ -114,7 +116,8 @@ def pod_manifest(
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "privileged": False,
-            "capabilities": {"drop": ["ALL"]},
+            # su/setpriv to the image's other users when the spec asks, and nothing else
+            "capabilities": {"drop": ["ALL"], **({"add": ["SETGID", "SETUID"]} if spec.switch_users else {})},
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -124,6 +127,8 @@ def pod_manifest(
         quantities["cpu"] = f"{math.ceil(spec.cpu * 1000)}m"
     if spec.memory_bytes:
         quantities["memory"] = str(spec.memory_bytes)
+    if spec.gpus:  # the device plugin's extended resource (an extended resource's request must equal its limit)
+        quantities[GPU_RESOURCE] = str(spec.gpus)
     if quantities:  # requests = limits: what the scheduler reserves is what the pod may use
         container["resources"] = {"requests": quantities, "limits": dict(quantities)}
     pod_spec: dict[str, Any] = {
@@ -140,10 +145,13 @@ def pod_manifest(
         workdir = spec.workdir or DEFAULT_WORKDIR
         container["volumeMounts"] = [{"name": "work", "mountPath": workdir}, {"name": "ctl", "mountPath": CTL_DIR}]
         pod_spec["volumes"] = [{"name": "work", "emptyDir": {}}, {"name": "ctl", "emptyDir": {}}]
+        for index, path in enumerate(sorted(set(spec.writable_dirs))):  # as the workdir: writable on a read-only root
+            container["volumeMounts"].append({"name": f"dir-{index}", "mountPath": path})
+            pod_spec["volumes"].append({"name": f"dir-{index}", "emptyDir": {}})
     optional = {
         "nodeSelector": settings.node_selector,
         "tolerations": settings.tolerations,
-        "runtimeClassName": settings.runtime_class,
+        "runtimeClassName": (spec.gpus and settings.gpu_runtime_class) or settings.runtime_class,
         "priorityClassName": settings.priority_class,
     }
     pod_spec.update({key: value for key, value in optional.items() if value})
@@ -154,6 +162,17 @@ def pod_manifest(
         "metadata": {"name": name, "labels": labels, "annotations": annotations},
         "spec": pod_spec,
     }
+
+
+def gpus_of(node: dict[str, Any]) -> int:
+    """The GPUs a node offers pods (its allocatable nvidia.com/gpu); 0 for one that is cordoned."""
+    if (node.get("spec") or {}).get("unschedulable"):
+        return 0
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    try:
+        return int(allocatable.get(GPU_RESOURCE, 0))
+    except ValueError:
+        return 0
 
 
 def namespace_manifest(namespace: str) -> dict[str, Any]:

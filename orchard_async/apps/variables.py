@@ -116,6 +116,10 @@ ELSEWHERE = (
         "a bare venv with `pip install -e .`, for the fresh-install test",
     ),
     Variable(
+        "ORCHARD_HARBOR_VENV", ".ci/run", "(none: the Harbor runner tests skip)",
+        "a Python 3.12 venv with `pip install -e '.[harbor]'`, for the tests of Harbor's runner over orchard_async.harbor",
+    ),
+    Variable(
         "ORCHARD_ATTACK_CANARY", TESTS, "(set by the test)",
         "a secret in the test process's environment that no sandbox may read (conformance attacks)",
     ),

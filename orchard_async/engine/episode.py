@@ -281,7 +281,7 @@ async def _grade_apart(
             submission = await task.submission(sandbox)
             await close_agent()
             start = time.monotonic()
-            scorer = await pool.acquire(scorer_spec(spec))
+            scorer = await pool.acquire(scorer_spec(spec, task))
             sandbox.ops.append(Op("create", start - sandbox.t0, time.monotonic() - start, "scorer"))
             try:
                 try:

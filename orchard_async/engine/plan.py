@@ -108,8 +108,13 @@ def base_spec(spec: SandboxSpec) -> SandboxSpec:
     return _in_role(spec, "group-setup")
 
 
-def scorer_spec(spec: SandboxSpec) -> SandboxSpec:
-    """A ``GradedApart`` task's fresh sandbox for grading: the agent's spec in its own role."""
+def scorer_spec(spec: SandboxSpec, task: object = None) -> SandboxSpec:
+    """A ``GradedApart`` task's fresh sandbox for grading: the agent's spec in its own role, or
+    the task's own ``scorer_spec`` (a verifier with another image or network, as Harbor's
+    separate verifier environment) with the agent's TTL and episode labels."""
+    own = getattr(task, "scorer_spec", None)
+    if isinstance(own, SandboxSpec):
+        spec = msgspec.structs.replace(own, ttl=spec.ttl, labels={**spec.labels, **own.labels})
     return _in_role(spec, "scorer")
 
 
@@ -124,7 +129,7 @@ def episode_specs(task: Task, *, forked: bool = False, leader: bool = False) -> 
     if forked and leader:
         specs = [base_spec(spec)]
     if isinstance(task, GradedApart):
-        specs.append(scorer_spec(spec))
+        specs.append(scorer_spec(spec, task))
     return specs
 
 

@@ -152,10 +152,11 @@ def timer_args(ttl: float, attach_grace: float) -> list[str]:
     return [str(grace), str(total - grace), SHELL_PID]
 
 
-def preamble(workdir: str) -> str:
+def preamble(workdir: str, writable_dirs: tuple[str, ...] = ()) -> str:
     """What the exec's shell runs before the server script (it then becomes the server): the
-    directories it and the commands need, and its pid for the timer."""
-    dirs = f"{quote(CTL_DIR)} {quote(workdir)}"
+    directories it and the commands need (``spec.writable_dirs`` among them), and its pid for
+    the timer."""
+    dirs = " ".join(quote(d) for d in (CTL_DIR, workdir, *writable_dirs))
     return f"mkdir -p -- {dirs} && echo $$ >{quote(SHELL_PID)} || {{ echo {SETUP_FAILED} >&2; exit 1; }}\n"
 
 
@@ -283,6 +284,7 @@ async def start_shell(
     output_cap: int,
     mount: str,
     where: str = "",
+    writable_dirs: tuple[str, ...] = (),
 ) -> tuple[CgroupShellClient, list[OutputStream]]:
     """Bootstrap the shell-session server on a fresh shell exec (``shell_command``): the
     preamble, the output relays (none without ``open_output``: the protocol's spool mode;
@@ -293,7 +295,7 @@ async def start_shell(
     relays: tuple[OutputStream, OutputStream] | None = None
     pipes = session_pipes(open_output)
     try:
-        await stream.send(preamble(workdir).encode())
+        await stream.send(preamble(workdir, writable_dirs).encode())
         if open_output is not None:
             try:
                 if isinstance(open_output, SplitRelay):
@@ -324,8 +326,9 @@ async def start_shell(
         why = stderr()
         if SETUP_FAILED in why:  # the image, not the backend: retrying cannot help
             raise ConfigError(
-                f"the sandbox could not create {workdir} and {CTL_DIR}: {why.replace(SETUP_FAILED, '').strip()}; "
-                f"choose a workdir the image's user can write (read_only=True mounts {mount} there)"
+                f"the sandbox could not create {', '.join((workdir, *writable_dirs))} and {CTL_DIR}: "
+                f"{why.replace(SETUP_FAILED, '').strip()}; choose a workdir (and writable_dirs) the image's user "
+                f"can write (read_only=True mounts {mount} there)"
             ) from None
         raise CreateFailed(f"the sandbox shell{where} did not start: {why.strip() or exc}") from None
     except BaseException:

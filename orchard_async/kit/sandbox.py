@@ -16,10 +16,11 @@ from typing import Any
 
 import anyio
 
-from orchard_async.capabilities import EgressRule, FileRoot, NetworkControl, NetworkState, Ping
+from orchard_async.capabilities import EgressRule, Exposes, FileRoot, NetworkControl, NetworkState, Ping
 from orchard_async.errors import ConfigError, PathOutsideSandbox, SandboxLost
 from orchard_async.kit import streams
 from orchard_async.kit.egress import NetworkSwitch
+from orchard_async.kit.expose import Exposures
 from orchard_async.kit.shell import ShellClient, quote
 from orchard_async.protocols import DEFAULT_EXEC_TIMEOUT
 from orchard_async.types import ExecResult, FileInfo
@@ -49,7 +50,7 @@ class ShellSandbox:
     is a ConfigError.
     """
 
-    capabilities = frozenset({Ping, FileRoot, NetworkControl})
+    capabilities = frozenset({Ping, FileRoot, NetworkControl, Exposes})
 
     def __init__(
         self,
@@ -73,6 +74,7 @@ class ShellSandbox:
         self._stream_opener = stream_opener
         self._network = network
         self._sessions = 0
+        self._exposures = Exposures(self)
         self.closed = False
 
     @property
@@ -117,6 +119,14 @@ class ShellSandbox:
 
     async def connect(self, port: int) -> streams.SandboxStream:
         return await streams.connect(self, port)
+
+    async def expose(self, port: int) -> str:
+        """``http://127.0.0.1:N`` on the controller, relayed to ``port`` in the sandbox until
+        ``unexpose(port)`` or the sandbox closes (``kit.expose``). Idempotent per port."""
+        return await self._exposures.expose(port)
+
+    async def unexpose(self, port: int) -> bool:
+        return await self._exposures.unexpose(port)
 
     # -- network ---------------------------------------------------------------------------
 
@@ -218,6 +228,7 @@ class ShellSandbox:
             return
         self.closed = True
         with anyio.CancelScope(shield=True):
+            await self._exposures.close()  # first: no new connection reaches a closing sandbox
             await self._on_close()
 
     async def __aenter__(self) -> ShellSandbox:

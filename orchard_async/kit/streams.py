@@ -229,7 +229,7 @@ async def _pump(source: anyio.abc.ByteReceiveStream, sink: anyio.abc.ByteSendStr
         pass
 
 
-async def _splice(client: anyio.abc.ByteStream, sandbox: Sandbox, port: int) -> None:
+async def splice(client: anyio.abc.ByteStream, sandbox: Sandbox, port: int) -> None:
     """One forwarded connection: until the sandbox's side ends. Any failure closes this
     connection only (the client sees it closed), never the forward."""
     async with client:
@@ -257,7 +257,7 @@ async def forward(sandbox: Sandbox, port: int, *, host: str = "127.0.0.1") -> As
         raise ConfigError(f"port must be an integer from 1 to 65535, got {port!r}")
     listener = await anyio.create_tcp_listener(local_host=host, local_port=0)
     async with listener, anyio.create_task_group() as group:
-        group.start_soon(listener.serve, lambda client: _splice(client, sandbox, port))
+        group.start_soon(listener.serve, lambda client: splice(client, sandbox, port))
         yield host, listener.extra(SocketAttribute.local_port)
         group.cancel_scope.cancel()
 

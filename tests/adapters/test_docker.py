@@ -773,3 +773,40 @@ async def test_daemon_restart_mid_rollout_accounts_for_every_episode(tmp_path: P
     assert await adapter.list_owned() == []
 
     await eventually(none_left(adapter.run_id), 30, "no container of the rollout is left")
+
+
+def test_gpus_are_a_device_request_as_docker_run_gpus_makes_it() -> None:
+    from orchard_async.adapters.docker.config import DockerConfig
+    from orchard_async.adapters.docker.container import container_config
+
+    def host(spec: oa.SandboxSpec) -> dict:
+        config = container_config(
+            DockerConfig(), spec, "i", {}, workdir="/workspace", relays_in_main=False, reattach_grace=0, hosts_file=None
+        )
+        return config["HostConfig"]
+
+    assert host(oa.SandboxSpec(gpus=2))["DeviceRequests"] == [
+        {"Driver": "", "Count": 2, "DeviceIDs": None, "Capabilities": [["gpu"]]}
+    ]
+    assert "DeviceRequests" not in host(oa.SandboxSpec())
+
+
+async def test_gpus_are_checked_against_what_the_daemon_offers(make_adapter, monkeypatch) -> None:
+    adapter = make_adapter()
+    for info, wanted, refused in (
+        ({"Runtimes": {"runc": {}}}, 1, "no GPU to give"),
+        ({"Runtimes": {"runc": {}, "nvidia": {}}}, 4, None),
+        ({"Runtimes": {}, "DiscoveredDevices": [{"Source": "cdi", "ID": "nvidia.com/gpu=0"}]}, 1, None),
+        ({"Runtimes": {}, "DiscoveredDevices": [{"Source": "cdi", "ID": "nvidia.com/gpu=0"}]}, 2, "has 1 GPU"),
+    ):
+
+        async def answer(info: dict = info) -> dict:
+            return info
+
+        monkeypatch.setattr(adapter.api, "info", answer)
+        adapter._gpus = None
+        if refused:
+            with pytest.raises(oa.ConfigError, match=refused):
+                await adapter._check_gpus(wanted)
+        else:
+            await adapter._check_gpus(wanted)

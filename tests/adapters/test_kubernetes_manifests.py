@@ -20,6 +20,7 @@ from orchard_async.kit import labels as names
 pytest.importorskip("kubernetes_asyncio")
 
 from orchard_async.adapters.kubernetes import KubernetesAdapter, forks, manifests, transport, watch  # noqa: E402
+from orchard_async.adapters.kubernetes.api import ApiError  # noqa: E402
 
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -189,6 +190,58 @@ def test_pod_manifest_from_the_spec() -> None:
     assert read_only["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
     mounts = {m["mountPath"] for m in read_only["containers"][0]["volumeMounts"]}
     assert mounts == {"/workspace", "/tmp/.orchard"} and all("emptyDir" in v for v in read_only["volumes"])
+
+
+def test_gpus_are_limits_of_the_device_plugins_resource_with_their_runtime_class() -> None:
+    identity = {"host": "h", "pidns": "pid:[9]", "pid": "42", "start": "7"}
+
+    def built(spec: oa.SandboxSpec, **options: Any) -> dict:
+        settings = manifests.PodSettings(attach_grace=60, runtime_class="gvisor", **options)
+        return manifests.pod_manifest("p", spec, "i", {}, settings, identity=identity, owner="")["spec"]
+
+    pod = built(oa.SandboxSpec(gpus=2, cpu=1), gpu_runtime_class="nvidia")
+    assert pod["containers"][0]["resources"] == {
+        "requests": {"cpu": "1000m", "nvidia.com/gpu": "2"},
+        "limits": {"cpu": "1000m", "nvidia.com/gpu": "2"},
+    }
+    assert pod["runtimeClassName"] == "nvidia"
+    cpu_only = built(oa.SandboxSpec(), gpu_runtime_class="nvidia")
+    assert cpu_only["runtimeClassName"] == "gvisor" and "resources" not in cpu_only["containers"][0]
+    assert built(oa.SandboxSpec(gpus=1))["runtimeClassName"] == "gvisor"  # no GPU class: the adapter's own
+    node = {"status": {"allocatable": {"nvidia.com/gpu": "4", "cpu": "8"}}}
+    assert manifests.gpus_of(node) == 4 and manifests.gpus_of({"status": {"allocatable": {"cpu": "8"}}}) == 0
+    assert manifests.gpus_of({**node, "spec": {"unschedulable": True}}) == 0
+    adapter = KubernetesAdapter(image="img:1", namespace="ns1", gpu_runtime_class="nvidia")
+    assert adapter._pod_manifest("x", oa.SandboxSpec(gpus=1), "img:1", {})["spec"]["runtimeClassName"] == "nvidia"
+
+
+class NodesApi:
+    """The API server's answer to a list of nodes, or its refusal."""
+
+    def __init__(self, nodes: list[dict] | None = None, status: int = 200):
+        self.nodes, self.status, self.asked = nodes or [], status, 0
+
+    async def request(self, method: str, path: str, **_: Any) -> dict:
+        self.asked += 1
+        assert (method, path) == ("GET", "/api/v1/nodes")
+        if self.status != 200:
+            raise ApiError(self.status, "Forbidden", "nodes is forbidden")
+        return {"items": self.nodes}
+
+
+async def test_a_spec_asking_for_more_gpus_than_any_node_has_is_refused_in_one_line() -> None:
+    adapter = KubernetesAdapter(namespace="ns4")
+    gpu_node = {"status": {"allocatable": {"nvidia.com/gpu": "2"}}}
+    for nodes, wanted, refused in (([], 1, True), ([gpu_node], 2, False), ([gpu_node], 3, True)):
+        adapter.api = NodesApi(nodes)  # type: ignore[assignment]
+        if refused:
+            with pytest.raises(oa.ConfigError, match=f"gpus={wanted}, but no node") as caught:
+                await adapter._check_gpus(wanted)
+            assert "\n" not in str(caught.value)
+        else:
+            await adapter._check_gpus(wanted)
+    adapter.api = NodesApi(status=403)  # type: ignore[assignment]
+    await adapter._check_gpus(8)  # a key that may not list nodes leaves it to the scheduler
 
 
 def test_the_adapter_builds_pods_from_its_options() -> None:

@@ -11,6 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 
 import orchard_async as oa
@@ -146,14 +147,29 @@ async def test_environment_is_clean_and_spec_env_is_set(
         await adapter.close()
 
 
-async def test_paths_outside_the_sandbox_are_refused(root: Path) -> None:
-    adapter = LocalAdapter(root=root)
+@pytest.mark.parametrize("walled", ["bwrap", "unshare"])
+async def test_file_operations_reach_what_commands_reach_and_no_more(root: Path, walled: str) -> None:
+    """The file API runs as the sandbox's commands do: it reads what they can read (the host's
+    root, read-only), writes only where they can, and sees neither another sandbox nor the host
+    paths the boundary hides. (Without isolation it is the caller's own file access.)"""
+    if not iso.probe(walled).ok:
+        backend_missing(f"isolation {walled}: {iso.probe(walled).why}")
+    adapter = LocalAdapter(root=root, isolation=walled)
+    other = await adapter.create(oa.SandboxSpec(ttl=60))
     box = await adapter.create(oa.SandboxSpec(ttl=60))
     try:
-        for path in ("../../escape", "/etc/passwd", "a/../../../x"):
-            with pytest.raises(oa.PathOutsideSandbox):
+        await other.write_file("secret.txt", "other's")
+        passwd = await anyio.Path("/etc/passwd").read_bytes()
+        assert (await box.read_file("/etc/passwd")) == passwd
+        assert "etc" in {entry.name for entry in await box.list_dir("/")}
+        for path in ("../../escape", "/etc/orchard-escape", "a/../../../x"):
+            with pytest.raises(OSError, match="Read-only file system"):
                 await box.write_file(path, "x")
-        assert not (root / "escape").exists()
+        assert not await anyio.Path("/escape").exists() and not await anyio.Path("/etc/orchard-escape").exists()
+        with pytest.raises(FileNotFoundError):
+            await box.read_file(f"{root / other.id}/work/secret.txt")
+        await box.write_file("/tmp/scratch/x", "mine")  # its private /tmp
+        assert await box.read_file("/tmp/scratch/x") == b"mine"
     finally:
         await adapter.close()
 
@@ -213,8 +229,8 @@ DIES_MID_CREATE = textwrap.dedent(
     from orchard_async.adapters.local import LocalAdapter
 
     class DiesWhileMakingTheDirectory(LocalAdapter):
-        def _prepare_dirs(self, base, lease):
-            super()._prepare_dirs(base, lease)
+        def _prepare_dirs(self, base, *made):
+            super()._prepare_dirs(base, *made)
             os.kill(os.getpid(), signal.SIGKILL)
 
     anyio.run(lambda: DiesWhileMakingTheDirectory(root=sys.argv[1], isolation=sys.argv[2]).create(oa.SandboxSpec(pids=64)))

@@ -60,6 +60,11 @@ def host_status(pid: int) -> dict[str, str]:
     return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
 
 
+def host_dir(adapter: LocalAdapter, box: oa.Sandbox) -> str:
+    """The sandbox's dir on the host (it sees its work dir at /workspace)."""
+    return str(adapter.root / box.id)
+
+
 def test_report_names_the_mode_and_every_limit(mode: str) -> None:
     report = isolation_report(mode)
     assert report["isolation"].startswith(f"{mode}: own user, PID, mount, IPC, UTS and network namespaces")
@@ -109,7 +114,7 @@ async def test_commands_run_unprivileged_without_capabilities(adapter: LocalAdap
     # The shell answers before its background child has exec'd sleep (its comm is the shell's
     # until then): look again for a few seconds, as a loaded machine may take that long.
     for _ in range(100):  # 5 s at most
-        sleeps = [pid for pid in _sandbox_processes().get(box.root, []) if comm(pid) == "sleep"]
+        sleeps = [pid for pid in _sandbox_processes().get(host_dir(adapter, box), []) if comm(pid) == "sleep"]
         if sleeps:
             break
         await anyio.sleep(0.05)
@@ -134,7 +139,7 @@ async def test_home_root_and_other_sandboxes_are_hidden(adapter: LocalAdapter, h
     allowed = {a for d in iso.python_dirs() for a in [*iso.ancestors(d), d]}  # the way to the interpreter
     homes = (await box.exec("ls -A /home")).text.split()  # other users' homes, often world-readable
     assert {f"/home/{name}" for name in homes} <= allowed, f"/home shows {homes}"
-    assert (await box.exec(f"ls {other.workdir}")).exit_code != 0
+    assert (await box.exec(f"ls {host_dir(adapter, other)}/work")).exit_code != 0
     # /root shows nothing but the way to the interpreter's dirs.
     listing = await box.exec("find /root -mindepth 1 -maxdepth 4")
     strays = [p for p in listing.text.split() if p not in allowed and not any(iso.under(p, d) for d in allowed)]
@@ -149,7 +154,7 @@ async def test_interpreter_is_the_controllers_with_pytest(adapter: LocalAdapter)
         assert result.ok, result.error_text
         assert result.text.split() == [sys.executable, iso.interpreter()[1]]
     shim_dir = (await box.exec("dirname $(command -v python)")).text.strip()
-    assert shim_dir == f"{box.root}/bin" and not iso.under(shim_dir, box.workdir)
+    assert shim_dir == f"{host_dir(adapter, box)}/bin" and not iso.under(shim_dir, box.workdir)
     assert (await box.exec(f"touch {shim_dir}/x")).exit_code != 0, "the interpreter's dir must be read-only"
     assert isolation_report(adapter.isolation)["interpreter"].startswith(f"{sys.executable} as python and python3")
 
@@ -177,10 +182,10 @@ async def test_pids_cgroup_limits_each_sandbox(adapter: LocalAdapter) -> None:
     # from the process scan: a process gone in between ("") is not one outside.
     mount, _ = iso._own_cgroup("pids") or ("", "")
     inside = cgroup.removeprefix(mount)
-    launcher = set(launcher_pids(box.root))
+    launcher = set(launcher_pids(host_dir(adapter, box)))
     outside = {
         pid: (where, read(f"/proc/{pid}/cmdline").replace("\0", " ")[:200])
-        for pid in _sandbox_processes()[box.root]
+        for pid in _sandbox_processes()[host_dir(adapter, box)]
         if pid not in launcher and (where := pids_cgroup_of(pid)) not in ("", inside)
     }
     assert not outside, f"sandbox processes outside {inside}: {outside}"
@@ -287,6 +292,11 @@ async def test_isolation_none_by_name_runs_without_walls(tmp_path: Path) -> None
     try:
         box = await adapter.create(oa.SandboxSpec(ttl=60))
         assert (await box.exec("readlink /proc/self/ns/pid")).text.strip() == os.readlink("/proc/self/ns/pid")
+        # No mount namespace: the work dir is its host path, and writable_dirs cannot be made.
+        assert "no /workspace" in isolation_report("none")["filesystem"]
+        assert box.workdir == host_dir(adapter, box) + "/work" and (await box.exec("pwd")).text.strip() == box.workdir
+        with pytest.raises(oa.ConfigError, match="writable_dirs"):
+            await adapter.create(oa.SandboxSpec(ttl=60, writable_dirs=("/app",)))
     finally:
         await adapter.close()
 
@@ -298,3 +308,22 @@ def test_a_mode_that_does_not_work_here_is_a_config_error(tmp_path: Path) -> Non
             LocalAdapter(root=tmp_path, isolation=mode)
     with pytest.raises(oa.ConfigError, match="isolation must be one of"):
         LocalAdapter(root=tmp_path, isolation="chroot")
+
+
+async def test_work_dir_at_workspace_and_writable_dirs_bound_from_the_sandbox_dir(adapter: LocalAdapter) -> None:
+    """doctor: 'writable: the sandbox's work dir (at /workspace, the default cwd), spec.writable_dirs'.
+    The dirs live in the sandbox's own dir on the host (gone with it); one the mounts cannot
+    make is refused in one line before anything starts."""
+    assert "/workspace" in isolation_report(adapter.isolation)["filesystem"]
+    box = await adapter.create(oa.SandboxSpec(ttl=60, writable_dirs=("/app", "/tmp/made/here")))
+    assert (await box.exec("echo a >/app/f && echo w >/workspace/f && echo t >/tmp/made/here/f")).ok
+    base = Path(host_dir(adapter, box))
+    assert (base / "work" / "f").read_text() == "w\n"
+    assert sorted(p.read_text() for p in (base / "dirs").glob("*/**/f")) == ["a\n", "t\n"]
+    await box.close()
+    assert not await anyio.Path(base).exists()
+    for refused in ("/usr/share/orchard-new", "/proc/x", str(adapter.root)):
+        with pytest.raises(oa.ConfigError, match="writable_dirs") as why:
+            await adapter.create(oa.SandboxSpec(ttl=60, writable_dirs=(refused,)))
+        assert "\n" not in str(why.value)
+    assert await adapter.list_owned() == [] and not list(adapter.root.iterdir())

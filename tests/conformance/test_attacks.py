@@ -269,11 +269,13 @@ async def test_cannot_read_or_write_another_sandboxs_files(make_adapter: Callabl
     try:
         secret = "victim-secret-" + secrets.token_hex(8)
         await victim.write_file("secret.txt", secret)
-        target = f"{victim.workdir}/secret.txt"
-        roots = [victim.workdir, victim.root]
+        # local: the victim's work dir by its host path (each sandbox sees its own at /workspace)
+        victim_work = f"{adapter.root}/{victim.id}/work" if adapter.name == "local" else victim.workdir
+        target = f"{victim_work}/secret.txt"
+        roots = [victim_work]
         if adapter.name == "local":
             assert read_host_file(target) == secret.encode()  # proof: it is a plain path on the host
-            roots.append(str(adapter.root))
+            roots += [f"{adapter.root}/{victim.id}", str(adapter.root)]
         script = f"""
 cat {quote(target)} 2>/dev/null
 for r in /proc/[0-9]*/root; do cat "$r"{quote(target)} 2>/dev/null; done
@@ -281,7 +283,7 @@ for d in {" ".join(quote(r) for r in roots)}; do
   cat "$d"/*/work/secret.txt "$d"/*/*/secret.txt 2>/dev/null
   echo pwned >"$d/pwned" 2>/dev/null && echo "WROTE $d"
 done
-echo pwned >{quote(victim.workdir + "/pwned.txt")} 2>/dev/null
+echo pwned >{quote(victim_work + "/pwned.txt")} 2>/dev/null
 echo pwned >{quote(target)} 2>/dev/null
 echo DONE
 """
@@ -304,7 +306,7 @@ async def test_cannot_write_outside_the_work_dir_and_tmp(make_adapter: Callable[
     name = "orchard-attack-" + secrets.token_hex(6)
     targets = ["/etc", "/usr", "/bin", "/var/tmp", "/", str(Path.home()), "/tmp"]
     if adapter.name == "local":
-        targets += [str(adapter.root), box.root]
+        targets += [str(adapter.root), f"{adapter.root}/{box.id}"]
     try:
         script = "".join(f'echo pwned >{quote(t + "/" + name)} 2>/dev/null && echo "WROTE {t}"\n' for t in targets)
         _, out = await run(box, script + "echo DONE")
@@ -444,7 +446,7 @@ async def test_huge_output_is_capped_and_never_spooled(make_adapter: Callable[..
     def watch() -> None:
         nonlocal peak
         while not stop.is_set():
-            peak = max(peak, disk_usage(box.root))
+            peak = max(peak, disk_usage(f"{adapter.root}/{box.id}"))
             time.sleep(0.02)
 
     watcher = threading.Thread(target=watch, daemon=True)

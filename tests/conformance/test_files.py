@@ -46,3 +46,25 @@ async def test_apply_patch(sandbox: oa.Sandbox) -> None:
     assert await sandbox.read_file("pkg/mod.txt") == b"one\nTWO\nthree\n"
     failed = await sandbox.apply_patch(patch.replace("-two", "-missing"))
     assert not failed.ok
+
+
+async def test_the_workdir_is_workspace_and_writable_dirs_exist(make_adapter) -> None:
+    """Every adapter with a shell shows its work dir at /workspace (local: a bind of its own
+    dir) and makes spec.writable_dirs at start: writable by commands and by the file API, which
+    reaches every path a command does (the root's listing included)."""
+    adapter = make_adapter()
+    box = await adapter.create(oa.SandboxSpec(ttl=300, writable_dirs=("/app", "/logs", "/app/sub")))
+    try:
+        assert box.workdir == "/workspace"
+        assert (await box.exec("pwd")).text == "/workspace\n"
+        made = await box.exec("for d in /app /logs /app/sub /workspace; do echo x >$d/by-command || exit 1; done")
+        assert made.ok, made.error_text
+        for path in ("/app/by-api", "/logs/by-api", "/app/sub/by-api", "/workspace/by-api"):
+            await box.write_file(path, path)
+        shown = await box.exec("cat /app/by-api /logs/by-api /app/sub/by-api by-api")
+        assert shown.text == "/app/by-api/logs/by-api/app/sub/by-api/workspace/by-api", shown
+        assert await box.read_file("/logs/by-command") == b"x\n"
+        assert {"app", "logs", "workspace", "etc"} <= {entry.name for entry in await box.list_dir("/")}
+        assert (await box.read_file("/etc/passwd")).startswith(b"root:")
+    finally:
+        await box.close()

@@ -12,7 +12,22 @@ from pathlib import Path
 import orchard_async as oa
 
 BACK_ROOMS = ("orchard_async.recipes", "orchard_async.bench")
-EVERY_COMMAND = {"demo", "run", "export", "export-gui", "inspect", "reap", "doctor", "images", "bench", "serve", "view"}
+EVERY_COMMAND = {
+    "demo",
+    "run",
+    "export",
+    "export-gui",
+    "swe",
+    "claw",
+    "harbor",
+    "inspect",
+    "reap",
+    "doctor",
+    "images",
+    "bench",
+    "serve",
+    "view",
+}
 
 # Runs in a fresh interpreter: builds the parser for argv, runs it (unless told not to),
 # then writes the back-room modules it finds loaded into the report file.
@@ -86,6 +101,6 @@ def test_help_lists_every_command_and_each_command_has_its_own_help(tmp_path: Pa
     assert listed is not None and set(listed[1].split(",")) == EVERY_COMMAND
     assert "a command of the gui recipe" in help_of(tmp_path)
     export = help_of(tmp_path, "export")
-    assert "{sft,rl,grpo}" in export and "--min-reward" in export and "--out" in export
+    assert "{sft,rl,grpo,tokens}" in export and "--min-reward" in export and "--out" in export
     assert "--screenshots" in help_of(tmp_path, "export-gui")
     assert "SCENARIO" in help_of(tmp_path, "bench")

@@ -45,6 +45,11 @@ ALLOWED: dict[str, set[str]] = {
     "recipes": {"public", "contract", "records", "models", "images"},
     "apps": {"public", "contract", "kit", "records", "models", "images", "engine", "registry", "adapters"},
     "bench": {"public", "contract", "kit", "records", "models", "adapters", "recipes", "apps"},
+    # orchard_async/openenv.py: OpenEnv's ContainerProvider over the public API (sandbox.expose)
+    "openenv": {"public", "contract", "kit", "registry"},
+    # The Harbor environment provider (orchard_async.harbor): Harbor's runner drives an adapter
+    # from the registry, with the Harbor recipe's images and task rules; nothing imports it.
+    "harbor": {"public", "contract", "registry", "recipes"},
 }
 LAZY_EXTRA = {"registry", "adapters", "recipes", "public"}  # plugin points, imported when used
 NEVER_LAZY = {"apps", "bench"}  # nothing in the layers reaches the applications

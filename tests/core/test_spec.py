@@ -51,6 +51,14 @@ import orchard_async as oa
         ({"image": 5}, "image"),
         ({"workdir": 5}, "absolute"),
         ({"workdir": "/a\0b"}, "NUL"),
+        ({"gpus": -1}, "gpus"),
+        ({"gpus": 1.5}, "gpus"),
+        ({"gpus": True}, "gpus"),
+        ({"writable_dirs": ("app",)}, "absolute"),
+        ({"writable_dirs": "/app"}, "list of absolute paths"),
+        ({"writable_dirs": ("/app/../etc",)}, "normalised"),
+        ({"writable_dirs": ("/",)}, "normalised"),
+        ({"writable_dirs": ("/a\0b",)}, "absolute"),
     ],
 )
 def test_invalid_specs_name_what_is_wrong(fields: dict, message: str) -> None:
@@ -71,8 +79,12 @@ def test_valid_specs_of_every_field_are_accepted() -> None:
         ttl=60,
         labels={"team": "rl"},
         pull="never",
+        writable_dirs=("/app", "/logs"),
+        gpus=2,
     )
     assert (spec.cpu, spec.memory_bytes, spec.pids, spec.ttl) == (2, 512 * 2**20, 64, 60)
+    assert (spec.writable_dirs, spec.gpus) == (("/app", "/logs"), 2)
+    assert oa.SandboxSpec.parse({"writable_dirs": ["/app"], "gpus": 1}).writable_dirs == ("/app",)
     assert oa.SandboxSpec(cpu=0.5, memory=1 << 20, ttl=0.5).memory_bytes == 1 << 20
 
 

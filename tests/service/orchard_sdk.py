@@ -1,7 +1,11 @@
-"""A stand-in for Orchard Env's Python client (``orchard_env`` 0.1.0), which is not on PyPI:
-the request shapes, parsing and retry rules of orchard-env-api.md, sync (requests) and
-async (aiohttp, whose ``response.json()`` insists on ``application/json``). Only what the
-flows in test_orchard_client.py use; each rule cites its section of the contract file."""
+"""A stand-in for Orchard Env's Python client (``orchard_env``), which is not on PyPI: the
+request shapes, parsing and retry rules of orchard-env-api.md, sync (requests) and async
+(aiohttp, whose ``response.json()`` insists on ``application/json``). Every call of the
+client's sandbox API as of Orchard 8cc370a (orchard_env/client/sandbox_client.py) but the
+network ones and ``pty=True`` (test_pty.py speaks that protocol): create (with and without
+waiting), get, delete, health, exec (waited, not waited, login shell), get_job, files
+(content and local paths, list with its default "/"), apply_patch, heartbeat and check_env's
+two probes; each rule cites its section of the contract file."""
 
 from __future__ import annotations
 
@@ -16,6 +20,26 @@ import aiohttp
 import requests
 
 TERMINAL = ("succeeded", "failed")
+
+# check_env's probes: a plain shell's PATH and HISTCONTROL, then a login shell's, with whether a
+# ~/.bashrc exists (it counts as loaded when the login shell's environment differs).
+BARE_PROBE = 'echo "PATH=$PATH"; echo "HISTCONTROL=${HISTCONTROL:-}"'
+LOGIN_PROBE = (
+    BARE_PROBE
+    + '; echo "BASHRC=$([ -f ~/.bashrc ] && echo yes || echo no)"; echo "PYTHON=$(command -v python3 || echo none)"'
+)
+
+
+def probe_values(stdout: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
+
+
+def environment_check(bare: JobResult, login: JobResult) -> dict[str, Any]:
+    plain, full = probe_values(bare.stdout), probe_values(login.stdout)
+    has_bashrc = full.get("BASHRC") == "yes"
+    changed = (plain.get("PATH"), plain.get("HISTCONTROL")) != (full.get("PATH"), full.get("HISTCONTROL"))
+    return {"has_bashrc": has_bashrc, "bashrc_loaded": has_bashrc and changed, "path": full.get("PATH", ""),
+            "bare_path": plain.get("PATH", ""), "python3": full.get("PYTHON", "none"), "stderr": login.stderr}  # fmt: skip
 
 
 @dataclass
@@ -124,6 +148,22 @@ class SandboxClient:
         data["sandbox_id"]  # noqa: B018 - needed
         return data
 
+    def sandbox(self, sandbox_id: str) -> Sandbox:
+        """The client's get_sandbox: an instance for an existing sandbox."""
+        return Sandbox(self, self.get_sandbox(sandbox_id)["sandbox_id"])
+
+    def create_unwaited(self, image: str, block_network: bool = True) -> Sandbox:
+        """create_sandbox(wait_ready=False): the create's answer, no /wait."""
+        made = self.request("POST", "/sandboxes", json=create_body(image, block_network, None, self.prefix))
+        return Sandbox(self, made["sandbox_id"])
+
+    def delete_sandbox(self, sandbox_id: str) -> None:
+        """Errors ignored, as the client's cleanup does."""
+        try:
+            self.request("DELETE", f"/sandboxes/{sandbox_id}")
+        except requests.RequestException:
+            pass
+
     def get_job(self, job_id: str) -> JobResult:
         return JobResult.of(self.request("GET", f"/jobs/{job_id}"))
 
@@ -134,7 +174,7 @@ class Sandbox:
         self.id = sandbox_id
 
     def exec(self, command: str | list[str], timeout: int | None = None, cwd: str | None = None,
-             env: dict | None = None, login_shell: bool = False) -> JobResult:  # fmt: skip
+             env: dict | None = None, login_shell: bool = False, wait: bool = True) -> JobResult:  # fmt: skip
         body = exec_body(command, timeout, cwd, env, login_shell)
         path = f"/sandboxes/{self.id}/exec"
         try:
@@ -144,6 +184,8 @@ class Sandbox:
         except Exception:  # section 4: any exception -> the same POST without "wait"
             data = self.client.request("POST", path, json={k: v for k, v in body.items() if k != "wait"})
             job, job_id = None, data["job_id"]
+        if not wait and job is None:  # the client makes up a queued job for the caller to poll
+            return JobResult(job_id, self.id, str(command), "queued", time.time())
         deadline = time.monotonic() + (timeout or 300) + 60
         while job is None or job.status not in TERMINAL:
             if time.monotonic() > deadline:
@@ -156,9 +198,27 @@ class Sandbox:
         body = {"path": remote, "content": base64.b64encode(data).decode()}
         return self.client.request("POST", f"/sandboxes/{self.id}/files", json=body)
 
+    def upload_file(self, local: str, remote: str) -> Any:
+        with open(local, "rb") as source:
+            return self.upload_content(source.read(), remote)
+
     def download_content(self, remote: str) -> bytes:
         data = self.client.request("GET", f"/sandboxes/{self.id}/files", params={"path": remote})
         return base64.b64decode(data["content"])
+
+    def download_file(self, remote: str, local: str) -> int:
+        data = self.download_content(remote)
+        with open(local, "wb") as target:
+            target.write(data)
+        return len(data)
+
+    def get_job(self, job_id: str) -> JobResult:
+        return self.client.get_job(job_id)
+
+    def check_env(self) -> dict[str, Any]:
+        return environment_check(
+            self.exec(BARE_PROBE, timeout=10), self.exec(LOGIN_PROBE, timeout=15, login_shell=True)
+        )
 
     def list_files(self, remote: str = "/") -> list:
         return self.client.request("GET", f"/sandboxes/{self.id}/files/list", params={"path": remote})["files"]
@@ -179,6 +239,7 @@ class Sandbox:
 
 class AsyncSandboxClient:
     def __init__(self, base_url: str, api_key: str | None = None):
+        self.api_key = api_key
         self.base_url = base_url.rstrip("/")
         headers = {"X-API-Key": api_key} if api_key else {}
         timeout = aiohttp.ClientTimeout(total=1200, sock_connect=30, sock_read=1200)
@@ -215,6 +276,24 @@ class AsyncSandboxClient:
             raise RuntimeError(sandbox_id)
         return AsyncSandbox(self, sandbox_id)
 
+    async def health(self) -> Any:
+        return await self.request("GET", "/health")
+
+    async def get_sandbox(self, sandbox_id: str) -> AsyncSandbox:
+        data = await self.request("GET", f"/sandboxes/{sandbox_id}")
+        return AsyncSandbox(self, data["sandbox_id"])
+
+    async def delete_sandbox(self, sandbox_id: str) -> None:
+        """Errors ignored, as the client's cleanup does."""
+        self.tracked.discard(sandbox_id)
+        try:
+            await self.request("DELETE", f"/sandboxes/{sandbox_id}")
+        except aiohttp.ClientError:
+            pass
+
+    async def get_job(self, job_id: str) -> JobResult:
+        return JobResult.of(await self.request("GET", f"/jobs/{job_id}"))
+
     async def close(self) -> None:
         """Section 3: async close() DELETEs every tracked sandbox."""
         for sandbox_id in list(self.tracked):
@@ -229,13 +308,15 @@ class AsyncSandbox:
         self.id = sandbox_id
 
     async def exec(self, command: str | list[str], timeout: int | None = None, cwd: str | None = None,
-                   env: dict | None = None) -> JobResult:  # fmt: skip
-        body = exec_body(command, timeout, cwd, env, False)
+                   env: dict | None = None, login_shell: bool = False, wait: bool = True) -> JobResult:  # fmt: skip
+        body = exec_body(command, timeout, cwd, env, login_shell)
         path = f"/sandboxes/{self.id}/exec"
         try:
             data = await self.client.request("POST", path, json=body)
         except Exception:  # section 4
             data = await self.client.request("POST", path, json={k: v for k, v in body.items() if k != "wait"})
+        if not wait and data.get("status") not in TERMINAL:
+            return JobResult(data["job_id"], self.id, str(command), "queued", time.time())
         while data.get("status") not in TERMINAL:
             await asyncio.sleep(0.1)
             data = await self.client.request("GET", f"/jobs/{data['job_id']}")
@@ -248,6 +329,32 @@ class AsyncSandbox:
     async def download_content(self, remote: str) -> bytes:
         data = await self.client.request("GET", f"/sandboxes/{self.id}/files", params={"path": remote})
         return base64.b64decode(data["content"])
+
+    async def upload_file(self, local: str, remote: str) -> Any:
+        with open(local, "rb") as source:  # noqa: ASYNC230 - the client's own way
+            return await self.upload_content(source.read(), remote)
+
+    async def download_file(self, remote: str, local: str) -> int:
+        data = await self.download_content(remote)
+        with open(local, "wb") as target:  # noqa: ASYNC230 - the client's own way
+            target.write(data)
+        return len(data)
+
+    async def get_job(self, job_id: str) -> JobResult:
+        return await self.client.get_job(job_id)
+
+    async def check_env(self) -> dict[str, Any]:
+        bare = await self.exec(BARE_PROBE, timeout=10)
+        return environment_check(bare, await self.exec(LOGIN_PROBE, timeout=15, login_shell=True))
+
+    def delete_sync(self) -> None:
+        """The client's delete for a closed event loop: a plain DELETE, errors ignored."""
+        headers = {"X-API-Key": self.client.api_key} if self.client.api_key else {}
+        try:
+            requests.delete(f"{self.client.base_url}/sandboxes/{self.id}", headers=headers, timeout=10)
+        except requests.RequestException:
+            pass
+        self.client.tracked.discard(self.id)
 
     async def list_files(self, remote: str = "/") -> list:
         return (await self.client.request("GET", f"/sandboxes/{self.id}/files/list", params={"path": remote}))["files"]

@@ -76,20 +76,29 @@ async def test_unknown_sandbox_and_job(client: httpx.AsyncClient) -> None:
         assert "not found" in assert_json(await client.request(method, path, json=body), 404)["detail"], path
 
 
-async def test_paths_outside_the_sandbox(client: httpx.AsyncClient) -> None:
+async def test_the_file_api_reaches_what_commands_reach(client: httpx.AsyncClient) -> None:
+    """Files and commands agree on what exists: an upload anywhere a command can write is read
+    back by a command, a download of any file a command can read gives its bytes, the root lists;
+    where a command cannot write, neither can an upload. A NUL byte is no path at all."""
     sandbox_id = await make_sandbox(client)
-    root = (await client.get(f"/sandboxes/{sandbox_id}")).json()["root"]
-    if root == "/":
-        pytest.skip("this adapter's sandbox is the whole file system")
-    before = await files(client, sandbox_id)
-    outside = "/workspace/../../../../../../tmp/escaped"
-    up = {"path": outside, "content": base64.b64encode(b"x").decode()}
-    assert "outside" in assert_json(await client.post(f"/sandboxes/{sandbox_id}/files", json=up), 400)["detail"]
-    down = await client.get(f"/sandboxes/{sandbox_id}/files", params={"path": "/etc/passwd"})
-    assert assert_json(down, 400)["reason"] == "path_outside"
+
+    async def run(command: str) -> dict:
+        return (await client.post(f"/sandboxes/{sandbox_id}/exec", json=exec_body(command))).json()
+
+    for path in ("/workspace/up.txt", "/tmp/up.txt", "/workspace/../tmp/again.txt"):
+        up = {"path": path, "content": base64.b64encode(path.encode()).decode()}
+        assert_json(await client.post(f"/sandboxes/{sandbox_id}/files", json=up), 200)
+        assert (await run(f"cat {path}"))["stdout"] == path
+    passwd = await client.get(f"/sandboxes/{sandbox_id}/files", params={"path": "/etc/passwd"})
+    assert base64.b64decode(assert_json(passwd, 200)["content"]).decode() == (await run("cat /etc/passwd"))["stdout"]
     listed = await client.get(f"/sandboxes/{sandbox_id}/files/list", params={"path": "/"})
-    assert assert_json(listed, 400)["reason"] == "path_outside"
-    assert await files(client, sandbox_id) == before
+    names = {entry["name"] for entry in assert_json(listed, 200)["files"]}
+    assert {"etc", "tmp", "workspace"} <= names and names == set((await run("ls -A /"))["stdout"].split())
+    if (await run("touch /usr/orchard-probe"))["exit_code"] != 0:  # a read-only root (local)
+        up = {"path": "/usr/orchard-probe", "content": base64.b64encode(b"x").decode()}
+        assert assert_json(await client.post(f"/sandboxes/{sandbox_id}/files", json=up), 400)["reason"] == "file_error"
+    nul = await client.get(f"/sandboxes/{sandbox_id}/files", params={"path": "/workspace/a\0b"})
+    assert assert_json(nul, 400)["reason"] == "path_outside"
 
 
 async def test_bad_files_bodies(client: httpx.AsyncClient) -> None:

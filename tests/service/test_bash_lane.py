@@ -181,3 +181,14 @@ async def test_login_shell_and_startup_variables_take_the_plain_way(lane_client:
     assert login["stdout"].splitlines()[-1] == "own-process", login
     startup = await run(lane_client, sandbox_id, pid_of_lane, env={"BASH_ENV": "/dev/null"})
     assert startup["stdout"] == "own-process\n", startup
+
+
+async def test_a_command_in_the_lane_has_no_signal_ignored(lane_client: httpx.AsyncClient) -> None:
+    """The lane starts through `env --default-signal` (it is a background job of the sandbox's
+    shell, SIGINT and SIGQUIT ignored, which no bash can reset), and each command's subshell
+    resets what the lane itself catches: a command sees what a fresh `bash -c` would."""
+    sandbox_id = await make_sandbox(lane_client)
+    await lane_started(lane_client, sandbox_id)
+    probe = await run(lane_client, sandbox_id, "trap -p; grep -E '^SigIgn' /proc/self/status")
+    assert probe["stdout"] == "SigIgn:\t0000000000000000\n", probe
+    assert isinstance(lane_of(lane_client, sandbox_id), LaneClient)  # it ran in the lane

@@ -21,7 +21,7 @@ import msgspec
 from aiohttp import web
 
 import orchard_async as oa
-from orchard_async.apps.serve import adopt, network, pty
+from orchard_async.apps.serve import adopt, network, pty, resources, services
 from orchard_async.apps.serve.jobs import Job, Jobs
 from orchard_async.apps.serve.keys import ANONYMOUS, KeyStore, Tenant
 from orchard_async.apps.serve.metrics import Metrics
@@ -88,7 +88,8 @@ async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
     status = 500
     try:
         try:
-            if request.path not in PUBLIC_PATHS and not request.path.endswith("/exec/pty"):  # PTY: in-band
+            # PTY: its key in-band; /s/: the URL's token is the credential (services.py)
+            if request.path not in PUBLIC_PATHS and not request.path.endswith("/exec/pty") and not is_service(request):
                 request[TENANT] = authenticated(request)
             response = await handler(request)
         except ApiError as exc:
@@ -114,12 +115,16 @@ async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
             tenant = request.get(TENANT)
             line = {
                 "method": request.method,
-                "path": request.path,
+                "path": "/s/<token>/..." if is_service(request) else request.path,  # the token is a credential
                 "status": status,
                 "ms": round((time.perf_counter() - started) * 1000, 2),
                 "key": tenant.name if tenant else None,
             }
             access_log.info(json.dumps(line))
+
+
+def is_service(request: web.Request) -> bool:
+    return request.path.startswith("/s/")
 
 
 def error_answer(
@@ -161,6 +166,14 @@ async def health(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(text=request.app[METRICS].render(), content_type="text/plain", charset="utf-8")
+
+
+async def get_resources(request: web.Request) -> web.Response:
+    """What this key can still create: the quotas' room and the backend's capacity."""
+    answer = resources.quotas(request.app[REGISTRY], request[TENANT])
+    answer["can_create"] = resources.can_create(answer)
+    answer["backend"] = await resources.backend(request.app[REGISTRY].adapter)
+    return reply({"status": "ok", **answer})
 
 
 async def create_sandbox(request: web.Request) -> web.StreamResponse:
@@ -378,6 +391,21 @@ async def close_session(request: web.Request) -> web.Response:
     return reply({"status": "closed", "session_id": request.match_info["session_id"]})
 
 
+# -- services (services.py; off unless `serve --services`) ---------------------------------------
+
+
+async def create_service(request: web.Request) -> web.Response:
+    return await services.create_service(request, request[TENANT])
+
+
+async def list_services(request: web.Request) -> web.Response:
+    return await services.list_services(request, request[TENANT])
+
+
+async def delete_service(request: web.Request) -> web.Response:
+    return await services.delete_service(request, request[TENANT])
+
+
 # -- the application ----------------------------------------------------------------------------
 
 
@@ -393,10 +421,12 @@ def create_app(
     reap_interval: float = 5.0,
     close_adapter: bool = True,
     service_name: str = "",
+    expose_services: bool = False,
 ) -> web.Application:
     """The service over ``adapter``. On shutdown every sandbox it holds is destroyed (and
     the adapter closed, unless ``close_adapter`` is False). With a ``service_name`` its
-    sandboxes carry it, and a restart with the same name re-adopts them (adopt.py)."""
+    sandboxes carry it, and a restart with the same name re-adopts them (adopt.py).
+    ``expose_services``: the services routes and their proxy (services.py), off by default."""
     app = web.Application(middlewares=[front], client_max_size=max_body)
     metrics_ = Metrics(lambda: registry.live_counts())
     registry = Registry(
@@ -412,6 +442,7 @@ def create_app(
     # comparison (the bench's plain way) or if a lane ever misbehaves.
     jobs = Jobs(metrics_, bash_lanes=os.environ.get("ORCHARD_SERVE_BASH_LANE", "1") != "0")
     app[REGISTRY], app[JOBS], app[KEYS], app[METRICS] = registry, jobs, keys or KeyStore(), metrics_
+    app[services.SERVICES] = exposures = services.Services(registry, enabled=expose_services)
 
     async def reap_half_made() -> None:
         # A sandbox the killed run was half-way through making is not yet reap-able at start
@@ -442,6 +473,7 @@ def create_app(
         yield
         reaper.cancel()
         second_reap.cancel()
+        await exposures.close()
         await registry.close()
         if close_adapter:
             await adapter.close()
@@ -450,6 +482,7 @@ def create_app(
     app.router.add_get("/", root)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/resources", get_resources)
     app.router.add_post("/sandboxes", create_sandbox)
     app.router.add_get("/sandboxes", list_sandboxes)
     app.router.add_get("/sandboxes/{id}", get_sandbox)
@@ -466,6 +499,11 @@ def create_app(
     app.router.add_get("/sandboxes/{id}/files/list", list_files)
     app.router.add_post("/sandboxes/{id}/sessions", open_session)
     app.router.add_delete("/sandboxes/{id}/sessions/{session_id}", close_session)
+    app.router.add_post("/sandboxes/{id}/services", create_service)
+    app.router.add_get("/sandboxes/{id}/services", list_services)
+    app.router.add_delete("/sandboxes/{id}/services/{port}", delete_service)
+    app.router.add_route("*", "/s/{token}", services.proxy)
+    app.router.add_route("*", "/s/{token}/{tail:.*}", services.proxy)
     app.router.add_get("/jobs/{job_id}", get_job)
     app.router.add_get("/jobs/{job_id}/wait", wait_job)
     return app

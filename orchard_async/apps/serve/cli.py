@@ -53,6 +53,12 @@ def add_serve_command(parser: argparse.ArgumentParser) -> None:
         help=f"seconds a sandbox outlives a crashed service, for the restart to re-adopt it (default {REATTACH_GRACE:g}; "
         "0: none; adapters with attach only: docker, kubernetes)",
     )
+    parser.add_argument(
+        "--services",
+        action="store_true",
+        help="allow exposing a port of a sandbox: POST /sandboxes/{id}/services gives a URL with a token, "
+        "/s/{token}/ proxies HTTP and WebSocket into the port (off by default)",
+    )
     parser.set_defaults(func=serve_command)
 
 
@@ -95,6 +101,7 @@ def serve_command(args: argparse.Namespace) -> int:
         default_ttl=args.default_ttl,
         idle_timeout=args.idle_timeout,
         service_name=args.name or f"serve-{socket.gethostname()}-{listener.getsockname()[1]}",
+        expose_services=args.services,
     )
     host, port = listener.getsockname()[:2]
     who = f"{len(keys.tenants)} API keys from {args.keys}" if keys.required else "no API keys: loopback only"

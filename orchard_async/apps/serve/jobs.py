@@ -34,7 +34,7 @@ from typing import Any
 import msgspec
 
 import orchard_async as oa
-from orchard_async.apps.serve.lane import lane_for, usable_for
+from orchard_async.apps.serve.lane import ENV_RESETS_SIGNALS, lane_for, usable_for
 from orchard_async.apps.serve.registry import Box
 from orchard_async.apps.serve.schema import ApiError, ExecRequest, b64decode, b64encode
 from orchard_async.kit.shell import quote
@@ -135,19 +135,42 @@ class Job:
         return out
 
 
-def orchard_script(job: Job) -> str:
-    """Orchard runs ``bash -c COMMAND`` (``bash --login -i -c`` for a login shell) in ``cwd``,
-    and a cwd that does not exist becomes ``/``. Where the image has no bash, ``sh``."""
+# What Orchard's login shell runs before the command: ``bash --login`` reads the profile files
+# but not ~/.bashrc, where images put their `conda activate`; the ``-i`` is what gets a
+# bashrc past its usual "return unless interactive" guard.
+SOURCE_BASHRC = "if [ -f ~/.bashrc ]; then . ~/.bashrc; fi; "
+# The two lines an interactive bash without a terminal starts with, which Orchard strips.
+NO_JOB_CONTROL = re.compile(
+    rb"\A(?:[^\n]*: cannot set terminal process group \([^\n]*\n|[^\n]*: no job control in this shell\n)"
+)
+
+
+def orchard_script(job: Job, default_signals: bool = False) -> str:
+    """Orchard runs ``bash -c COMMAND`` (for a login shell ``bash --login -i -c``, sourcing
+    ~/.bashrc first) in ``cwd``, and a cwd that does not exist becomes ``/``. Where the image has
+    no bash, ``sh``. ``default_signals``: through ``env --default-signal``, since the shell the
+    command is started from ignores SIGINT and SIGQUIT (as a background job) and a bash that
+    inherits an ignored signal can never reset it: Orchard's commands start with none ignored."""
     request = job.request
-    flags = "--login -i -c" if request.login_shell else "-c"
     lines = []
     if request.cwd is not None:
         lines.append(f"cd -- {quote(job.box.path(request.cwd))} 2>/dev/null || cd /")
-    lines.append(
-        f"if command -v bash >/dev/null 2>&1; then exec bash {flags} {quote(job.command)}; "
-        f"else exec sh {'-l ' if request.login_shell else ''}-c {quote(job.command)}; fi"
-    )
+    if request.login_shell:
+        bash = f"bash --login -i -c {quote(SOURCE_BASHRC + job.command)}"
+        sh = f"sh -l -c {quote(job.command)}"
+    else:
+        bash, sh = f"bash -c {quote(job.command)}", f"sh -c {quote(job.command)}"
+    run = "exec env --default-signal" if default_signals else "exec"
+    lines.append(f"if command -v bash >/dev/null 2>&1; then {run} {bash}; else {run} {sh}; fi")
     return "\n".join(lines)
+
+
+def without_tty_warnings(result: oa.ExecResult) -> oa.ExecResult:
+    """A login shell's result without bash's two warnings about the terminal it lacks."""
+    stderr = result.stderr
+    while match := NO_JOB_CONTROL.match(stderr):
+        stderr = stderr[match.end() :]
+    return msgspec.structs.replace(result, stderr=stderr) if stderr is not result.stderr else result
 
 
 def fingerprint(request: ExecRequest) -> bytes:
@@ -256,7 +279,14 @@ class Jobs:
         request, box = job.request, job.box
         lane = await lane_for(box) if self.bash_lanes and usable_for(request) else None
         if lane is None:
-            return await box.sandbox.exec(orchard_script(job), timeout=job.timeout, env=request.env)
+            sandbox = box.sandbox
+            assert sandbox is not None  # a job starts only in a ready sandbox
+            if box.default_signals is None:  # asked once per sandbox
+                probe = await sandbox.exec(ENV_RESETS_SIGNALS, timeout=30)
+                box.default_signals = probe.exit_code == 0
+            script = orchard_script(job, box.default_signals)
+            result = await sandbox.exec(script, timeout=job.timeout, env=request.env)
+            return without_tty_warnings(result) if request.login_shell else result
         cwd = box.path(request.cwd) if request.cwd is not None else None
         return await lane.run(job.command, timeout=job.timeout, cwd=cwd, env=request.env)
 

@@ -133,3 +133,7 @@ class CreateRate:
             return max(times[0] + self.WINDOW - now, 0.001)
         times.append(now)
         return 0.0
+
+    def recent(self, tenant: Tenant, now: float) -> int:
+        """The tenant's creates within the window that ends ``now``."""
+        return sum(1 for at in self._times.get(tenant.name, ()) if at > now - self.WINDOW)

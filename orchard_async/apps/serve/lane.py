@@ -15,8 +15,8 @@ sees what ``bash -c`` would show it. Differences that remain, and cannot go with
 ``$$`` and ``$PPID`` name the lane (a subshell keeps its parent's), ``$!`` is the previous
 command's pid, ``$-`` has ``s`` where ``bash -c`` has ``c``, a syntax error is reported by
 ``eval:`` where ``bash -c`` says ``-c:``, and ``declare -p`` shows ``SECONDS`` (reset to 0) and
-``PIPESTATUS`` with values. A signal a command sends to ``$$`` therefore reaches the lane: TERM and
-HUP it ignores for that reason (INT it inherits ignored, as every background command does),
+``PIPESTATUS`` with values. A signal a command sends to ``$$`` therefore reaches the lane: TERM,
+HUP, INT and QUIT it catches and ignores for that reason (its commands get them at their default),
 USR1 reads as the command's timeout, any other that kills (``kill -9 $$``) ends the lane: that
 command fails as ``sandbox_lost`` and the next one gets a new lane.
 
@@ -45,6 +45,8 @@ from orchard_async.kit.shell import SERVER_SCRIPT, ShellClient, make_output_pipe
 
 log = logging.getLogger("orchard_async.apps.serve")
 
+ENV_RESETS_SIGNALS = "env --default-signal true"  # GNU coreutils 8.31 and later
+
 # Variables bash reads only when it starts: with one of them set, a forked subshell is not a
 # fresh `bash -c`, so such a command takes the plain way.
 STARTUP_VARIABLES = ("BASH_ENV", "SHELLOPTS", "BASHOPTS", "POSIXLY_CORRECT")
@@ -71,14 +73,14 @@ LANE_LOOP = (
 # one line, is what the subshell runs: reset the server's traps, go to the cwd the way Orchard
 # does (a missing one is `/`), export the request's env, keep the command where `bash -c` keeps
 # it (BASH_EXECUTION_STRING), remove every server name, and eval it. A command's `kill $$`
-# signals the lane (a subshell's $$ is its parent's): TERM, HUP and INT must not end it.
+# signals the lane (a subshell's $$ is its parent's): TERM, HUP, INT and QUIT must not end it.
 LANE_SCRIPT = rf"""
-trap : TERM HUP INT
+trap : TERM HUP INT QUIT
 _o_b() {{
   _o_nonce=$1 _o_head=$2 _o_tail=$3 _o_in=/dev/null _o_t=0 _o_cwd=$5 _o_env=$6 _o_cmd=$7 _o_run=1
   if [ -n "$8" ]; then printf %s "$8" | base64 -d >"$_o_C/i"; _o_in=$_o_C/i; fi
 }}
-_o_go='set --; trap - EXIT USR1 TERM HUP INT; cd -- "$_o_cwd" 2>/dev/null || cd /; eval "$_o_env"; BASH_EXECUTION_STRING=$_o_cmd; unset -f {SERVER_FUNCTIONS}; unset -v {SERVER_VARIABLES}; BASH_SUBSHELL=0; SECONDS=0; eval "$BASH_EXECUTION_STRING"'
+_o_go='set --; trap - EXIT USR1 TERM HUP INT QUIT; cd -- "$_o_cwd" 2>/dev/null || cd /; eval "$_o_env"; BASH_EXECUTION_STRING=$_o_cmd; unset -f {SERVER_FUNCTIONS}; unset -v {SERVER_VARIABLES}; BASH_SUBSHELL=0; SECONDS=0; eval "$BASH_EXECUTION_STRING"'
 """
 
 
@@ -112,11 +114,15 @@ async def open_lane(sandbox: Any) -> LaneClient | None:
     ctl = f"{sandbox.spool_dir}/{name}"
     startup = "|".join(STARTUP_VARIABLES)
     probe = await sandbox.exec(
-        f"command -v bash >/dev/null && ! env | grep -qE '^({startup})=' && mkdir -p -- {quote(ctl)}",
+        f"command -v bash >/dev/null && ! env | grep -qE '^({startup})=' && mkdir -p -- {quote(ctl)} && "
+        f"{{ {ENV_RESETS_SIGNALS} 2>/dev/null && echo reset; true; }}",
         timeout=30,
     )
     if probe.exit_code != 0:
         return None
+    # The lane is started as a background job, with SIGINT and SIGQUIT ignored, which a bash can
+    # never reset for its commands: through `env --default-signal` it starts with none ignored.
+    reset = ["env", "--default-signal"] if probe.text.strip() == "reset" else []
     lane_pipes = os.path.join(pipes, name)
     fifo = os.stat(os.path.join(pipes, "o"))
     owner = None if fifo.st_uid == os.getuid() else (fifo.st_uid, fifo.st_gid)
@@ -129,7 +135,7 @@ async def open_lane(sandbox: Any) -> LaneClient | None:
         # The lane's pid as the sandbox sees it, signalled from inside (its own pid namespace).
         await sandbox.exec(f"kill -USR1 {client.server_pid}", timeout=30)
 
-    stream = await sandbox.open_stream(["bash", "-s"])
+    stream = await sandbox.open_stream([*reset, "bash", "-s"])
     lane = LaneClient(
         stream,
         workdir=main.workdir,

@@ -61,6 +61,8 @@ class Box:
         self.deleted = False
         self.sessions: dict[str, tuple[contextlib.AsyncExitStack, oa.Session]] = {}
         self.lane: Any = None  # Orchard commands' bash lane (lane.py): None until opened, False if none
+        # Whether its `env` resets signal dispositions (jobs.orchard_script): None until asked.
+        self.default_signals: bool | None = None
         self.origin: Any = None  # the connection of the create's caller, until its answer is delivered
         self.adopting = False  # found after a restart; its shell is being re-attached (see adopt.py)
         # Re-adopted after a restart: a job of the run before may have been cut in it (see jobs.py);
@@ -196,6 +198,9 @@ class Registry:
                 network="none" if request.block_network else "on",
                 env=request.env,
                 workdir=request.workdir,
+                writable_dirs=tuple(request.writable_dirs),
+                gpus=request.gpus,
+                switch_users=request.switch_users,
                 ttl=ttl,
                 labels={**request.labels, TENANT_LABEL: tenant.name, ID_LABEL: public_id, **self.name_label()},
             )

@@ -42,6 +42,9 @@ class CreateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     labels: dict[str, str] = {}
     workdir: str | None = None
     pids: int | None = None
+    writable_dirs: list[str] = []
+    gpus: int = 0
+    switch_users: bool = False
 
 
 class ExecRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

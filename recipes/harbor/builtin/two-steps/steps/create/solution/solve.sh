@@ -1,0 +1,2 @@
+#!/bin/sh
+echo one > /app/list.txt

@@ -1,0 +1,74 @@
+"""Running Harbor fixture tasks through the recipe, for the tests of this folder."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+import orchard_async as oa
+from orchard_async.recipes import harbor
+from tests.conftest import backend_missing, require_docker
+
+HERE = Path(__file__).resolve().parent
+TASKS = HERE / "tasks"
+BAD = HERE / "bad"
+NETWORK = HERE / "network"
+TEST_IMAGE = "orchard/python:test"  # `orchard-async images build orchard/python:test`
+# The fixtures name public images; no registry is reachable, so local test images stand in.
+IMAGE_MAP = {"ubuntu:24.04": TEST_IMAGE, "python:3.12-slim": TEST_IMAGE}
+OPTIONS = {"image_map": IMAGE_MAP}
+
+
+class ScriptPolicy:
+    """Runs fixed commands (as the agent: the task's user and workdir), then submits."""
+
+    def __init__(self, commands: list[str], name: str = "script"):
+        self.commands, self.name = commands, name
+
+    async def act(self, observation: oa.Observation) -> oa.Action:
+        if observation.step < len(self.commands):
+            return oa.Action(command=observation.task.agent_command(self.commands[observation.step]))
+        return oa.Action(kind="submit", command="submit")
+
+
+def load(source: Path = TASKS, **options: Any) -> list[harbor.HarborTask]:
+    return harbor.load_tasks(str(source), {**OPTIONS, **options})
+
+
+async def run(tasks: list[Any], policy: Any, adapter: str, **adapter_options: Any) -> dict[str, oa.Trajectory]:
+    found = {}
+    async with oa.get_adapter(adapter, **adapter_options) as backend:
+        async for trajectory in oa.rollout(tasks, policy, backend, concurrency=4, max_retries=0):
+            found[trajectory.task_id] = trajectory
+    return found
+
+
+def ready(adapter: str) -> None:
+    """Skip (fail in CI) where the adapter cannot run the fixtures; build their images on docker."""
+    if adapter != "docker":
+        return
+    require_docker(TEST_IMAGE)
+    built = subprocess.run(
+        [sys.executable, "-m", "orchard_async.apps.cli", "harbor", "build", str(TASKS), "--recipe-options",
+         '{"image_map": {"ubuntu:24.04": "orchard/python:test", "python:3.12-slim": "orchard/python:test"}}'],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    if built.returncode != 0:
+        backend_missing(f"harbor build of the fixtures failed: {built.stderr.strip()[-300:]}")
+
+
+async def run_groups(tasks: list[Any], policy: Any, adapter: str) -> list[oa.Trajectory]:
+    """One episode per entry of ``tasks`` (group ``g`` is ``tasks[g]``), all at once; in group order."""
+    found = []
+    async with oa.get_adapter(adapter) as backend:
+        async for trajectory in oa.rollout(tasks, policy, backend, n=len(tasks), concurrency=len(tasks), max_retries=0):
+            found.append(trajectory)
+    return sorted(found, key=lambda t: int(t.group_id.rsplit("/g", 1)[1]))
+
+
+def run_sync(*args: Any, **kwargs: Any) -> dict[str, oa.Trajectory]:
+    return anyio.run(lambda: run(*args, **kwargs))

@@ -1,0 +1,2 @@
+#!/bin/sh
+id -un > /app/whoami.txt

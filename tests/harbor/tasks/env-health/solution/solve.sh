@@ -1,0 +1,2 @@
+#!/bin/sh
+printf '%s\n' "$TASK_MODE" > /app/mode.txt

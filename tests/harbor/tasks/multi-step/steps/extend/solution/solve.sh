@@ -1,0 +1,3 @@
+#!/bin/sh
+echo two >> /app/list.txt
+cp /app/seed.txt /app/seed-copy.txt
