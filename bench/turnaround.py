@@ -163,7 +163,7 @@ async def _level(
     tasks: list[Any] = steps_tasks(concurrency, steps=steps)
     done = steps_done = 0
     async with get_adapter(adapter_name, **adapter_options) as adapter:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         async for trajectory in rollout(tasks, policy, adapter, concurrency=concurrency, warm=0):
             done += 1
             steps_done += len(trajectory.steps)
@@ -172,6 +172,7 @@ async def _level(
             if path == "tokens" and any(step.action.tokens is None for step in trajectory.steps):
                 raise RuntimeError("turnaround: a token episode has a step without its tokens")
         wall = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
         leaked = len(await adapter.list_owned())
     ideal = concurrency / latency
     steps_per_s = steps_done / wall
@@ -194,6 +195,9 @@ async def _level(
             "engine_latency_ms": latency * 1000,
             "ideal_steps_per_s": ideal,
             "of_ideal": round(steps_per_s / ideal, 3),
+            # this process's CPU per step (the environment, the rollout and the fake engine): what the
+            # ideal rate needs of one core is ideal_steps_per_s * cpu_us_per_step / 1e6, whatever the load
+            "cpu_us_per_step": round(cpu / max(1, steps_done) * 1e6, 1),
         },
     )
     return row, leaked
@@ -216,6 +220,7 @@ async def run_turnaround(
     outcome.comparisons = compare_rows(outcome.rows, "tokens", "messages")
     outcome.notes.append(
         "turnaround: the engine's reply to the same episode's next request (p50/p99 ms); of_ideal: steps/s "
-        "over concurrency / engine latency; comparisons: tokens against messages (ops ratio < 1: tokens slower)"
+        "over concurrency / engine latency; cpu_us_per_step: this process's CPU per step (load-independent); "
+        "comparisons: tokens against messages (ops ratio < 1: tokens slower)"
     )
     return outcome

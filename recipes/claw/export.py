@@ -13,7 +13,9 @@ harness-mode runs as one sample per recorded model call.
 * scripted policies (``oracle``, ``empty``, ``noisy-oracle:P``), whose steps are shell
   commands: the recipe's shell-agent prompt (``sandbox/mini_claw.yaml``, the mini-swe-agent
   harness's), the task's instruction, each command as a reply in a ``bash`` block and its
-  output, and ``submit`` at the end, as the SWE agent's chat shows its commands.
+  output, and ``submit`` at the end, as the SWE agent's chat shows its commands;
+* the token policy (``--policy tokens``, ```bash replies): the same shell chat, with the
+  model's own replies (an unreadable one too, followed by what it was told).
 
 Every message has the same four fields in every record, ``role``, ``content`` (a string, or
 null for a reply that only calls tools), ``tool_calls`` (null, or each call's ``id``,
@@ -124,7 +126,11 @@ def _calls_the_model_answered(trajectory: Trajectory) -> list[ModelCall]:
 
 def _is_model_reply(step: Step) -> bool:
     """A step of the function-calling policy: its ``raw`` is the assistant message (or an
-    invalid reply's text)."""
+    invalid reply's text). A token policy's step (``action.tokens``) is not: that policy
+    speaks the shell agent's ```bash protocol, so its episode stays in the shell chat even
+    after an unreadable reply (a switch of chat would break its token prefix)."""
+    if step.action.tokens is not None:
+        return False
     if step.action.kind == "invalid":
         return bool(step.action.raw)
     try:
@@ -155,7 +161,16 @@ def scripted_messages(trajectory: Trajectory) -> list[dict[str, Any]]:
     """A scripted episode (shell commands) in the shell agent's chat."""
     messages = [message("system", shell_system_prompt()), message("user", trajectory.instruction)]
     for step in trajectory.steps:
-        if step.action.kind == "submit":
+        sampled = step.action.tokens is not None and bool(step.action.raw)
+        if sampled and step.action.kind == "invalid":
+            # a token policy's unreadable reply: what the model wrote and what it was told
+            messages.append(message("assistant", step.action.raw))
+            messages.append(message("user", step.observation or f"error: {step.action.error}"))
+        elif sampled and step.action.kind == "exec":
+            messages.append(message("assistant", step.action.raw))  # the model's own words
+            output = step.observation or f"(no output; exit status {step.exit_code})"
+            messages.append(message("user", output[:OBSERVATION_CHARS]))
+        elif step.action.kind == "submit":
             messages.append(message("assistant", "```bash\nsubmit\n```"))
         elif step.action.kind == "exec" and step.action.command:
             messages.append(message("assistant", f"```bash\n{step.action.command}\n```"))

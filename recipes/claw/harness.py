@@ -9,7 +9,11 @@ key never enters the sandbox. The proxy grants ``max_steps - 1`` calls.
 
 The trajectory then gets one step per recorded call, in order: the step's ``action.raw`` is
 the ``ModelCall`` as JSON (request messages and tools, the response, usage, latency,
-status), its ``usage`` the call's tokens, its command a no-op naming the call. The last step
+status), its ``usage`` the call's tokens, its command a no-op naming the call. With
+``tokens=True`` (the recipe's ``harness_tokens`` option) the proxy asks the backend for token
+ids and logprobs, and each call's step also carries its ``TurnTokens`` (``action.tokens``,
+from ``stitch_calls``: calls that extend each other are one segment), which
+``orchard-async export tokens`` reads. The last step
 submits, its ``raw`` the harness's exit status and the tail of its output. Grading is the
 task's own (the services' audit and state), as for every other policy.
 
@@ -22,10 +26,11 @@ harness already in the image, reading its task from stdin.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +40,9 @@ import msgspec
 from orchard_async import Action, ModelUnavailable, Observation, episode_label
 from orchard_async.images import ImageSpec
 from orchard_async.models.client import ModelConfig
-from orchard_async.models.proxy import ModelCall, ModelProxy, Upstream, serve_into
+from orchard_async.models.proxy import ModelCall, ModelProxy, Upstream, serve_into, stitch_calls
 from orchard_async.recipes.claw.task import ClawOptions
+from orchard_async.records.trajectory import TurnTokens
 
 SOURCES = Path(__file__).parent / "sandbox"
 HARNESS_SOURCE = SOURCES / "claw_harness.py"
@@ -75,6 +81,8 @@ class HarnessRun:
     exit_code: int | None
     reason: str
     output: str
+    # each call's tokens (``stitch_calls``; None without them): what ``export tokens`` reads off the steps
+    tokens: list[TurnTokens | None] = field(default_factory=list)
 
 
 class HarnessPolicy:
@@ -87,12 +95,15 @@ class HarnessPolicy:
         command: str | None = None,
         upstream: Upstream | None = None,
         env: Mapping[str, str] | None = None,
+        tokens: bool = False,
     ):
         self.config = config
         self.env = dict(env or {})  # more variables for the harness (CLAW_HARNESS_STREAM=1, its own settings)
         preset = command or "bundled"
         self.command, self.files = PRESETS.get(preset, (preset, {}))
         self.upstream = upstream or Upstream.from_model_config(config)
+        if tokens:  # ask the backend for ids and logprobs: each call's step then carries its TurnTokens
+            self.upstream = dataclasses.replace(self.upstream, tokens=True)
         self.name = f"harness:{preset if preset in PRESETS else preset.split()[0]}:{config.model}"
         self.proxy: ModelProxy | None = None
         self._starting = anyio.Lock()
@@ -106,7 +117,7 @@ class HarnessPolicy:
         own settings (``CLAW_HARNESS_*`` variables of ``environ``) are passed to it as they are."""
         env = os.environ if environ is None else environ
         passed = {k: v for k, v in env.items() if k.startswith(HARNESS_SETTINGS)}
-        return cls(config, command=options.harness, env=passed)
+        return cls(config, command=options.harness, env=passed, tokens=options.harness_tokens)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> HarnessPolicy:
@@ -131,6 +142,7 @@ class HarnessPolicy:
                 command=f": model call {call.index + 1} of {len(run.calls)}",
                 raw=msgspec.json.encode(call).decode(),
                 usage=call.usage,
+                tokens=run.tokens[observation.step] if run.tokens else None,
             )
         del self.runs[observation.episode_id]
         summary = {"harness": self.command, "exit_code": run.exit_code, "reason": run.reason, "output": run.output}
@@ -168,7 +180,8 @@ class HarnessPolicy:
         if calls and not answered and all(call.status >= 500 for call in calls):
             raise ModelUnavailable(f"{self.upstream.base_url}: every call of the harness failed ({calls[-1].status})")
         output = result.text + result.error_text
-        return HarnessRun(calls, result.exit_code, result.reason.value, output[-OUTPUT_TAIL:])
+        tokens = stitch_calls(calls) if self.upstream.tokens else []
+        return HarnessRun(calls, result.exit_code, result.reason.value, output[-OUTPUT_TAIL:], tokens)
 
     async def close(self) -> None:
         if self.proxy is not None:

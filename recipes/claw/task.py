@@ -88,6 +88,14 @@ class ClawOptions(RecipeOptions):
             "ORCHARD_CLAW_HARNESS",
         ),
     ] = "bundled"
+    harness_tokens: Annotated[
+        bool,
+        recipe_option(
+            "the harness policy asks its backend (vLLM's or SGLang's OpenAI-compatible server) for token ids "
+            "and logprobs and keeps them per call, for `export tokens`",
+            "ORCHARD_CLAW_HARNESS_TOKENS",
+        ),
+    ] = False
     user_base_url: Annotated[
         str,
         recipe_option(

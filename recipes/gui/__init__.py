@@ -37,6 +37,7 @@ from orchard_async.recipes.gui.export import add_export_arguments, training_chat
 from orchard_async.recipes.gui.lines import SITES
 from orchard_async.recipes.gui.policies import EmptyPolicy, OraclePolicy
 from orchard_async.recipes.gui.task import IMAGE, GuiOptions, GuiTask, load_tasks
+from orchard_async.recipes.gui.tokens import automatic_action, parse_reply, token_chats  # --policy tokens
 
 IMAGES = [IMAGE]  # what `orchard-async images build` builds for this recipe
 OPTIONS = GuiOptions  # what `--recipe-options` takes
@@ -74,6 +75,9 @@ __all__ = [
     "POLICIES",
     "SITES",
     "add_export_arguments",
+    "automatic_action",
+    "parse_reply",
+    "token_chats",
     "training_chats",
     "ActionParseError",
     "EmptyPolicy",

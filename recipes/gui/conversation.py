@@ -17,11 +17,12 @@ from orchard_async.recipes.gui import actions
 from orchard_async.recipes.gui.task import PAGE_MARKER
 
 SCREENSHOT_LINE = re.compile(r"^screenshot: sha256=([0-9a-f]{64})", re.MULTILINE)
+SCREENSHOT_TEXT_LINE = re.compile(r"^screenshot: sha256=[0-9a-f]{64}.*\n?", re.MULTILINE)  # the whole line
 OBSERVATION_CHARS = 12_000
 HASH_URL = "sha256:"
 
 
-def system_prompt(addressing: str, marks: bool = False) -> str:
+def system_prompt(addressing: str, marks: bool = False, *, text_only: bool = False) -> str:
     lines = []
     for tool in actions.tool_schemas(addressing):
         function = tool["function"]
@@ -42,8 +43,9 @@ def system_prompt(addressing: str, marks: bool = False) -> str:
         )
     return (
         "You are a web agent. You operate a browser to complete the user's task on the sites of this environment.\n\n"
-        "Each turn you see the result of your last action, the page's URL and tabs, its accessibility tree and a "
-        "screenshot. Reply with a short thought, then exactly one action as a JSON object in a ```json block, e.g.\n"
+        "Each turn you see the result of your last action, the page's URL and tabs, its accessibility tree"
+        + ("" if text_only else " and a screenshot")
+        + ". Reply with a short thought, then exactly one action as a JSON object in a ```json block, e.g.\n"
         '```json\n{"action": "click", "element": "12"}\n```\n\n'
         "Actions (? = optional):\n" + "\n".join(lines) + f"\n\n{how} When the task is done, or asks a question, "
         "reply with the answer action; the episode ends after it."
@@ -63,19 +65,28 @@ def model_steps(steps: Sequence[Step]) -> list[Step]:
 
 
 def conversation(
-    instruction: str, steps: Sequence[Step], *, prompt: str, screenshots: int
+    instruction: str, steps: Sequence[Step], *, prompt: str, screenshots: int, text_only: bool = False
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """(messages, hashes of the screenshots shown, in order): the system prompt, the task and
     first page, then per step the model's reply and what followed. Only the latest
-    ``screenshots`` observations carry their image; older ones say it was omitted."""
+    ``screenshots`` observations carry their image; older ones say it was omitted.
+    ``text_only``: no image and no word of one (a text model's chat: the screenshot's line
+    is left out of each observation), so no earlier message changes as the episode goes on."""
     intent, _, first_page = instruction.partition(f"\n\n{PAGE_MARKER}\n")
     turns: list[tuple[str | None, str]] = [(None, f"Task: {intent}\n\n{first_page}")]  # (assistant, user text)
     for step in steps:
         turns.append((step.action.raw or step.action.command, observation_text(step)))
+    if text_only:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": prompt}]
+        for assistant, text in turns:
+            if assistant is not None:
+                messages.append({"role": "assistant", "content": assistant})
+            messages.append({"role": "user", "content": SCREENSHOT_TEXT_LINE.sub("", text)[:OBSERVATION_CHARS]})
+        return messages, []
     hashes = [match.group(1) if (match := SCREENSHOT_LINE.search(text)) else "" for _, text in turns]
     with_image = [index for index, digest in enumerate(hashes) if digest]
     shown = set(with_image[-screenshots:]) if screenshots > 0 else set()
-    messages: list[dict[str, Any]] = [{"role": "system", "content": prompt}]
+    messages = [{"role": "system", "content": prompt}]
     for index, (assistant, text) in enumerate(turns):
         if assistant is not None:
             messages.append({"role": "assistant", "content": assistant})

@@ -34,6 +34,7 @@ def test_turnaround_runs_both_paths_at_every_level(bench, adapter: str) -> None:
         assert 0 < row["p50_ms"] <= row["p99_ms"]
         assert 0 < row["extra"]["of_ideal"] <= 1.0  # never faster than the engine allows
         assert row["extra"]["ideal_steps_per_s"] == pytest.approx(row["concurrency"] / 0.01)
+        assert row["extra"]["cpu_us_per_step"] > 0
     assert [(c["subject"], c["baseline"], c["concurrency"]) for c in data["comparisons"]] == [
         ("tokens", "messages", 1),
         ("tokens", "messages", 4),

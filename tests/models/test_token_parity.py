@@ -1,4 +1,4 @@
-"""Token-in/token-out episodes of the toy and SWE recipes through the transformers engine
+"""Token-in/token-out episodes of the toy, SWE and claw recipes through the transformers engine
 (a tiny random Qwen2 model, tests/models/tiny_model.py), on the local adapter:
 
 * the prefix invariant on every turn of every episode: the prompt of turn t+1 is the prompt
@@ -149,3 +149,22 @@ async def test_the_transformers_engine_records_the_models_own_logprobs(tiny_mode
     assert greedy.token_ids[0] == int(step.argmax())
     with pytest.raises(ConfigError, match="top_p"):
         await engine.generate(prompt, Sampling(top_p=0.5))
+
+
+async def test_claw_episodes_keep_their_tokens_and_logprobs(tiny_model: Path, tmp_path: Path) -> None:
+    """The claw recipe in the shell agent's chat: an unreadable first reply does not switch
+    the chat, so the episode stays one sequence whose logprobs the model gives again."""
+    from orchard_async.recipes import claw
+
+    tasks = claw.load_tasks("builtin:mail-reply-dana")
+
+    def script(prompt: str, turn: int) -> str | None:
+        if turn == 0:
+            return None
+        steps = [*tasks[0].oracle, "submit"]
+        return bash(steps[min(turn - 1, len(steps) - 1)], "THOUGHT: next.\n\n")
+
+    engine, trajectories, out = await run_tokens("claw", tasks, script, tiny_model, tmp_path)
+    assert [(t.end_reason, t.success) for t in trajectories] == [("submitted", True)], [t.info for t in trajectories]
+    records = check_export(engine, trajectories, out, tmp_path)
+    assert records[0]["segments"] == 1 and records[0]["reward"] == 1.0

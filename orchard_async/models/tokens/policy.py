@@ -7,10 +7,13 @@ turn t plus its sampled tokens plus the observation's tokens; nothing that came 
 ever re-tokenized.
 
 Where the conversation comes from: the recipe's own chat builder (``Chats.messages_of`` of its
-``training_chats``, the one the exports use), so the model sees each recipe's system prompt,
-task and observations as that recipe writes them; its replies are parsed into actions by the
-recipe's ``parse_reply`` (a module attribute; by default the bash-block protocol of the toy
-and SWE recipes: exactly one ```bash block, ``submit`` to finish).
+``token_chats`` when it has one, a text model's form of its chat (the GUI's: no screenshots),
+else of its ``training_chats``, the one the exports use), so the model sees each recipe's
+system prompt, task and observations as that recipe writes them; its replies are parsed into
+actions by the recipe's ``parse_reply`` (a module attribute; by default the bash-block
+protocol of the toy and SWE recipes: exactly one ```bash block, ``submit`` to finish). A
+recipe's ``automatic_action(observation)`` (a module attribute) is a turn its policies take
+without asking the model (the GUI's ``submit`` after an answer): no tokens, no engine call.
 
 The observation's tokens are the chat template's delta: the text the template adds after an
 assistant turn (with a stand-in content) when the recipe's new messages follow it, checked
@@ -20,13 +23,27 @@ in front. A turn where that does not hold (the recipe rewrote earlier messages, 
 that renders a prefix differently, a step this policy did not sample) starts a new segment,
 whose prompt is the whole conversation rendered afresh, and is recorded as such.
 
-The policy keeps no state between turns: the context is rebuilt from the episode's own steps
-(their ``TurnTokens``), so a retried, resumed or forked episode continues correctly.
+The policy keeps no state between turns that it needs: the context is rebuilt from the
+episode's own steps (their ``TurnTokens``), so a retried, resumed or forked episode continues
+correctly. What it keeps is only to save work, and is used only when it still holds:
+
+* the recipe's conversation at each episode's last turn (``before`` of the next turn), used
+  when the next turn's history is that turn's plus one step, the very same ``Step`` objects
+  (a resumed, retried or forked episode's are not: its conversation is built again);
+* the template's delta rendered after a short fixed conversation (``BASE``) instead of the
+  whole history: each turn renders only the observation's messages, not the episode. That
+  holds when the template's text after an assistant turn depends on the new messages alone;
+  it is checked against the whole history on the first ``DELTA_CHECKS`` observations of
+  each kind (the roles of its messages), each at its own history length, and on every
+  ``DELTA_CHECK_EVERY``-th after; a kind for which it does not hold is from then on rendered
+  with the whole history on every turn, as before. (A template whose delta changed only at
+  a history length never checked would go unnoticed; no chat template we know does that.)
 """
 
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -39,10 +56,20 @@ from orchard_async.task import Observation
 Message = dict[str, Any]
 MessagesOf = Callable[[Trajectory], list[Message]]
 ParseReply = Callable[[str], Action]
+AutomaticAction = Callable[[Observation], Action | None]
 
 # The assistant content the template is rendered with to find its delta: any text the
 # template keeps as it is.
 STAND_IN = "ORCHARD-REPLY-STAND-IN"
+# The short conversation an observation's delta is rendered after (see the module's docstring).
+BASE: list[Message] = [{"role": "user", "content": "ORCHARD-BASE"}, {"role": "assistant", "content": STAND_IN}]
+# Episodes whose last conversation is kept (a dict entry each: the recipe's messages);
+# beyond that the oldest are dropped and built again if they come back.
+KEPT_CONVERSATIONS = 8192
+# Observations of a kind whose short render is checked against the whole history: the first
+# DELTA_CHECKS, then every DELTA_CHECK_EVERY-th.
+DELTA_CHECKS = 3
+DELTA_CHECK_EVERY = 64
 _BLOCK = re.compile(r"```(?:bash|sh)[ \t]*\r?\n(.*?)```", re.DOTALL)
 
 
@@ -86,6 +113,7 @@ class TokenPolicy:
         messages_of: MessagesOf,
         *,
         parse_reply: ParseReply = bash_reply,
+        automatic_action: AutomaticAction | None = None,
         sampling: Sampling | None = None,
         token_budget: int = 0,
     ):
@@ -95,9 +123,18 @@ class TokenPolicy:
         self.tokenizer = tokenizer
         self.messages_of = messages_of
         self.parse_reply = parse_reply
+        self.automatic_action = automatic_action
         self.sampling = sampling or Sampling()
         self.token_budget = token_budget
         self.name = f"tokens:{engine.name}"
+        # episode -> (the steps its conversation was built from, their last Step, the conversation)
+        self._conversations: OrderedDict[str, tuple[int, Step | None, list[Message]]] = OrderedDict()
+        # the roles of an observation's messages -> whether BASE gives the whole history's delta
+        # (False for good once a check finds it does not), and how many of them came
+        self._local_delta: dict[tuple[str, ...], bool] = {}
+        self._delta_seen: dict[tuple[str, ...], int] = {}
+        self._base: tuple[str, list[int]] | None = None  # (BASE's text, its end of turn); None: unusable
+        self._base_rendered = False
 
     # -- rendering ---------------------------------------------------------------------------
 
@@ -112,24 +149,80 @@ class TokenPolicy:
         """The tokens that follow a reply sampled after ``before`` when the recipe adds
         ``added`` (its observation messages), or None when the template's text is not an
         extension (the turn then starts a new segment)."""
-        turn = [*before, {"role": "assistant", "content": STAND_IN}]
-        closed = self.render(turn, generation_prompt=False)
-        extended = self.render([*turn, *added], generation_prompt=True)
-        if not extended.startswith(closed) or STAND_IN not in closed:
+        kind = tuple(str(message.get("role")) for message in added)
+        local = self._local_delta.get(kind, True)
+        seen = self._delta_seen[kind] = self._delta_seen.get(kind, 0) + 1
+        if local and (seen <= DELTA_CHECKS or seen % DELTA_CHECK_EVERY == 0):
+            # the short render must give the whole one's delta (a template that counts its history
+            # can agree on one length by chance: checked on a few lengths, then now and then)
+            delta = self._whole_delta(before, added)
+            self._local_delta[kind] = delta is not None and self._base_delta(added) == delta
+        else:
+            delta = self._base_delta(added) if local else self._whole_delta(before, added)
+        if delta is None:
             return None
-        end_of_turn = self.encode(closed[closed.rindex(STAND_IN) + len(STAND_IN) :])
+        end_of_turn, text = delta
         # what of the template's end of turn the sampler produced itself (its end token)
         produced = next(
             (k for k in range(len(end_of_turn), 0, -1) if sampled[-k:] == end_of_turn[:k]),
             0,
         )
-        return end_of_turn[produced:] + self.encode(extended[len(closed) :])
+        return end_of_turn[produced:] + self.encode(text)
+
+    def _whole_delta(self, before: list[Message], added: list[Message]) -> tuple[list[int], str] | None:
+        """(the template's end of an assistant turn, the text it adds for ``added``), rendered
+        after the whole of ``before``; None when that is not an extension."""
+        turn = [*before, {"role": "assistant", "content": STAND_IN}]
+        closed = self.render(turn, generation_prompt=False)
+        extended = self.render([*turn, *added], generation_prompt=True)
+        if not extended.startswith(closed) or STAND_IN not in closed:
+            return None
+        return self.encode(closed[closed.rindex(STAND_IN) + len(STAND_IN) :]), extended[len(closed) :]
+
+    def _base_delta(self, added: list[Message]) -> tuple[list[int], str] | None:
+        """The same, rendered after ``BASE`` (a few messages) instead of the episode."""
+        if not self._base_rendered:
+            self._base_rendered = True
+            try:
+                closed = self.render(BASE, generation_prompt=False)
+            except Exception:  # a template that refuses so short a chat: the whole history every turn
+                closed = ""
+            where = closed.rfind(STAND_IN)
+            self._base = (closed, self.encode(closed[where + len(STAND_IN) :])) if where >= 0 else None
+        if self._base is None:
+            return None
+        closed, end_of_turn = self._base
+        try:
+            extended = self.render([*BASE, *added], generation_prompt=True)
+        except Exception:
+            return None
+        if not extended.startswith(closed):
+            return None
+        return end_of_turn, extended[len(closed) :]
+
+    def _conversation(self, observation: Observation, steps: int) -> list[Message]:
+        """The recipe's conversation over the first ``steps`` steps of the episode: kept from
+        the episode's last turn when these are still the steps it was built from."""
+        history = observation.history
+        kept = self._conversations.get(observation.episode_id)
+        if kept is not None and kept[0] == steps and kept[1] is (history[steps - 1] if steps else None):
+            return kept[2]
+        return self.messages_of(_partial(observation, history[:steps]))
+
+    def _keep(self, observation: Observation, messages: list[Message]) -> None:
+        history = observation.history
+        self._conversations[observation.episode_id] = (len(history), history[-1] if history else None, messages)
+        self._conversations.move_to_end(observation.episode_id)
+        if len(self._conversations) > KEPT_CONVERSATIONS:
+            self._conversations.popitem(last=False)
 
     def next_prompt(self, observation: Observation) -> tuple[TurnTokens, list[int]]:
         """This turn's record (its segment and the tokens added before it) and the whole
         prompt to sample from."""
         history = observation.history
         now = self.messages_of(_partial(observation, history))
+        before = self._conversation(observation, len(history) - 1) if history else []
+        self._keep(observation, now)
         turns = [step.action.tokens for step in history]
         if history and all(turn is not None for turn in turns):
             last = turns[-1]
@@ -139,12 +232,12 @@ class TokenPolicy:
             for turn in segment:  # list extends, not a loop per token: this runs every turn
                 context += turn.prompt_ids
                 context += turn.token_ids
-            before = self.messages_of(_partial(observation, history[:-1]))
             added = self._added(before, now, history[-1])
             if added is not None:
                 delta = self.observation_ids(before, added, last.token_ids)
                 if delta is not None:
-                    return TurnTokens(segment=last.segment, prompt_ids=delta), context + delta
+                    context += delta  # the list built for this turn: no second copy
+                    return TurnTokens(segment=last.segment, prompt_ids=delta), context
             segment_index = last.segment + 1
         else:
             segment_index = max((turn.segment + 1 for turn in turns if turn is not None), default=0)
@@ -169,13 +262,20 @@ class TokenPolicy:
     # -- acting --------------------------------------------------------------------------------
 
     async def act(self, observation: Observation) -> Action:
-        spent = sum(step.action.usage.get("total_tokens", 0) for step in observation.history)
-        if self.token_budget and spent >= self.token_budget:
-            return Action(kind="submit", error=f"token budget spent ({spent} of {self.token_budget} tokens)")
+        if self.automatic_action is not None:
+            own = self.automatic_action(observation)
+            if own is not None:
+                return own
+        if self.token_budget:
+            spent = sum(step.action.usage.get("total_tokens", 0) for step in observation.history)
+            if spent >= self.token_budget:
+                return Action(kind="submit", error=f"token budget spent ({spent} of {self.token_budget} tokens)")
         record, prompt = self.next_prompt(observation)
         generation = await self.engine.generate(prompt, self.sampling)
         text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
         action = self.parse_reply(text)
+        if action.kind == "submit":  # the episode ends: its conversation is not needed again
+            self._conversations.pop(observation.episode_id, None)
         action.raw = text
         record.token_ids = generation.token_ids
         record.logprobs = generation.logprobs
@@ -212,7 +312,7 @@ def token_policy(
     from orchard_async.runtime import load_recipe  # the registry: only when a policy is made
 
     module = load_recipe(recipe)
-    chats_of = getattr(module, "training_chats", None)
+    chats_of = getattr(module, "token_chats", None) or getattr(module, "training_chats", None)
     if not callable(chats_of):
         raise ConfigError(f"the {recipe} recipe has no chat builder (training_chats): it cannot run token policies")
     chats = chats_of(dict(options or {}))
@@ -231,6 +331,7 @@ def token_policy(
         loaded,
         chats.messages_of,
         parse_reply=parse if callable(parse) else bash_reply,
+        automatic_action=getattr(module, "automatic_action", None),
         sampling=sampling,
         token_budget=config.token_budget,
     )
