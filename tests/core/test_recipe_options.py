@@ -170,7 +170,8 @@ def test_the_real_command_prints_one_line_for_a_bad_option(tmp_path: Path, local
     )
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
-        "error: the claw recipe has no option 'imag'; its options are: image, harness, user_base_url, user_model, "
+        "error: the claw recipe has no option 'imag'; its options are: image, harness, harness_tokens, user_base_url, "
+        "user_model, "
         "user_api_key"
     ]
 
