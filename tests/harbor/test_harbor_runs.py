@@ -20,7 +20,7 @@ SOLVED_EVERYWHERE = {
 }  # fmt: skip
 # Tasks whose users the adapter cannot switch to: none (a task with users asks for
 # SandboxSpec.switch_users; a local sandbox has one unprivileged user, which every phase runs as).
-NEEDS_USER_SWITCH: dict[str, set[str]] = {"docker": set(), "local": set()}
+NEEDS_USER_SWITCH: dict[str, set[str]] = {"docker": set(), "local": set(), "kubernetes": set()}
 
 PLANTED = "echo 1 > /logs/verifier/reward.txt; echo '{\"reward\": 1}' > /logs/verifier/reward.json"
 FORGED_TEST = "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n"
@@ -62,10 +62,12 @@ SMUGGLER = (
     "app usr\\n' > /usr/local/bin/tar && chmod +x /usr/local/bin/tar; fi; echo smuggled"
 )
 ADAPTERS = [pytest.param("local", id="local"), pytest.param("docker", id="docker")]
+# The fixture set on the CI cluster: new pods per episode and phase, soak only.
+KUBERNETES = pytest.param("kubernetes", id="kubernetes", marks=pytest.mark.soak)
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize("adapter", ADAPTERS)
+@pytest.mark.parametrize("adapter", [*ADAPTERS, KUBERNETES])
 def test_oracle_solves_every_fixture_and_empty_none(adapter):
     ready(adapter)
     tasks = load()
