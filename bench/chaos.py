@@ -199,7 +199,9 @@ class KubernetesProbe(Probe):
         return options
 
     async def count(self, label: str) -> dict[str, int] | None:
-        adapter = get_adapter("kubernetes", **self.options)
+        from orchard_async.adapters.kubernetes import KubernetesAdapter  # the kubernetes extra, only here
+
+        adapter = KubernetesAdapter(**self.options)
         try:
             with anyio.fail_after(60):
                 pods = await adapter.find_sandboxes({"orchard.bench": label})
