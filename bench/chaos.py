@@ -190,11 +190,31 @@ class DockerProbe(Probe):
         return {"sandboxes": len(states), **{f"state:{state}": n for state, n in Counter(states).items()}}
 
 
-PROBES: dict[str, type[Probe]] = {"local": LocalProbe, "docker": DockerProbe}
+class KubernetesProbe(Probe):
+    """Pods carrying this run's ``orchard.bench`` label, ended or being deleted included: a
+    pod counts until the API server no longer has it."""
+
+    def prepare(self, options: dict[str, Any], workdir: Path) -> dict[str, Any]:
+        self.options = options
+        return options
+
+    async def count(self, label: str) -> dict[str, int] | None:
+        from orchard_async.adapters.kubernetes import KubernetesAdapter  # the kubernetes extra, only here
+
+        adapter = KubernetesAdapter(**self.options)
+        try:
+            with anyio.fail_after(60):
+                pods = await adapter.find_sandboxes({"orchard.bench": label})
+        finally:
+            await adapter.close()
+        return {"sandboxes": len(pods)}
+
+
+PROBES: dict[str, type[Probe]] = {"local": LocalProbe, "docker": DockerProbe, "kubernetes": KubernetesProbe}
 
 # Seconds after its controller's SIGKILL by which the README promises a sandbox is gone by
 # itself: `--settle`'s default, so that "left after self-destruct" checks the promise.
-PROMISED_SELF_DESTRUCT: dict[str, float] = {"local": 2.0, "docker": 6.0}
+PROMISED_SELF_DESTRUCT: dict[str, float] = {"local": 2.0, "docker": 6.0, "kubernetes": 15.0}
 
 
 def _total(counts: dict[str, int] | None) -> int:

@@ -1,17 +1,20 @@
 """``orchard-async harbor``: look at Harbor task folders before running them.
 
     orchard-async harbor validate DIR [--adapter docker] [--recipe-options JSON]
-    orchard-async harbor build DIR [--recipe-options '{"image_map": {"ubuntu:24.04": "orchard/bookworm:min"}}']
+    orchard-async harbor build DIR [--adapter kubernetes] [--recipe-options '{"image_map": {"ubuntu:24.04": "orchard/bookworm:min"}}']
 
 ``validate`` says per task whether it loads, whether it runs on the adapter, and why not,
 without running it (exit 0 when every task runs, 1 when one does not, 2 for a bad DIR);
-``build`` builds the tasks' ``environment/Dockerfile`` images with docker (``images``).
+``build`` builds the tasks' ``environment/Dockerfile`` images with docker (``images``); with
+``--adapter kubernetes`` it also imports every image the tasks run (built or named) into the
+local one-node cluster's containerd, as ``orchard-async images build --adapter kubernetes`` does.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,9 +97,19 @@ def validate(source: Path, options: HarborOptions, adapter: str, *, check_images
     return verdicts
 
 
-def build_all(source: Path, options: HarborOptions) -> int:
+def build_all(source: Path, options: HarborOptions, adapter: str = "docker") -> int:
     if not images.docker_available():
         raise ConfigError("building a task's Dockerfile needs the docker CLI and a daemon")
+    address = None
+    if adapter == "kubernetes":
+        from orchard_async.images.build import containerd_address
+
+        address = containerd_address()
+        if address is None:
+            raise ConfigError(
+                "no containerd of a local one-node cluster here (CONTAINERD_ADDRESS, $ORCHARD_K8S_WORK or "
+                "/run/containerd/containerd.sock): import the tasks' images on each node yourself"
+            )
     failed = 0
     for verdict in validate(source, options, "local", check_images=False):
         task = verdict.task
@@ -121,6 +134,16 @@ def build_all(source: Path, options: HarborOptions) -> int:
             except (ConfigError, RuntimeError) as exc:
                 print(f"{verdict.name}: {exc}", file=sys.stderr)
                 failed += 1
+        if address is None:
+            continue
+        scorer_image = task.scorer_spec.image if isinstance(task, SeparateHarborTask) and task.scorer_spec else None
+        for tag in dict.fromkeys(i for i in (task.spec.image, scorer_image) if i):
+            try:
+                imported = images.import_into_containerd(tag, address)
+                print(f"{verdict.name}: {tag} {'imported into' if imported else 'already in'} containerd")
+            except (subprocess.TimeoutExpired, RuntimeError) as exc:
+                print(f"{verdict.name}: {exc}", file=sys.stderr)
+                failed += 1
     return 1 if failed else 0
 
 
@@ -140,7 +163,7 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(f"{source}: no such folder")
     options = _options(args.recipe_options)
     if args.harbor_command == "build":
-        return build_all(source, options)
+        return build_all(source, options, args.adapter)
     verdicts = validate(source, options, args.adapter)
     for verdict in verdicts:
         print(verdict.line())
@@ -158,5 +181,11 @@ def add_command(parser: argparse.ArgumentParser) -> None:
     check.add_argument("--recipe-options", help="JSON object of the harbor recipe's options (image_map, ...)")
     build = sub.add_parser("build", help="build the tasks' environment/Dockerfile images (docker; no registry)")
     build.add_argument("dir", metavar="DIR", help="a Harbor dataset folder, or one task folder")
+    build.add_argument(
+        "--adapter",
+        default="docker",
+        choices=["docker", "kubernetes"],
+        help="kubernetes: also import the images into the local one-node cluster's containerd",
+    )
     build.add_argument("--recipe-options", help="JSON object of the harbor recipe's options (image_map, ...)")
     parser.set_defaults(func=main)

@@ -21,6 +21,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,6 +120,58 @@ def build(tag: str, environment: Path, image_map: dict[str, str], *, timeout: fl
         lines = [line for line in result.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
         raise RuntimeError(f"docker build of {tag} failed: {lines[-1] if lines else 'no output'}")
     return True
+
+
+def containerd_refs(address: str) -> set[str]:
+    """The image names the node's containerd (namespace k8s.io, the kubelet's) has."""
+    result = subprocess.run(
+        ["ctr", "--address", address, "-n", "k8s.io", "images", "ls", "-q"],
+        capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise RuntimeError(f"ctr images ls at {address} failed: {_last_line(result.stderr)}")
+    return set(result.stdout.decode().split())
+
+
+def in_containerd(tag: str, refs: set[str]) -> bool:
+    # `ctr import` of `docker save` names an image as docker does, fully qualified
+    head = tag.split("/", 1)[0]
+    if "/" not in tag:
+        qualified = f"docker.io/library/{tag}"
+    elif "." in head or ":" in head or head == "localhost":
+        qualified = tag
+    else:
+        qualified = f"docker.io/{tag}"
+    return tag in refs or qualified in refs
+
+
+def import_into_containerd(tag: str, address: str, *, timeout: float = 600.0) -> bool:
+    """Copy docker's image ``tag`` into the node's containerd, where a one-node cluster's
+    pods find it (no registry), unless it is there; True when it imported."""
+    if in_containerd(tag, containerd_refs(address)):
+        return False
+    with tempfile.TemporaryFile() as errors:
+        save = subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE, stderr=errors)
+        assert save.stdout is not None
+        try:
+            load = subprocess.run(
+                ["ctr", "--address", address, "-n", "k8s.io", "images", "import", "-"],
+                stdin=save.stdout, capture_output=True, timeout=timeout, check=False,
+            )  # fmt: skip
+        finally:
+            save.stdout.close()
+            save.wait(timeout=60)
+        errors.seek(0)
+        if save.returncode != 0:
+            raise RuntimeError(f"docker save {tag} failed: {_last_line(errors.read())}")
+    if load.returncode != 0:
+        raise RuntimeError(f"ctr import of {tag} failed: {_last_line(load.stderr)}")
+    return True
+
+
+def _last_line(output: bytes) -> str:
+    lines = [line for line in output.decode("utf-8", "replace").splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
 
 
 @dataclass

@@ -11,7 +11,7 @@ import anyio
 
 import orchard_async as oa
 from orchard_async.recipes import harbor
-from tests.conftest import backend_missing, require_docker
+from tests.conftest import backend_missing, cluster_configured, require_docker
 
 HERE = Path(__file__).resolve().parent
 TASKS = HERE / "tasks"
@@ -48,12 +48,16 @@ async def run(tasks: list[Any], policy: Any, adapter: str, **adapter_options: An
 
 
 def ready(adapter: str) -> None:
-    """Skip (fail in CI) where the adapter cannot run the fixtures; build their images on docker."""
-    if adapter != "docker":
+    """Skip (fail in CI) where the adapter cannot run the fixtures; build their images on docker
+    (on kubernetes also imported into the one-node cluster's containerd)."""
+    if adapter == "local":
         return
+    if adapter == "kubernetes" and not cluster_configured():
+        backend_missing("no Kubernetes cluster configured (KUBECONFIG, ~/.kube/config or ORCHARD_K8S_TEST_CONTEXT)")
     require_docker(TEST_IMAGE)
     built = subprocess.run(
-        [sys.executable, "-m", "orchard_async.apps.cli", "harbor", "build", str(TASKS), "--recipe-options",
+        [sys.executable, "-m", "orchard_async.apps.cli", "harbor", "build", str(TASKS), "--adapter", adapter,
+         "--recipe-options",
          '{"image_map": {"ubuntu:24.04": "orchard/python:test", "python:3.12-slim": "orchard/python:test"}}'],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip

@@ -20,7 +20,11 @@ SOLVED_EVERYWHERE = {
 }  # fmt: skip
 # Tasks whose users the adapter cannot switch to: none (a task with users asks for
 # SandboxSpec.switch_users; a local sandbox has one unprivileged user, which every phase runs as).
-NEEDS_USER_SWITCH: dict[str, set[str]] = {"docker": set(), "local": set()}
+NEEDS_USER_SWITCH: dict[str, set[str]] = {"docker": set(), "local": set(), "kubernetes": set()}
+# Tasks whose test asks what the adapter's sandboxes do not show: a kubernetes pod keeps its
+# eth0 under no-network (egress is denied by a NetworkPolicy, which the CNI enforces, not by a
+# missing interface), and the no-network fixture's test wants loopback as the only interface.
+OTHERWISE_OFFLINE: dict[str, set[str]] = {"docker": set(), "local": set(), "kubernetes": {"no-network"}}
 
 PLANTED = "echo 1 > /logs/verifier/reward.txt; echo '{\"reward\": 1}' > /logs/verifier/reward.json"
 FORGED_TEST = "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n"
@@ -62,19 +66,24 @@ SMUGGLER = (
     "app usr\\n' > /usr/local/bin/tar && chmod +x /usr/local/bin/tar; fi; echo smuggled"
 )
 ADAPTERS = [pytest.param("local", id="local"), pytest.param("docker", id="docker")]
+# The fixture set on the CI cluster: new pods per episode and phase, soak only.
+KUBERNETES = pytest.param("kubernetes", id="kubernetes", marks=pytest.mark.soak)
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize("adapter", ADAPTERS)
+@pytest.mark.parametrize("adapter", [*ADAPTERS, KUBERNETES])
 def test_oracle_solves_every_fixture_and_empty_none(adapter):
     ready(adapter)
     tasks = load()
     oracle = run_sync(tasks, harbor.make_policy("oracle"), adapter)
     empty = run_sync(tasks, harbor.make_policy("empty"), adapter)
     unswitched = NEEDS_USER_SWITCH[adapter]
-    assert {t for t, traj in oracle.items() if traj.reward == 1.0 and traj.success} == SOLVED_EVERYWHERE | (
-        {"agent-user"} - unswitched
-    )
+    offline_otherwise = OTHERWISE_OFFLINE[adapter]
+    assert {t for t, traj in oracle.items() if traj.reward == 1.0 and traj.success} == (
+        SOLVED_EVERYWHERE - offline_otherwise
+    ) | ({"agent-user"} - unswitched)
+    for name in offline_otherwise:  # ran and was scored: only the interface check said no
+        assert oracle[name].end_reason == "submitted" and oracle[name].reward == 0.0, oracle[name].error
     for name in unswitched:
         assert oracle[name].end_reason == "task_error" and "cannot switch to it" in oracle[name].error
     assert all(traj.reward == 0.0 and not traj.success for traj in empty.values()), {
