@@ -128,9 +128,10 @@ class OrchardAgentLoop(AgentLoopBase):
     def placeholder(self, kwargs: dict[str, Any]) -> list[int]:
         """The row's own prompt ids, for a sample that never sampled (it is masked)."""
         messages = list(kwargs.get("raw_prompt") or [{"role": "user", "content": ""}])
-        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        tokenizer: Any = self.tokenizer  # verl hands over a Hugging Face tokenizer; its stubs vary by version
+        ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
         ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-        return ids or [self.tokenizer.eos_token_id]
+        return ids or [tokenizer.eos_token_id]
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         task = self.task_of(**kwargs)
