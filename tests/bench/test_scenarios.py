@@ -115,6 +115,7 @@ def test_episodes(bench, adapter: str) -> None:
         assert all(row["success_rate"] == 1.0 for row in data["rows"])
 
 
+@pytest.mark.soak  # 20-40 s of a worker: the soak run keeps the default under 5 minutes
 def test_episodes_with_fork_runs_plain_and_forked_side_by_side(bench) -> None:
     args = ["--adapter", "local", "--recipe", "swe", "--tasks", "builtin:minicalc__1", "--group-size", "2"]
     data = bench("episodes", *args, "--concurrency", "2", "--episodes", "2", "--fork")

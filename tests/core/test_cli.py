@@ -177,6 +177,7 @@ def test_bench_exec_json_schema(tmp_path: Path, local_env: dict) -> None:
         assert row["ops"] >= 40 and 0 < row["p50_ms"] <= row["p99_ms"] and row["ops_per_s"] > 0
 
 
+@pytest.mark.soak  # 20-40 s of a worker: the soak run keeps the default under 5 minutes
 def test_ctrl_c_destroys_every_sandbox_and_resume_finishes(tmp_path: Path, local_env: dict) -> None:
     import signal
     import time

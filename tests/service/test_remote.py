@@ -12,6 +12,7 @@ import pytest
 
 import orchard_async as oa
 from orchard_async.adapters.remote import RemoteAdapter
+from tests.conformance import test_stream as conformance_stream
 from tests.conformance.test_exec import (  # noqa: F401 - collected here, against the remote adapter
     test_background_process_survives_a_finished_command,
     test_bad_input_is_rejected_before_running,
@@ -36,12 +37,17 @@ from tests.conformance.test_files import (  # noqa: F401
 )
 from tests.conformance.test_stream import (  # noqa: F401 - over the service's PTY socket
     test_a_stream_reports_a_missing_program,
-    test_a_stream_to_a_process_echoes_100_mb_both_ways_and_its_process_ends_with_it,
     test_an_http_server_inside_is_reached_by_connect_httpx_and_a_forward,
     test_connect_echoes_both_ways,
     test_connect_to_a_port_nothing_listens_on_is_refused,
 )
 from tests.service.conftest import Service
+
+
+@pytest.mark.soak  # 100 MB through the service's PTY socket, ~40 s on 2 cores: the soak run
+async def test_a_stream_to_a_process_echoes_100_mb_both_ways_and_its_process_ends_with_it(sandbox: oa.Sandbox) -> None:
+    await conformance_stream.test_a_stream_to_a_process_echoes_100_mb_both_ways_and_its_process_ends_with_it(sandbox)
+
 
 # The adapter options the conformance tests pass (output_cap=): the service's adapter's
 # business, so each gets a service of its own, started up front (make_adapter is synchronous).

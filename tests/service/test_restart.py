@@ -202,6 +202,7 @@ def test_a_killed_service_restarted_serves_the_same_sandboxes(tmp_path: Path, se
     assert KEY_A not in log and KEY_B not in log
 
 
+@pytest.mark.soak  # 20-40 s of a worker: the soak run keeps the default under 5 minutes
 def test_a_sandbox_that_cannot_be_taken_back_is_removed_and_answers_404(tmp_path: Path, service_name: str) -> None:
     first = Serve(tmp_path, service_name)
     try:
@@ -230,6 +231,7 @@ def test_a_sandbox_that_cannot_be_taken_back_is_removed_and_answers_404(tmp_path
     assert containers(service_name) == []
 
 
+@pytest.mark.soak  # 20-40 s of a worker: the soak run keeps the default under 5 minutes
 def test_a_sandbox_nobody_takes_back_ends_after_its_grace(tmp_path: Path, service_name: str) -> None:
     first = Serve(tmp_path, service_name, "--reattach-grace", "2")
     try:
