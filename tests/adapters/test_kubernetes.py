@@ -286,7 +286,7 @@ CONTROLLER = """
 import os, signal, sys, anyio, orchard_async as oa
 from orchard_async.adapters.kubernetes import KubernetesAdapter
 class DiesBeforeItsShell(KubernetesAdapter):
-    async def _open_shell(self, *args):
+    async def _open_shell(self, *args, **keywords):
         print("dying", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 async def main():

@@ -61,7 +61,9 @@ async def sdk_service(
         backend_missing(reason)
     if backend == "kubernetes" and not cluster_configured():
         backend_missing("no Kubernetes cluster configured (KUBECONFIG, ~/.kube/config or ORCHARD_K8S_TEST_CONTEXT)")
-    image = {"local": "any", "docker": DOCKER_IMAGE, "kubernetes": K8S_IMAGE}[backend]
+    # kubernetes too: ci-kubernetes.sh loads Docker's orchard/python:test into the node (bash is what
+    # a login shell needs; the busybox default has none)
+    image = {"local": "any", "docker": DOCKER_IMAGE, "kubernetes": DOCKER_IMAGE}[backend]
     options = K8S_OPTIONS if backend == "kubernetes" else {}
     try:
         return await start_service(backend, adapter_options=options), image
