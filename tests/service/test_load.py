@@ -17,7 +17,14 @@ def check(result: dict, *, killed: bool) -> None:
     assert result["episodes_failed"] == 0 and result["episodes_done"] == result["sandboxes"], result
     assert result["commands_right"] >= result["sandboxes"] * result["commands_each"], result
     assert result["client_errors_not_retryable"] == {}, result["client_errors"]
-    assert result["leaks_service_running"] == {key: 0 for key in result["leaks_service_running"]}, result
+    running = result["leaks_service_running"]
+    if killed and result["adapter"] != "local":
+        # A create the kill cut off after its container started is re-adopted by the restarted
+        # service, while its client, never answered, made another: that sandbox is the service's,
+        # listed (ended by its TTL or the service's stop), never a container it does not know of.
+        assert running.get("containers", 0) == running.get("service_lists", 0), result
+    else:
+        assert running == {key: 0 for key in running}, result
     assert result["leaks_after_stop"] == {key: 0 for key in result["leaks_after_stop"]}, result
     assert result["service_exit_code"] == 0
     if not killed:
