@@ -1,7 +1,9 @@
 """verl's agent loop contract: the ``orchard_async`` loop is registered by name, built as verl
 builds one (``hydra.utils.instantiate`` of its config with the worker's arguments), runs an
 orchard-async episode on local sampling through a server manager over the tiny model, and
-returns verl's own ``AgentLoopOutput``, which converts as verl converts it (``as_dict``). An
+returns verl's own ``AgentLoopOutput``, which converts as verl converts it (``as_dict``). The
+same loop also samples through verl's own client (``LLMServerClient``, its Ray load balancer,
+a Ray actor rollout server), as an ``AgentLoopWorker`` hands it over. An
 episode whose sandbox could not be made comes back masked, and ``orchard_grpo`` leaves it
 out of its group's baseline."""
 
@@ -131,6 +133,57 @@ async def test_the_agent_loop_returns_verls_agent_loop_output(tiny_model: Path, 
     assert lost.extra_fields["orchard_trainable"] is False
     assert lost.extra_fields["orchard_end_reason"] == "create_failed"
     assert set(lost.response_mask) == {0} and lost.prompt_ids
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Any:
+    """A local Ray instance for one module: verl's client reaches its servers through Ray."""
+    require("ray")
+    import ray
+
+    root = str(Path(__file__).resolve().parents[2])
+    # The actor's module (tests.trainers) must import in Ray's workers: from this checkout.
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": root}})
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+async def test_the_loop_samples_through_verls_own_server_client(
+    ray_cluster: Any, tiny_model: Path, tmp_path: Path
+) -> None:
+    """verl's ``LLMServerClient`` (what AgentLoopWorker passes as ``server_manager``), its
+    ``GlobalRequestLoadBalancer`` as a Ray actor, and one rollout server actor: the loop's turns
+    reach the server through verl's routing (one sticky server per episode), and the
+    weights' step the server reports comes back as the turn's version."""
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.router import GlobalRequestLoadBalancer
+
+    from tests.trainers.verl_engine_server import TinyEngineServer
+
+    ray = ray_cluster
+    server = ray.remote(TinyEngineServer).remote(str(tiny_model), 11)
+    balancer = ray.remote(GlobalRequestLoadBalancer).remote(servers={"replica-0": server})
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "full_determinism": False}}})
+    client = LLMServerClient(config, load_balancer_handle=balancer)
+    loop = build_loop(tiny_model, tmp_path, client)  # type: ignore[arg-type]
+    row = {"raw_prompt": [{"role": "user", "content": "Say something."}], "extra_info": {"task": "echo"}, "uid": "u2"}
+    output = await loop.run({"temperature": 1.0, "max_tokens": 12, "logprobs": True}, **row)
+    assert type(output) is AgentLoopOutput
+    assert output.extra_fields["orchard_trainable"] is True, output.extra_fields
+    assert output.extra_fields["min_global_steps"] == output.extra_fields["max_global_steps"] == 11
+    seen = await server.seen.remote()
+    assert len(seen) == 2, "two turns, both routed by verl's balancer to its one server"
+    first, second = seen[0][1], seen[1][1]
+    assert first == output.prompt_ids and second[: len(first)] == first
+    assert second[len(first) :] == output.response_ids[: len(second) - len(first)]
+    sampled = [i for i, m in zip(output.response_ids, output.response_mask, strict=True) if m]
+    assert sampled and len(output.response_logprobs) == len(output.response_ids)
+    converted = output.as_dict()
+    assert converted["responses"].tolist() == output.response_ids
 
 
 def test_orchard_grpo_leaves_untrainable_samples_out_of_the_baseline() -> None:
