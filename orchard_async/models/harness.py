@@ -39,11 +39,27 @@ from orchard_async.errors import ModelUnavailable
 from orchard_async.models.client import ModelConfig
 from orchard_async.models.proxy import ModelCall, ModelProxy, Upstream, serve_into, stitch_calls
 from orchard_async.protocols import Sandbox
-from orchard_async.task import Observation
 from orchard_async.records.trajectory import Action, TurnTokens
+from orchard_async.task import Observation
 
+MINI_SWE_AGENT_SETTINGS = (
+    "MSWEA_CONFIGURED=true MSWEA_SILENT_STARTUP=1 MSWEA_COST_TRACKING=ignore_errors LITELLM_LOCAL_MODEL_COST_MAP=True"
+)
 OUTPUT_TAIL = 4000  # characters of the harness's output kept in the last step
 SCORING_MARGIN = 0.9  # of the agent's remaining time the harness may use: the replay steps need the rest
+
+
+def mini_swe_agent_command(home: str, *configs: str) -> str:
+    """mini-swe-agent (``mini``, which the image must have) as a harness: its task from stdin,
+    the model through the proxy (litellm's openai provider), its own ``mini.yaml`` and then
+    ``configs`` (files in the sandbox), its state below ``home``. No prompts, no cost tracking
+    (a served model has no price), nothing fetched at start (the sandbox may be offline)."""
+    extra = "".join(f"-c {config} " for config in configs)
+    return (
+        f"task=$(cat); export {MINI_SWE_AGENT_SETTINGS} MSWEA_GLOBAL_CONFIG_DIR={home}/mini-home; "
+        f'exec mini -y --exit-immediately -l 0 -m "openai/$OPENAI_MODEL" -c mini.yaml {extra}'
+        f'-c "model.model_kwargs.api_base=$OPENAI_BASE_URL" -o {home}/mini.traj.json -t "$task"'
+    )
 
 
 @dataclass
@@ -97,8 +113,9 @@ class SandboxHarness:
         """More variables for this run (a recipe's own, e.g. a turn limit)."""
         return {}
 
-    def command_for(self, observation: Observation, command: str) -> str:
-        """The command as it runs in the sandbox (a recipe may run it as another user)."""
+    def command_for(self, observation: Observation, command: str, env: Mapping[str, str]) -> str:
+        """The command as it runs in the sandbox with ``env`` (also passed to the exec; a recipe
+        may run it as another user, setting ``env`` itself)."""
         return command
 
     # -- the run -----------------------------------------------------------------------------
@@ -153,7 +170,7 @@ class SandboxHarness:
                     "OPENAI_MODEL": self.config.model,
                 }
                 result = await sandbox.exec(
-                    self.command_for(observation, self.command),
+                    self.command_for(observation, self.command, env),
                     env=env,
                     stdin=observation.instruction.encode(),
                     timeout=timeout,

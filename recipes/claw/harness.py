@@ -36,7 +36,7 @@ from typing import Any
 from orchard_async import Observation, Sandbox, episode_label
 from orchard_async.images import ImageSpec
 from orchard_async.models.client import ModelConfig
-from orchard_async.models.harness import HarnessRun, SandboxHarness
+from orchard_async.models.harness import HarnessRun, SandboxHarness, mini_swe_agent_command
 from orchard_async.models.proxy import Upstream
 from orchard_async.recipes.claw.task import ClawOptions
 
@@ -53,14 +53,7 @@ MINI_SWE_AGENT_IMAGE = ImageSpec(
     pip_packages=(f"mini-swe-agent=={MINI_SWE_AGENT_VERSION}",),
     check="mini --help >/dev/null && python3 -c 'import minisweagent, litellm'",
 )
-# Its task from stdin, the model through the proxy (litellm's openai provider), no prompts, no
-# cost tracking (a served model has no price), nothing fetched at start (the sandbox is offline).
-MINI_SWE_AGENT_COMMAND = (
-    "task=$(cat); export MSWEA_CONFIGURED=true MSWEA_SILENT_STARTUP=1 MSWEA_COST_TRACKING=ignore_errors "
-    "LITELLM_LOCAL_MODEL_COST_MAP=True MSWEA_GLOBAL_CONFIG_DIR=/tmp/claw/mini-home; "
-    'exec mini -y --exit-immediately -l 0 -m "openai/$OPENAI_MODEL" -c mini.yaml -c /tmp/claw/mini_claw.yaml '
-    '-c "model.model_kwargs.api_base=$OPENAI_BASE_URL" -o /tmp/claw/mini.traj.json -t "$task"'
-)
+MINI_SWE_AGENT_COMMAND = mini_swe_agent_command("/tmp/claw", "/tmp/claw/mini_claw.yaml")
 # preset name -> (command, files copied into the sandbox first)
 PRESETS: dict[str, tuple[str, dict[str, Path]]] = {
     "bundled": (DEFAULT_COMMAND, {HARNESS_PATH: HARNESS_SOURCE}),
