@@ -149,14 +149,14 @@ class SandboxHarness:
         task = observation.task
         sandbox = self.sandbox_for(observation)
         proxy = await self._proxy()
-        session = proxy.open_session(observation.episode_id, max_calls=self.max_calls(observation))
+        max_calls = self.max_calls(observation)
+        session = proxy.open_session(observation.episode_id, max_calls=max_calls)
         for path, source in self.files.items():
             # through the shell: an adapter's write_file may only reach the working directory
-            copied = await sandbox.exec(
-                f"mkdir -p {shlex.quote(posixpath.dirname(path))} && cat > {shlex.quote(path)} && chmod a+r {shlex.quote(path)}",
-                stdin=source.read_bytes(),
-                timeout=task.exec_timeout,
-            )
+            # readable by every user: a recipe may run the harness as the task's agent user
+            target, folder = shlex.quote(path), shlex.quote(posixpath.dirname(path))
+            copy = f"mkdir -p {folder} && cat > {target} && chmod a+r {target}"
+            copied = await sandbox.exec(copy, stdin=source.read_bytes(), timeout=task.exec_timeout)
             if not copied.ok:
                 raise RuntimeError(f"harness mode: cannot copy {path} in: {copied.error_text or copied.text}")
         timeout = max(1.0, (observation.remaining or task.exec_timeout) * SCORING_MARGIN)
@@ -164,7 +164,7 @@ class SandboxHarness:
             async with serve_into(sandbox, proxy.port) as port:
                 env = {
                     **self.env,
-                    **self.harness_env(observation, session.max_calls),
+                    **self.harness_env(observation, max_calls),
                     "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
                     "OPENAI_API_KEY": session.key,
                     "OPENAI_MODEL": self.config.model,

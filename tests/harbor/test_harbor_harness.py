@@ -103,10 +103,11 @@ def test_a_harness_whose_model_fails_is_model_unavailable_never_a_reward() -> No
     assert server.requests  # the harness did call
 
 
-@pytest.mark.soak  # containers, two tasks: `pytest -m soak`, CI runs both
-def test_the_bundled_harness_on_docker_runs_as_the_agent_user_per_step() -> None:
-    ready("docker")
-    found, server = run_harness(load(ids=["multi-step", "agent-user"]), solver, "docker")
+@pytest.mark.soak  # containers, two tasks: `pytest -m soak`, CI runs both (kubernetes in its cluster run)
+@pytest.mark.parametrize("adapter", ["docker", "kubernetes"])
+def test_the_bundled_harness_in_a_container_runs_as_the_agent_user_per_step(adapter) -> None:
+    ready(adapter)
+    found, server = run_harness(load(ids=["multi-step", "agent-user"]), solver, adapter)
     t = found["agent-user"]
     assert (t.reward, t.end_reason) == (1.0, "submitted"), (t.error, t.info)
     whoami = msgspec.json.decode(t.steps[1].action.raw, type=ModelCall).request["messages"][-1]["content"]
