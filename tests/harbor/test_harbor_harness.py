@@ -129,3 +129,30 @@ def test_harness_presets_by_name_or_a_command(monkeypatch) -> None:
     monkeypatch.setenv("ORCHARD_MODEL", "m")
     policy = harbor.make_policy("harness", {"harness": "mini-swe-agent"})
     assert isinstance(policy, harbor.Stepwise) and policy.policy.name.startswith("harness:mini-swe-agent:")
+
+
+def mini_solver(request: dict[str, Any], index: int) -> Reply:
+    """mini-swe-agent's way: a bash call for the instruction, then its end command."""
+    messages = request["messages"]
+    if messages[-1]["role"] == "tool":
+        return bash_call("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT", index)
+    instruction = json.dumps(messages)
+    return bash_call(next(c for phrase, c in SOLUTIONS.items() if phrase in instruction), index)
+
+
+@pytest.mark.soak  # mini imports litellm in the container: ~50 s on a loaded 2-core machine
+def test_mini_swe_agent_solves_a_multi_step_task_on_docker() -> None:
+    from orchard_async.recipes.claw.harness import MINI_SWE_AGENT_IMAGE
+    from tests.conftest import require_docker
+
+    require_docker(MINI_SWE_AGENT_IMAGE.tag)
+    tasks = load(ids=["multi-step"], image_map={"ubuntu:24.04": MINI_SWE_AGENT_IMAGE.tag})
+    found, server = run_harness(tasks, mini_solver, "docker", harness="mini-swe-agent")
+    t = found["multi-step"]
+    assert (t.reward, t.end_reason) == (1.0, "submitted"), (t.error, t.info, t.steps[-1].action.raw)
+    assert t.info["steps"] == {"create": {"reward": 1.0}, "extend": {"reward": 1.0}}
+    assert len(server.requests) == 4 and len(t.steps) == 6  # two calls a step, the step's end, the submit
+    calls = [msgspec.json.decode(t.steps[i].action.raw, type=ModelCall) for i in (0, 1, 3, 4)]
+    assert {tool["function"]["name"] for tool in calls[0].request["tools"]} == {"bash"}  # mini's own tool
+    assert "Create `/app/list.txt`" in json.dumps(calls[0].request["messages"])
+    assert "Append the line" in json.dumps(calls[2].request["messages"])
