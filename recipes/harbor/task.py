@@ -38,6 +38,7 @@ import shlex
 import socket
 import tarfile
 import time
+import weakref
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -254,8 +255,11 @@ class HarborTask:
     id: str = ""
     _states: dict[str, SandboxState] = field(default_factory=dict, repr=False)
     # the agent's sandbox by its episode label, for a policy that drives the sandbox itself
-    # (the harness) and for the step runner (``steps``)
-    sandboxes: dict[str, Sandbox] = field(default_factory=dict, repr=False)
+    # (the harness) and for the step runner (``steps``); weak: an episode that ends before its
+    # scoring (which drops it) leaves nothing behind
+    sandboxes: weakref.WeakValueDictionary[str, Sandbox] = field(
+        default_factory=weakref.WeakValueDictionary, repr=False
+    )
 
     def __post_init__(self) -> None:
         self.id = self.id or self.folder.name
