@@ -117,7 +117,7 @@ ELSEWHERE = (
     ),
     Variable(
         "ORCHARD_HARBOR_VENV", ".ci/run", "(none: the Harbor runner tests skip)",
-        "a Python 3.12 venv with `pip install -e '.[harbor]'`, for the tests of Harbor's runner over orchard_async.harbor",
+        "a Python 3.12 venv with `pip install -e '.[harbor,kubernetes]'`, for the tests of Harbor's runner over orchard_async.harbor",
     ),
     Variable(
         "ORCHARD_ATTACK_CANARY", TESTS, "(set by the test)",

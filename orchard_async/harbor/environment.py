@@ -6,9 +6,10 @@
 Options (``--ek``, ``OrchardEnvironmentOptions``): ``adapter`` (default docker),
 ``adapter_options`` (a JSON object, as ``--adapter-options``), ``image_map`` (the images a
 task names -> local ones; no registry is reached). The environment's image is the task's
-``docker_image`` or its ``Dockerfile`` built on this machine (the docker adapter; the Harbor
-recipe's ``images``); on an adapter that runs no image (local), the Dockerfile's steps are
-replayed in the sandbox. Capabilities are the adapter's: no-network on every adapter here;
+``docker_image`` or its ``Dockerfile`` built on this machine with docker (the docker and
+kubernetes adapters; the Harbor recipe's ``images``), on kubernetes imported into the local
+one-node cluster's containerd; on an adapter that runs no image (local), the Dockerfile's
+steps are replayed in the sandbox. Capabilities are the adapter's: no-network on every adapter here;
 allowlists and switching the policy between phases only where sandboxes switch egress
 (``capabilities.NetworkControl``); no GPUs, no host mounts, no compose.
 """
@@ -20,9 +21,11 @@ import json
 import posixpath
 import shlex
 import tarfile
+import threading
 from pathlib import Path
 from typing import Any
 
+import anyio
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.environments.options import EnvironmentOptions
@@ -36,6 +39,8 @@ from orchard_async.runtime import get_adapter
 
 # Adapters whose sandboxes can switch egress once the library has it (capabilities.NetworkControl).
 SWITCHING_ADAPTERS = ("docker", "kubernetes", "local")
+CONTAINER_ADAPTERS = ("docker", "kubernetes")  # the image is built here with docker
+_BUILDING = threading.Lock()  # builds and imports of this process, one at a time
 TRANSFER = "/tmp/.orchard-harbor-transfer.tgz"
 TTL = 24 * 3600.0  # a trial ends its sandbox with stop(); this only bounds one a crash left
 
@@ -123,12 +128,21 @@ class OrchardEnvironment(BaseEnvironment):
     # -- lifetime --------------------------------------------------------------------------
 
     def _image(self) -> str | None:
+        """The task's image, built with docker for the container adapters (as ``orchard-async
+        harbor build`` does) and, for kubernetes, imported into the one-node cluster's
+        containerd, where its pods find it (``harbor build --adapter kubernetes``)."""
         image_map = self._opts.image_map
+        adapter = self._opts.adapter
         if self.task_env_config.docker_image:
-            return images.mapped(self.task_env_config.docker_image, image_map)
-        tag = images.built_tag(self.environment_name, self.environment_dir, image_map)
-        if self._opts.adapter == "docker":
-            images.build(tag, self.environment_dir, image_map, timeout=self.task_env_config.build_timeout_sec)
+            tag = images.mapped(self.task_env_config.docker_image, image_map)
+        else:
+            tag = images.built_tag(self.environment_name, self.environment_dir, image_map)
+            if adapter in CONTAINER_ADAPTERS:
+                with _BUILDING:  # trials of one task start at once: one build, the others find it
+                    images.build(tag, self.environment_dir, image_map, timeout=self.task_env_config.build_timeout_sec)
+        if adapter == "kubernetes":
+            with _BUILDING:
+                images.import_into_containerd(tag, images.cluster_containerd())
         return tag
 
     def _spec(self) -> SandboxSpec:
@@ -171,7 +185,8 @@ class OrchardEnvironment(BaseEnvironment):
         # A built image is keyed by its context's digest: a changed context is a new image, so
         # force_build has nothing more to do.
         self._adapter = get_adapter(self._opts.adapter, **self._opts.adapter_options)
-        self._sandbox = await self._adapter.create(self._spec())
+        # builds and imports block: in a thread, so the runner's other trials go on
+        self._sandbox = await self._adapter.create(await anyio.to_thread.run_sync(self._spec))
         workdir = shlex.quote(self.task_env_config.workdir) if self.task_env_config.workdir else ""
         await self._must(f"mkdir -p /logs/agent /logs/verifier /logs/artifacts {workdir} && chmod 777 /logs/agent "
                          "/logs/verifier /logs/artifacts", "creating Harbor's directories")  # fmt: skip

@@ -100,16 +100,7 @@ def validate(source: Path, options: HarborOptions, adapter: str, *, check_images
 def build_all(source: Path, options: HarborOptions, adapter: str = "docker") -> int:
     if not images.docker_available():
         raise ConfigError("building a task's Dockerfile needs the docker CLI and a daemon")
-    address = None
-    if adapter == "kubernetes":
-        from orchard_async.images.build import containerd_address
-
-        address = containerd_address()
-        if address is None:
-            raise ConfigError(
-                "no containerd of a local one-node cluster here (CONTAINERD_ADDRESS, $ORCHARD_K8S_WORK or "
-                "/run/containerd/containerd.sock): import the tasks' images on each node yourself"
-            )
+    address = images.cluster_containerd() if adapter == "kubernetes" else None
     failed = 0
     for verdict in validate(source, options, "local", check_images=False):
         task = verdict.task

@@ -122,6 +122,20 @@ def build(tag: str, environment: Path, image_map: dict[str, str], *, timeout: fl
     return True
 
 
+def cluster_containerd() -> str:
+    """The containerd of the local one-node cluster, where its pods find images (no registry);
+    ConfigError when there is none here."""
+    from orchard_async.images.build import containerd_address
+
+    address = containerd_address()
+    if address is None:
+        raise ConfigError(
+            "no containerd of a local one-node cluster here (CONTAINERD_ADDRESS, $ORCHARD_K8S_WORK or "
+            "/run/containerd/containerd.sock): import the tasks' images on each node yourself"
+        )
+    return address
+
+
 def containerd_refs(address: str) -> set[str]:
     """The image names the node's containerd (namespace k8s.io, the kubelet's) has."""
     result = subprocess.run(

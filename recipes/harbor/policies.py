@@ -36,7 +36,8 @@ def solve_command(task: HarborTask, index: int) -> str:
 
 
 class OraclePolicy:
-    """Runs the task's solution (each step's, in order), then submits."""
+    """Runs the task's solution (of the step the episode is on: ``steps.Stepwise`` runs it
+    once per step), then submits."""
 
     name = "oracle"
 
@@ -44,9 +45,10 @@ class OraclePolicy:
         task = observation.task
         if not isinstance(task, HarborTask):
             raise TypeError("the harbor oracle needs Harbor tasks (with a solution/ folder)")
-        if observation.step < len(task.solutions()):
-            command = solve_command(task, observation.step)
-            return Action(command=command, raw=f"I run solution {observation.step + 1}.\n\n```bash\n{command}\n```")
+        if observation.step == 0:
+            index = task.step_of(observation.episode_id)
+            command = solve_command(task, index)
+            return Action(command=command, raw=f"I run solution {index + 1}.\n\n```bash\n{command}\n```")
         return Action(kind="submit", command="submit", raw="The task is done.\n\n```bash\nsubmit\n```")
 
 

@@ -14,23 +14,33 @@ user with its env and timeout, the reward read from ``/logs/verifier`` by Harbor
   declared artifacts (and ``/logs/artifacts``) leave the agent's sandbox, which is then
   destroyed; the verifier runs in a fresh sandbox of the verifier's environment.
 
-Multi-step tasks (``[[steps]]``): the agent is given every step's instruction in order;
-each step's ``workdir/`` files and ``setup.sh`` are staged at setup, and each step's tests
-run in order after the agent ends, aggregated as Harbor does (``mean`` or ``final``;
-``min_reward`` stops the later steps). Harbor runs the agent once per step instead; the
-engine runs one agent phase per episode.
+Multi-step tasks (``[[steps]]``) run as Harbor's trial runs them: one agent run per step,
+with that step's instruction, then that step's verifier, a step below its ``min_reward``
+ending the episode; the rewards aggregated as Harbor does (``mean`` or ``final``). The
+engine runs one agent phase per episode, so the steps are driven from the policy's side
+(``steps.Stepwise``, which wraps every policy of ``make_policy``): when the agent ends a step
+(it submits, or the step's turns or time run out), ``end_step`` verifies it in the agent's
+sandbox (shared mode: the agent's processes ended and ``/tests`` fresh, as for the last step),
+stages the next step's ``workdir/`` and ``setup.sh``, and the agent starts again on the next
+instruction; the last step is verified by ``evaluate``. With a separate verifier, each step's
+artifacts are collected when it ends and every step is verified in the verifier's sandbox at
+the end (the gating then only stops the counting). A step the episode never reached (its
+turns or time ran out in an earlier step) counts 0: Harbor would have run it.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 import posixpath
 import shlex
 import socket
 import tarfile
 import time
-from collections.abc import Mapping
+import weakref
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
@@ -48,6 +58,7 @@ from orchard_async import (
     Reward,
     Sandbox,
     SandboxSpec,
+    episode_label,
     recipe_option,
 )
 from orchard_async.capabilities import NetworkControl, network_policy
@@ -101,7 +112,16 @@ class HarborOptions(RecipeOptions, frozen=True):
         dict[str, str], recipe_option("base images the tasks name -> local images that stand in for them")
     ] = {}
     ids: Annotated[tuple[str, ...] | None, recipe_option("only these tasks (folder names)")] = None
-    max_steps: Annotated[int, recipe_option("agent turns per episode", ge=1)] = MAX_STEPS
+    max_steps: Annotated[int, recipe_option("agent turns per episode (per step of a multi-step task)", ge=1)] = (
+        MAX_STEPS
+    )
+    harness: Annotated[
+        str,
+        recipe_option(
+            "the harness policy's agent: a preset (bundled, mini-swe-agent) or a command in the task's image "
+            "that reads the instruction from stdin"
+        ),
+    ] = "bundled"
     exec_timeout: Annotated[float, recipe_option("seconds per agent command", gt=0)] = 300.0
     agent_timeout: Annotated[
         float, recipe_option("seconds for the agent when the task names none ([agent].timeout_sec)", gt=0)
@@ -116,6 +136,13 @@ class SandboxState:
     root: bool = True  # commands run as root: users can be switched, processes killed
     replayed: bool = False  # the image did not run (local): the Dockerfile was replayed
     baseline: bytes = b""  # the sandbox's own processes after setup, kept here, out of the agent's reach
+    step: int = 0  # the step the agent is on (multi-step tasks)
+    step_started: float = 0.0  # monotonic time the agent's run on ``step`` began
+    step_offset: int = 0  # the episode's turn at which ``step`` began
+    stopped: bool = False  # a step fell below its min_reward: no later step runs
+    verified: dict[str, dict[str, float] | None] = field(default_factory=dict)  # step -> rewards (None: no verdict)
+    errors: dict[str, str] = field(default_factory=dict)  # step -> why it has no verdict
+    snapshots: dict[str, str] = field(default_factory=dict)  # step -> its artifacts (separate verifier)
 
 
 def quote(text: str) -> str:
@@ -216,15 +243,23 @@ class HarborTask:
     spec: SandboxSpec
     image_map: dict[str, str]
     max_steps: int = MAX_STEPS
+    step_turns: int = MAX_STEPS  # turns of one step (multi-step tasks: max_steps is this times the steps)
     deadline: float = 1800.0
     score_timeout: float = 660.0
     exec_timeout: float = 300.0
     pass_threshold: float = 1.0
     built_image: str | None = None  # the tag a Dockerfile task's image is built as
+    agent_timeout: float = AGENT_TIMEOUT  # the agent's seconds when the task names none
     replay: images.ReplayPlan = field(default_factory=images.ReplayPlan)  # its Dockerfile, for sandboxes without it
     network: PhaseNetworks | None = None  # Harbor's per-phase networks, switched by the engine
     id: str = ""
     _states: dict[str, SandboxState] = field(default_factory=dict, repr=False)
+    # the agent's sandbox by its episode label, for a policy that drives the sandbox itself
+    # (the harness) and for the step runner (``steps``); weak: an episode that ends before its
+    # scoring (which drops it) leaves nothing behind
+    sandboxes: weakref.WeakValueDictionary[str, Sandbox] = field(
+        default_factory=weakref.WeakValueDictionary, repr=False
+    )
 
     def __post_init__(self) -> None:
         self.id = self.id or self.folder.name
@@ -266,6 +301,28 @@ class HarborTask:
         env = {**(self.replay.env if state.replayed else {}), **extra}
         return env, self.workdir or (self.replay.workdir if state.replayed else None)
 
+    def sandbox_of(self, episode_id: str) -> Sandbox:
+        sandbox = self.sandboxes.get(episode_label(episode_id))
+        if sandbox is None:
+            raise RuntimeError(f"{self.id}: no sandbox of episode {episode_id} (its setup did not run here)")
+        return sandbox
+
+    def step_of(self, episode_id: str) -> int:
+        """The step episode ``episode_id`` is on (0 for a one-step task, or before setup)."""
+        sandbox = self.sandboxes.get(episode_label(episode_id))
+        return self.state(sandbox).step if sandbox is not None else 0
+
+    def step_instruction(self, index: int) -> str:
+        if not self.config.steps:
+            return self.instruction
+        step = self.config.steps[index]
+        return cfg.strip_canary((self.folder / "steps" / step.name / "instruction.md").read_text())
+
+    def step_timeout(self, index: int) -> float:
+        """The agent's seconds for step ``index`` (``[steps.agent].timeout_sec``, else the task's)."""
+        step = self.config.steps[index] if self.config.steps else None
+        return (step.agent.timeout_sec if step else None) or self.config.agent.timeout_sec or self.agent_timeout
+
     def solutions(self) -> list[tuple[Path, dict[str, str]]]:
         """The oracle's scripts in order: each step's ``solve.sh``, or the task's."""
         if self.config.steps:
@@ -289,11 +346,13 @@ class HarborTask:
             await self._replay(sandbox, environment)  # no image ran here (local): do what its Dockerfile does
         elif self.config.environment.docker_image and not (environment / "Dockerfile").is_file():
             await upload(sandbox, environment, self.workdir or "/")  # as Harbor does for a prebuilt image
-        for step in self.config.steps:
-            await self._stage_step(sandbox, step)
+        if self.config.steps:
+            await self._stage_step(sandbox, self.config.steps[0])
         await self._healthcheck(sandbox)
         state.baseline = (await check(sandbox, LIST_PROCESSES, "listing the sandbox's processes")).encode()
-        return self.instruction
+        self.sandboxes[sandbox.labels.get("orchard.episode", sandbox.id)] = sandbox
+        state.step_started = time.monotonic()
+        return self.step_instruction(0)
 
     async def _check_users(self, sandbox: Sandbox) -> None:
         """A non-root agent or verifier user must be one the sandbox can switch to: root
@@ -369,50 +428,118 @@ class HarborTask:
     # -- verification ----------------------------------------------------------------------
 
     async def evaluate(self, sandbox: Sandbox) -> Reward:
-        """Shared mode: end the agent's processes, restore the verifier's dirs, verify."""
+        """Shared mode: end the agent's processes, restore the verifier's dirs, verify (a
+        multi-step task: the step the agent is on, the earlier ones having been verified as
+        they ended)."""
         state = self.state(sandbox)
-        # In a sandbox of one user (local) the agent's processes are that user's, too.
-        keep = " ".join(state.baseline.decode().split())
-        await check(sandbox, KILL_OTHERS.replace("$KEEP", keep), "ending the agent's processes")
-        return await self.verify_all(sandbox)
-
-    async def verify_all(self, sandbox: Sandbox) -> Reward:
-        started = time.monotonic()
+        self.sandboxes.pop(sandbox.labels.get("orchard.episode", sandbox.id), None)
+        await self._end_agent_processes(sandbox)
         if not self.config.steps:
-            # A verifier that wrote no reward, or one Harbor rejects, scores 0 with the reason
-            # (Harbor records a verifier error): the agent may have broken what the test needs.
-            try:
-                rewards = await self.verify_step(sandbox, None)
-            except (ValueError, FileNotFoundError) as exc:
-                return self.reward({}, {"rewards": {}, "error": str(exc)})
-            return self.reward(rewards, {"rewards": rewards, "score_s": round(time.monotonic() - started, 3)})
+            return await self.verify_all(sandbox)
+        started = time.monotonic()
+        if not state.stopped:
+            await self._verify_recorded(sandbox, self.config.steps[state.step], state)
+        return self._aggregate(state, started)
+
+    async def _end_agent_processes(self, sandbox: Sandbox) -> None:
+        # In a sandbox of one user (local) the agent's processes are that user's, too.
+        keep = " ".join(self.state(sandbox).baseline.decode().split())
+        await check(sandbox, KILL_OTHERS.replace("$KEEP", keep), "ending the agent's processes")
+
+    async def end_step(self, episode_id: str) -> dict[str, Any]:
+        """The agent's run on its step ended and a later step remains: verify the step in the
+        agent's sandbox (its processes ended first, under the verifier's network), then, unless
+        it fell below its ``min_reward`` or has no verdict (``stopped``), stage the next step.
+        Returns what the trajectory keeps of it."""
+        sandbox = self.sandbox_of(episode_id)
+        state = self.state(sandbox)
+        step = self.config.steps[state.step]
+        await self._end_agent_processes(sandbox)
+        async with self._phase_network(sandbox, step):
+            await self._verify_recorded(sandbox, step, state)
+        # Harbor resets the shared verifier's dirs before the next agent run sees them.
+        await check(sandbox, emptied(cfg.TESTS, cfg.VERIFIER_LOGS) + f" && chmod 777 {cfg.VERIFIER_LOGS}",
+                    "resetting /tests and /logs/verifier")  # fmt: skip
+        report: dict[str, Any] = {"step": step.name, "rewards": state.verified[step.name]}
+        if step.name in state.errors:
+            report["error"] = state.errors[step.name]
+        state.stopped = _stops(state, step)
+        if not state.stopped:
+            report["next"] = await self._next_step(sandbox, state)
+        report["stopped"] = state.stopped
+        return report
+
+    async def _next_step(self, sandbox: Sandbox, state: SandboxState) -> str:
+        state.step += 1
+        step = self.config.steps[state.step]
+        await self._stage_step(sandbox, step)
+        # what the step's setup started is the sandbox's own, not the agent's
+        state.baseline = (await check(sandbox, LIST_PROCESSES, "listing the sandbox's processes")).encode()
+        state.step_started = time.monotonic()
+        return step.name
+
+    @asynccontextmanager
+    async def _phase_network(self, sandbox: Sandbox, step: Step) -> AsyncIterator[None]:
+        """The step's verifier network while it is verified between agent runs (the engine
+        switches per phase of the episode; a step ends inside its agent phase), then the
+        agent's again."""
+        agent, verifier = self.config.agent_network(step), self.config.verifier_network(step)
+        if self.network is None or policy_of(agent) == policy_of(verifier):
+            yield
+            return
+        inner = getattr(sandbox, "inner", sandbox)  # the engine's recording wrapper does not switch
+        await apply_network(inner, verifier)
+        try:
+            yield
+        finally:
+            following = self.config.steps[min(self.state(sandbox).step + 1, len(self.config.steps) - 1)]
+            await apply_network(inner, self.config.agent_network(following))
+
+    async def _verify_recorded(self, sandbox: Sandbox, step: Step, state: SandboxState) -> None:
+        """Verify ``step`` and keep its rewards (None and the reason when it has no verdict)."""
+        try:
+            state.verified[step.name] = await self.verify_step(sandbox, step)
+        except (ValueError, FileNotFoundError) as exc:  # no verdict for this step, as Harbor's verifier crash
+            state.verified[step.name] = None
+            state.errors[step.name] = str(exc)
+
+    def _aggregate(self, state: SandboxState, started: float) -> Reward:
+        """The steps' rewards as Harbor aggregates them (``mean`` per key over the steps with a
+        verdict, or the ``final`` step's); a step the episode never reached counts 0."""
         per_step: dict[str, dict[str, float] | None] = {}
-        errors: dict[str, str] = {}
+        errors = dict(state.errors)
+        unreached = []
         for step in self.config.steps:
-            try:
-                per_step[step.name] = await self.verify_step(sandbox, step)
-            except (ValueError, FileNotFoundError) as exc:  # no verdict for this step, as Harbor's verifier crash
-                per_step[step.name] = None
-                errors[step.name] = str(exc)
-                if step.min_reward is not None:
-                    break
-                continue
-            if not _meets(per_step[step.name], step.min_reward):
-                break
+            if step.name in state.verified:
+                per_step[step.name] = state.verified[step.name]
+            elif not state.stopped:
+                unreached.append(step.name)
+                errors[step.name] = "not reached: the episode ended in an earlier step"
         results = [r for r in per_step.values() if r is not None]
         if self.config.multi_step_reward_strategy == "final":
-            last = list(per_step.values())[-1] if per_step else None
-            rewards = last or {}
+            rewards = ({} if unreached else list(per_step.values())[-1] or {}) if per_step else {}
         else:
             keys = {key for r in results for key in r}
-            rewards = {key: sum(r.get(key, 0.0) for r in results) / len(results) for key in keys} if results else {}
+            count = len(results) + len(unreached)
+            rewards = {key: sum(r.get(key, 0.0) for r in results) / count for key in keys} if results else {}
         info = {
             "rewards": rewards,
-            "steps": per_step,
+            "steps": {**per_step, **dict.fromkeys(unreached)},
             **({"errors": errors} if errors else {}),
             "score_s": round(time.monotonic() - started, 3),
         }
         return self.reward(rewards, info)
+
+    async def verify_all(self, sandbox: Sandbox) -> Reward:
+        """A one-step task's verification."""
+        started = time.monotonic()
+        # A verifier that wrote no reward, or one Harbor rejects, scores 0 with the reason
+        # (Harbor records a verifier error): the agent may have broken what the test needs.
+        try:
+            rewards = await self.verify_step(sandbox, None)
+        except (ValueError, FileNotFoundError) as exc:
+            return self.reward({}, {"rewards": {}, "error": str(exc)})
+        return self.reward(rewards, {"rewards": rewards, "score_s": round(time.monotonic() - started, 3)})
 
     def reward(self, rewards: dict[str, float], info: dict[str, Any]) -> Reward:
         value = cfg.headline(rewards)
@@ -451,6 +578,12 @@ def context_path(context: Path, name: str) -> Path:
     if not source.is_relative_to(context.resolve()) or not source.exists():
         raise RuntimeError(f"Dockerfile COPY {name!r}: not in the build context")
     return source
+
+
+def _stops(state: SandboxState, step: Step) -> bool:
+    """Harbor stops after a step without a verdict, or one below its ``min_reward``."""
+    rewards = state.verified.get(step.name)
+    return rewards is None or not _meets(rewards, step.min_reward)
 
 
 def _meets(rewards: dict[str, float] | None, minimum: float | dict[str, float] | None) -> bool:
@@ -492,28 +625,71 @@ class SeparateHarborTask(HarborTask):
             posixpath.normpath(s if s.startswith("/") else posixpath.join(workdir, s)) for s in dict.fromkeys(sources)
         ]
 
-    async def submission(self, sandbox: Sandbox) -> str:
+    async def _pack(self, sandbox: Sandbox) -> str:
         listed = " ".join(quote(p.lstrip("/")) for p in self.artifact_paths(sandbox))
         pack = f'cd / && set -- && for p in {listed}; do [ -e "$p" ] && set -- "$@" "$p"; done; tar czf {ARTIFACT_TAR} "$@"'
         await check(sandbox, pack, "collecting the artifacts", timeout=300)
         return base64.b64encode(await sandbox.read_file(ARTIFACT_TAR)).decode()
+
+    async def submission(self, sandbox: Sandbox) -> str:
+        """The artifacts as a tar (base64); a multi-step task's, a JSON object of each step
+        reached -> its artifacts as they were when it ended."""
+        self.sandboxes.pop(sandbox.labels.get("orchard.episode", sandbox.id), None)
+        packed = await self._pack(sandbox)
+        if not self.config.steps:
+            return packed
+        state = self.state(sandbox)
+        return json.dumps({**state.snapshots, self.config.steps[state.step].name: packed})
+
+    async def end_step(self, episode_id: str) -> dict[str, Any]:
+        """A separate verifier grades every step at the end: the step's artifacts are kept as
+        they are now, and the next step is staged."""
+        sandbox = self.sandbox_of(episode_id)
+        state = self.state(sandbox)
+        step = self.config.steps[state.step]
+        state.snapshots[step.name] = await self._pack(sandbox)
+        return {"step": step.name, "rewards": None, "verified": "at the end (separate verifier)",
+                "next": await self._next_step(sandbox, state), "stopped": False}  # fmt: skip
 
     async def grade(self, submission: str, sandbox: Sandbox) -> Reward:
         state = self.state(sandbox)
         state.root = (await check(sandbox, "id -u", "reading the verifier sandbox's user")).strip() == "0"
         dirs = f"{cfg.VERIFIER_LOGS} {cfg.ARTIFACTS}"
         await check(sandbox, f"mkdir -p {dirs} && chmod 777 {dirs}", "creating the verifier's directories")
-        # The tar was made in the agent's sandbox, by its tar: read here, and only regular
-        # files below the declared paths are written into the verifier's sandbox.
-        files, refused = artifact_files(base64.b64decode(submission), self.artifact_paths(sandbox))
-        for path, data, mode in files:
-            await check(sandbox, f"mkdir -p {quote(posixpath.dirname(path))}", "putting the artifacts back")
-            await sandbox.write_file(path, data, mode=mode)
-        reward = await self.verify_all(sandbox)
-        reward.info["artifacts"] = sorted(path for path, _, _ in files)
+        if not self.config.steps:
+            written, refused = await self._put_artifacts(sandbox, submission)
+            reward = await self.verify_all(sandbox)
+        else:
+            # each step reached, in order, with the artifacts it ended with (the previous
+            # step's removed first), until one stops the rest
+            started = time.monotonic()
+            written, refused = [], []
+            snapshots = json.loads(submission)
+            for step in self.config.steps:
+                if step.name not in snapshots:
+                    break
+                files, rejected = await self._put_artifacts(sandbox, snapshots[step.name])
+                written, refused = written + files, refused + rejected
+                await self._verify_recorded(sandbox, step, state)
+                if files:
+                    await check(sandbox, "rm -f -- " + " ".join(map(quote, files)), "removing a step's artifacts")
+                if _stops(state, step):
+                    state.stopped = True
+                    break
+            reward = self._aggregate(state, started)
+        reward.info["artifacts"] = sorted(set(written))
         if refused:
             reward.info["artifacts_refused"] = refused[:20]
         return reward
+
+    async def _put_artifacts(self, sandbox: Sandbox, packed: str) -> tuple[list[str], list[str]]:
+        """The tar was made in the agent's sandbox, by its tar: read here, and only regular
+        files below the declared paths are written into the verifier's sandbox."""
+        files, refused = artifact_files(base64.b64decode(packed), self.artifact_paths(sandbox))
+        for path, data, mode in files:
+            await check(sandbox, f"mkdir -p {quote(posixpath.dirname(path))}", "putting the artifacts back")
+            await sandbox.write_file(path, data, mode=mode)
+        return [path for path, _, _ in files], refused
 
 
 ARTIFACT_LIMIT = 256 << 20  # bytes of artifacts one episode may carry to its verifier
@@ -626,19 +802,17 @@ def load_task(folder: Path, options: HarborOptions) -> HarborTask:
         raise ConfigError(f"gpus = {config.environment.gpus}: no adapter here gives a sandbox GPUs")
     steps = config.steps
     if steps:
-        parts = []
-        for index, step in enumerate(steps, 1):
+        for step in steps:
             text_path = folder / "steps" / step.name / "instruction.md"
             if not text_path.is_file():
                 raise ConfigError(f"step {step.name}: no steps/{step.name}/instruction.md")
-            parts.append(f"## Step {index} of {len(steps)}: {step.name}\n\n{cfg.strip_canary(text_path.read_text())}")
             has_test = (folder / "steps" / step.name / "tests" / "test.sh").is_file()
             if not has_test and not (folder / "tests" / "test.sh").is_file():
                 raise ConfigError(f"step {step.name}: no tests/test.sh (the step's or the task's)")
         modes = {config.verifier_mode_of(step) for step in steps}
         if len(modes) > 1:
             raise ConfigError("steps mix shared and separate verifiers, which one episode cannot grade")
-        instruction = "Do these steps in order.\n\n" + "\n".join(parts)
+        instruction = cfg.strip_canary((folder / "steps" / steps[0].name / "instruction.md").read_text())
     else:
         if not (folder / "tests" / "test.sh").is_file():
             raise ConfigError("no tests/test.sh")
@@ -678,8 +852,11 @@ def load_task(folder: Path, options: HarborOptions) -> HarborTask:
         ),
         network=networks,
         image_map=dict(options.image_map),
-        max_steps=options.max_steps,
-        deadline=SETUP_BUDGET + agent_timeout + score_timeout,
+        max_steps=options.max_steps * max(1, len(steps)),
+        step_turns=options.max_steps,
+        agent_timeout=options.agent_timeout,
+        # a multi-step task's earlier steps are verified inside its agent phase
+        deadline=SETUP_BUDGET + agent_timeout + (verifier_timeout if steps else 0.0) + score_timeout,
         score_timeout=score_timeout,
         exec_timeout=min(options.exec_timeout, agent_timeout),
         pass_threshold=options.pass_threshold,

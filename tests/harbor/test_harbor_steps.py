@@ -1,0 +1,83 @@
+"""Multi-step tasks as Harbor's trial runs them, on the local adapter: the agent once per step
+with that step's instruction, the step verified as it ends (its reward in the trajectory),
+``min_reward`` stopping the later steps, a step's turns bounding it, a separate verifier
+grading each step with the artifacts it ended with, and a step never reached counting 0."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import orchard_async as oa
+from orchard_async.recipes import harbor
+from tests.harbor.support import TASKS, ScriptPolicy, load, run_sync
+
+
+class Forever:
+    """Never submits: each step ends when its turns run out."""
+
+    name = "forever"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, str]] = []
+
+    async def act(self, observation: oa.Observation) -> oa.Action:
+        self.seen.append((observation.step, observation.instruction.split()[0]))
+        return oa.Action(command="true")
+
+
+def test_a_step_ends_when_its_turns_run_out_and_min_reward_stops_the_rest() -> None:
+    forever = Forever()
+    found = run_sync(load(ids=["multi-step"], max_steps=3), harbor.Stepwise(forever), "local")
+    t = found["multi-step"]
+    assert t.end_reason == "submitted" and t.reward == 0.0 and t.info["steps"] == {"create": {"reward": 0.0}}
+    assert forever.seen == [(0, "Create"), (1, "Create")]  # two turns, then the step's end took the third
+    end = json.loads(t.steps[2].action.raw)
+    assert t.steps[2].action.kind == "submit" and (end["ended"], end["stopped"]) == ("out of turns", True)
+
+
+def test_a_step_never_reached_counts_zero() -> None:
+    # a policy of its own, not run step by step: it only ever sees the first step
+    found = run_sync(load(ids=["multi-step"]), ScriptPolicy(["echo one > /app/list.txt"]), "local")
+    t = found["multi-step"]
+    assert t.info["steps"] == {"create": {"reward": 1.0}, "extend": None}
+    assert t.reward == 0.5 and "not reached" in t.info["errors"]["extend"]
+
+
+def separate_copy(tmp_path: Path) -> Path:
+    folder = tmp_path / "multi-separate"
+    shutil.copytree(TASKS / "multi-step", folder)
+    text = (folder / "task.toml").read_text()
+    text = text.replace('multi_step_reward_strategy = "mean"\n', 'multi_step_reward_strategy = "mean"\n'
+                        'artifacts = ["/app/list.txt", "/app/seed.txt", "/app/seed-copy.txt"]\n')  # fmt: skip
+    text = text.replace("[verifier]\n", '[verifier]\nenvironment_mode = "separate"\n')
+    (folder / "task.toml").write_text(text)
+    return folder
+
+
+def test_a_separate_verifier_grades_each_step_with_the_artifacts_it_ended_with(tmp_path) -> None:
+    folder = separate_copy(tmp_path)
+    tasks = load(folder)
+    assert isinstance(tasks[0], harbor.SeparateHarborTask)
+    oracle = run_sync(tasks, harbor.make_policy("oracle"), "local")["multi-separate"]
+    assert (oracle.reward, oracle.end_reason) == (1.0, "submitted"), (oracle.error, oracle.info)
+    assert oracle.info["steps"] == {"create": {"reward": 1.0}, "extend": {"reward": 1.0}}
+    assert json.loads(oracle.steps[1].action.raw)["verified"] == "at the end (separate verifier)"
+    # each step is graded on the artifacts it ended with: step create's list, before step
+    # extend replaced it (graded on the final state, create would fail and stop the rest)
+    found = run_sync(load(folder), harbor.Stepwise(ByStep()), "local")["multi-separate"]
+    assert found.info["steps"] == {"create": {"reward": 1.0}, "extend": {"reward": 0.0}}, found.info
+    assert found.reward == 0.5
+
+
+class ByStep:
+    """Writes the list right for step create, then replaces it with a wrong one in step extend."""
+
+    name = "by-step"
+
+    async def act(self, observation: oa.Observation) -> oa.Action:
+        if observation.step:
+            return oa.Action(kind="submit", command="submit")
+        text = "one" if observation.instruction.startswith("Create") else "two"
+        return oa.Action(command=observation.task.agent_command(f"echo {text} > /app/list.txt"))
