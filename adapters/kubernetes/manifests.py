@@ -8,6 +8,8 @@ spec's env and labels plus the lease labels (orchard_async.kit.labels); it has
 account token, no service links, a shared PID namespace (the pause container is PID 1 and
 reaps the zombies of commands), every capability dropped, no privilege escalation and the
 runtime's default seccomp profile. Its main process is the self-destruct timer (TIMER).
+With an egress image (``PodSettings.egress_image``) the pod also holds its egress filter: an
+init container and a sidecar with CAP_NET_ADMIN only (egress.py).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from typing import Any
 import msgspec
 
 from orchard_async.adapters.kubernetes.api import NETWORKING
+from orchard_async.adapters.kubernetes.egress import egress_containers
 from orchard_async.adapters.kubernetes.relay import relay_entry
-from orchard_async.capabilities import ONLINE, NetworkPolicy
+from orchard_async.capabilities import ONLINE, NetworkPolicy, spec_network
 from orchard_async.images import build_command
 from orchard_async.kit import labels as names
 from orchard_async.kit.container_reattach import adoptable_entry
@@ -50,6 +53,7 @@ class PodSettings(msgspec.Struct, frozen=True, kw_only=True):
     runtime_class: str | None = None  # runtimeClassName (e.g. gvisor, kata)
     priority_class: str | None = None  # priorityClassName
     gpu_runtime_class: str | None = None  # runtimeClassName of pods that ask for GPUs (e.g. nvidia)
+    egress_image: str | None = None  # the egress filter's image (egress.py); None: NetworkPolicies only
 
 
 def sandbox_labels(
@@ -140,6 +144,12 @@ def pod_manifest(
         "shareProcessNamespace": True,
         "containers": [container],
     }
+    if settings.egress_image:
+        # the sandbox container first: the sidecar watches for its processes (egress.WATCH)
+        egress_pull = "Never" if built_here(settings.egress_image) else "IfNotPresent"
+        init, sidecar = egress_containers(settings.egress_image, egress_pull, spec_network(spec.network))
+        pod_spec["initContainers"] = [init]
+        pod_spec["containers"].append(sidecar)
     if settings.read_only:
         container["securityContext"]["readOnlyRootFilesystem"] = True
         workdir = spec.workdir or DEFAULT_WORKDIR
