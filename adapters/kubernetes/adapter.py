@@ -521,6 +521,8 @@ class KubernetesAdapter(BackgroundOwner):
                 if verdict == "ready":
                     return
                 if verdict == "failed" and why.startswith(EGRESS_FAILED):
+                    event = await self.api.last_warning(name)
+                    why += f"; last event: {event}" if event and event not in why else ""
                     raise ConfigError(
                         f"sandbox pod {name}: {why} (image {self.pod_settings.egress_image}); "
                         f"{missing_image_hint(self.pod_settings.egress_image or '', 'the node', self.name)}, "
@@ -753,9 +755,9 @@ class KubernetesAdapter(BackgroundOwner):
         )
         if self.egress_filter == "on":
             return (
-                f"held by a packet filter in each pod's network namespace (image {self.config.egress_image}: an "
-                "init container installs it, set_network execs iptables-restore into a CAP_NET_ADMIN-only "
-                f"sidecar; whatever the CNI), and by {policies}"
+                f"held by a packet filter in each pod's network namespace (image {self.config.egress_image}: a "
+                "CAP_NET_ADMIN-only container installs it before the sandbox's starts, and set_network execs "
+                f"iptables-restore into it; whatever the CNI), and by {policies}"
             )
         note = f"; {self.egress_note}" if self.egress_note else ""
         return f"held ONLY by {policies}: no packet filter in the pods (egress_filter={self.egress_filter}{note})"

@@ -3,16 +3,20 @@ CNI does not enforce NetworkPolicies (a bridge CNI, as the CI cluster's), kept a
 pod's NetworkPolicies (defence in depth).
 
 All containers of a pod share its network namespace, so a packet filter installed there holds
-for the sandbox container too, which keeps every capability dropped and cannot change it. Two
-containers of the egress image (an iptables with the nf_tables backend and a shell; images:
-``orchard/egress:bookworm``) have ``CAP_NET_ADMIN`` and nothing else:
+for the sandbox container too, which keeps every capability dropped and cannot change it. One
+container of the egress image (an iptables with the nf_tables backend and a shell; images:
+``orchard/egress:bookworm``), ``egress``, has ``CAP_NET_ADMIN`` and nothing else:
 
-* ``egress-init``, an init container, installs the filter of the sandbox's initial network
-  before the sandbox container starts (``APPLY``);
-* ``egress``, a sidecar, sleeps until the sandbox container's processes are gone (``WATCH``:
-  the pod then ends as it did without it); ``set_network`` execs ``APPLY`` into it with the
-  new policy's tables through the exec API, which replaces the filter atomically
-  (``iptables-restore``).
+* it comes first in the pod, and its postStart hook installs the filter of the sandbox's
+  initial network (``APPLY``): the kubelet starts a pod's containers one after the other and
+  runs each one's postStart hook before it starts the next, so the sandbox container's first
+  process already runs behind the filter. A hook that fails ends the container, and a pod
+  whose ``egress`` container is not running never counts as ready (watch.pod_verdict). This
+  costs an exec where an init container would cost the kubelet's next pass over the pod (its
+  PLEG relist, about a second);
+* it then sleeps until the sandbox container's processes are gone (``WATCH``: the pod then
+  ends as it did without it); ``set_network`` execs ``APPLY`` into it with the new policy's
+  tables through the exec API, which replaces the filter atomically (``iptables-restore``).
 
 The tables are the local and docker adapters' (orchard_async.kit.egress.filter_table): the
 output chain accepts loopback, replies on connections opened to the pod (the controller's
@@ -33,8 +37,7 @@ from typing import Any
 from orchard_async.capabilities import NetworkPolicy
 from orchard_async.kit.egress import filter_table
 
-EGRESS_CONTAINER = "egress"  # the sidecar that set_network execs into
-EGRESS_INIT = "egress-init"
+EGRESS_CONTAINER = "egress"  # the filter's container, which set_network execs into
 CAPABILITIES = ["NET_ADMIN"]  # iptables-nft speaks netlink: no raw socket, so no NET_RAW
 
 # `$1` the IPv4 table, `$2` the IPv6 one (skipped on a kernel without IPv6); then the routing
@@ -47,8 +50,8 @@ cat /proc/net/route
 
 # The sidecar's life: as long as a process of another container (the sandbox's) runs in the
 # pod. PID 1 is the pause container; the sidecar's own processes share its cgroups. The
-# sandbox container is started first (its place in the pod spec); should it have ended before
-# this looks, the sidecar ends after `$1` seconds.
+# sandbox container starts right after this one's hook; should it never show (or have ended
+# before this looks), the sidecar ends after `$1` seconds.
 WATCH = r"""own=$(cat /proc/self/cgroup)
 seen=; waited=0
 while :; do
@@ -73,12 +76,15 @@ def apply_command(policy: NetworkPolicy) -> list[str]:
     return ["sh", "-c", APPLY, "orchard-egress", filter_table(policy, 4), filter_table(policy, 6)]
 
 
-def _container(name: str, image: str, pull: str, command: list[str]) -> dict[str, Any]:
+def egress_container(image: str, pull: str, initial: NetworkPolicy) -> dict[str, Any]:
+    """The filter's container: ``initial``'s filter installed by its postStart hook, then
+    the sidecar set_network execs into."""
     return {
-        "name": name,
+        "name": EGRESS_CONTAINER,
         "image": image,
         "imagePullPolicy": pull,
-        "command": command,
+        "command": ["sh", "-c", WATCH, "orchard-egress", str(FIRST_SIGHT)],
+        "lifecycle": {"postStart": {"exec": {"command": apply_command(initial)}}},
         "securityContext": {
             "runAsUser": 0,  # iptables needs its capability effective: root in the container
             "allowPrivilegeEscalation": False,
@@ -89,13 +95,6 @@ def _container(name: str, image: str, pull: str, command: list[str]) -> dict[str
         },
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-
-
-def egress_containers(image: str, pull: str, initial: NetworkPolicy) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the init container that installs ``initial``'s filter, the sidecar set_network uses)."""
-    init = _container(EGRESS_INIT, image, pull, apply_command(initial))
-    sidecar = _container(EGRESS_CONTAINER, image, pull, ["sh", "-c", WATCH, "orchard-egress", str(FIRST_SIGHT)])
-    return init, sidecar
 
 
 def gateway(route_table: str) -> str | None:

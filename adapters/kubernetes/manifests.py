@@ -8,8 +8,8 @@ spec's env and labels plus the lease labels (orchard_async.kit.labels); it has
 account token, no service links, a shared PID namespace (the pause container is PID 1 and
 reaps the zombies of commands), every capability dropped, no privilege escalation and the
 runtime's default seccomp profile. Its main process is the self-destruct timer (TIMER).
-With an egress image (``PodSettings.egress_image``) the pod also holds its egress filter: an
-init container and a sidecar with CAP_NET_ADMIN only (egress.py).
+With an egress image (``PodSettings.egress_image``) the pod also holds its egress filter: a
+container with CAP_NET_ADMIN only, before the sandbox's (egress.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from orchard_async.adapters.kubernetes.api import NETWORKING
-from orchard_async.adapters.kubernetes.egress import egress_containers
+from orchard_async.adapters.kubernetes.egress import egress_container
 from orchard_async.adapters.kubernetes.relay import relay_entry
 from orchard_async.capabilities import ONLINE, NetworkPolicy, spec_network
 from orchard_async.images import build_command
@@ -36,6 +36,7 @@ DENY_POLICY = "orchard-deny-egress"
 RELAY_POLICY = "orchard-relay-ingress"
 PULL_POLICIES = {"missing": "IfNotPresent", "never": "Never", "always": "Always"}
 GPU_RESOURCE = "nvidia.com/gpu"  # what NVIDIA's device plugin offers on a node
+DEFAULT_CONTAINER_ANNOTATION = "kubectl.kubernetes.io/default-container"
 
 # The pod's main process: the self-destruct timer. `$1` the attach grace, `$2` the rest of
 # the TTL (waited only if a shell attached), `$3` the file the shell writes its pid to.
@@ -144,12 +145,14 @@ def pod_manifest(
         "shareProcessNamespace": True,
         "containers": [container],
     }
+    annotations = {names.CONTROLLER_ANNOTATION: json.dumps(identity), names.OWNER_ANNOTATION: owner}
     if settings.egress_image:
-        # the sandbox container first: the sidecar watches for its processes (egress.WATCH)
+        # first: its postStart hook installs the filter before the sandbox container starts (egress.py)
         egress_pull = "Never" if built_here(settings.egress_image) else "IfNotPresent"
-        init, sidecar = egress_containers(settings.egress_image, egress_pull, spec_network(spec.network))
-        pod_spec["initContainers"] = [init]
-        pod_spec["containers"].append(sidecar)
+        pod_spec["containers"].insert(
+            0, egress_container(settings.egress_image, egress_pull, spec_network(spec.network))
+        )
+        annotations[DEFAULT_CONTAINER_ANNOTATION] = CONTAINER  # `kubectl exec` into the sandbox, not the filter
     if settings.read_only:
         container["securityContext"]["readOnlyRootFilesystem"] = True
         workdir = spec.workdir or DEFAULT_WORKDIR
@@ -165,7 +168,6 @@ def pod_manifest(
         "priorityClassName": settings.priority_class,
     }
     pod_spec.update({key: value for key, value in optional.items() if value})
-    annotations = {names.CONTROLLER_ANNOTATION: json.dumps(identity), names.OWNER_ANNOTATION: owner}
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -1,7 +1,7 @@
 """set_network on kubernetes: the pod's own NetworkPolicy rewritten to each state (objects read
-back from the API server), the pod's egress filter (adapters/kubernetes/egress.py: an init
-container and a CAP_NET_ADMIN-only sidecar; manifests checked as data), and what becomes of a
-sandbox that kills that sidecar. The traffic itself is checked on every adapter by
+back from the API server), the pod's egress filter (adapters/kubernetes/egress.py: a
+CAP_NET_ADMIN-only container whose postStart hook installs it; manifests checked as data), and
+what becomes of a sandbox that kills that container. The traffic itself is checked on every adapter by
 tests/conformance/test_network.py and test_attacks.py: on the CI cluster, whose bridge CNI
 does not enforce NetworkPolicies, the filter alone holds it."""
 
@@ -59,28 +59,32 @@ def _pod(network: str, egress_image: str | None = EGRESS_IMAGE) -> dict:
     return manifests.pod_manifest("orchard-x", spec, "img:1", {}, settings, identity={}, owner="me")["spec"]
 
 
-def test_the_pod_holds_its_egress_filter_in_containers_of_their_own() -> None:
-    offline, online = _pod("none"), _pod("on")
-    sandbox, sidecar = offline["containers"]
-    [init] = offline["initContainers"]
-    # the sandbox container is unchanged (first: the sidecar watches for its processes) and keeps no capability
-    assert sandbox["name"] == manifests.CONTAINER and sandbox == _pod("none", None)["containers"][0]
+def test_the_pod_holds_its_egress_filter_in_a_container_of_its_own() -> None:
+    offline, online, plain = _pod("none"), _pod("on"), _pod("none", None)
+    sidecar, sandbox = offline["containers"]
+    # first: its postStart hook installs the filter before the sandbox container starts
+    assert sidecar["name"] == egress.EGRESS_CONTAINER
+    # the sandbox container is unchanged and keeps no capability
+    assert sandbox["name"] == manifests.CONTAINER and sandbox == plain["containers"][0]
     assert sandbox["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert "initContainers" not in _pod("none", None) and len(_pod("none", None)["containers"]) == 1
-    for container in (init, sidecar):
-        assert container["image"] == EGRESS_IMAGE and container["imagePullPolicy"] == "Never"  # built here
-        context = container["securityContext"]
-        assert context["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
-        assert context["allowPrivilegeEscalation"] is False and context["readOnlyRootFilesystem"] is True
-        assert context["privileged"] is False and context["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert (init["name"], sidecar["name"]) == (egress.EGRESS_INIT, egress.EGRESS_CONTAINER)
+    assert len(plain["containers"]) == 1 and "initContainers" not in offline
+    assert sidecar["image"] == EGRESS_IMAGE and sidecar["imagePullPolicy"] == "Never"  # built here
+    context = sidecar["securityContext"]
+    assert context["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
+    assert context["allowPrivilegeEscalation"] is False and context["readOnlyRootFilesystem"] is True
+    assert context["privileged"] is False and context["seccompProfile"] == {"type": "RuntimeDefault"}
     # the initial filter is the spec's network, as kit/egress builds it for local and docker
-    assert init["command"][-2:] == [filter_table(oa.OFFLINE, 4), filter_table(oa.OFFLINE, 6)]
-    assert online["initContainers"][0]["command"][-2:] == [filter_table(oa.ONLINE, 4), filter_table(oa.ONLINE, 6)]
-    assert ":OUTPUT DROP" in init["command"][-2] and "-A OUTPUT -o lo -j ACCEPT" in init["command"][-2]
-    assert "iptables-restore" in init["command"][2] and "sleep" in sidecar["command"][2]
+    hook = sidecar["lifecycle"]["postStart"]["exec"]["command"]
+    assert hook[-2:] == [filter_table(oa.OFFLINE, 4), filter_table(oa.OFFLINE, 6)]
+    online_hook = online["containers"][0]["lifecycle"]["postStart"]["exec"]["command"]
+    assert online_hook[-2:] == [filter_table(oa.ONLINE, 4), filter_table(oa.ONLINE, 6)]
+    assert ":OUTPUT DROP" in hook[-2] and "-A OUTPUT -o lo -j ACCEPT" in hook[-2]
+    assert "iptables-restore" in hook[2] and "sleep" in sidecar["command"][2]
     allowed = network_policy("restricted", [{"cidr": "10.88.76.1", "port_start": 8080}])
     assert "-A OUTPUT -d 10.88.76.1/32 -p tcp -m tcp --dport 8080:8080 -j ACCEPT" in egress.apply_command(allowed)[4]
+    settings = manifests.PodSettings(attach_grace=60, egress_image=EGRESS_IMAGE)
+    metadata = manifests.pod_manifest("p", oa.SandboxSpec(), "i", {}, settings, identity={}, owner="")["metadata"]
+    assert metadata["annotations"][manifests.DEFAULT_CONTAINER_ANNOTATION] == manifests.CONTAINER
 
 
 def test_the_gateway_and_image_names_as_the_node_says_them() -> None:
@@ -98,22 +102,21 @@ def test_the_gateway_and_image_names_as_the_node_says_them() -> None:
     assert egress.image_names("registry.local:5000/egress:1") == {"registry.local:5000/egress:1"}
 
 
-def test_a_failed_filter_init_is_the_filters_failure() -> None:
-    pod = {
-        "status": {
-            "phase": "Pending",
-            "initContainerStatuses": [
-                {"name": egress.EGRESS_INIT, "state": {"waiting": {"reason": "ErrImageNeverPull", "message": "m"}}}
-            ],
-            "containerStatuses": [{"name": "sandbox", "state": {"waiting": {"reason": "PodInitializing"}}}],
-        }
-    }
-    assert watch.pod_verdict(pod) == ("failed", f"{watch.EGRESS_FAILED}ErrImageNeverPull: m")
-    pod["status"]["phase"] = "Failed"
-    pod["status"]["initContainerStatuses"][0]["state"] = {"terminated": {"reason": "Error", "exitCode": 1}}
-    assert watch.pod_verdict(pod)[1].startswith(watch.EGRESS_FAILED) and "exit code 1" in watch.pod_verdict(pod)[1]
-    pod["status"]["initContainerStatuses"][0]["state"] = {"running": {}}
-    assert watch.pod_verdict(pod)[0] == "failed" and not watch.pod_verdict(pod)[1].startswith(watch.EGRESS_FAILED)
+def test_a_pod_whose_filter_does_not_run_is_never_ready() -> None:
+    def pod(phase: str, filter_state: dict) -> dict:
+        statuses = [
+            {"name": egress.EGRESS_CONTAINER, "state": filter_state},
+            {"name": "sandbox", "state": {"running": {}}},
+        ]
+        return {"status": {"phase": phase, "containerStatuses": statuses}}
+
+    assert watch.pod_verdict(pod("Running", {"running": {}})) == ("ready", "running")
+    missing = pod("Pending", {"waiting": {"reason": "ErrImageNeverPull", "message": "m"}})
+    assert watch.pod_verdict(missing) == ("failed", f"{watch.EGRESS_FAILED}ErrImageNeverPull: m")
+    hook_failed = pod("Running", {"terminated": {"reason": "Error", "exitCode": 137}})
+    verdict, why = watch.pod_verdict(hook_failed)
+    assert verdict == "failed" and why.startswith(watch.EGRESS_FAILED) and "exit code 137" in why
+    assert watch.pod_verdict(pod("Running", {"waiting": {"reason": "ContainerCreating"}}))[0] == "pending"
 
 
 async def test_auto_puts_the_filter_in_the_pods_where_a_node_has_its_image() -> None:
@@ -143,14 +146,19 @@ async def test_the_pods_policy_follows_each_switch(make_adapter: Callable[..., K
     box = await adapter.create(oa.SandboxSpec(ttl=300))
     path = adapter.api.path("networkpolicies", f"{box.id}-egress", group=NETPOL)
     try:
+        # scripts/ci-kubernetes.sh loads the filter's image into the node: "auto" must find it, or
+        # the conformance suite's traffic checks would test NetworkPolicies the CI's CNI ignores
+        assert adapter.egress_filter == "on", adapter.egress_note
+        pod = await _get(adapter, adapter.api.path("pods", box.id))
+        assert [c["name"] for c in pod["spec"]["containers"]] == [egress.EGRESS_CONTAINER, manifests.CONTAINER]
+        assert all("running" in c["state"] for c in pod["status"]["containerStatuses"])
         assert await _names(adapter, "networkpolicies", f"orchard.sandbox={box.id}", NETPOL) == []
         state = await box.set_network("restricted", [{"cidr": "203.0.113.10", "port_start": 443}])  # type: ignore[attr-defined]
-        assert state.revision == 1
+        assert state.revision == 1 and state.host_address  # the pod's gateway: the node
         policy = await _get(adapter, path)
         assert policy["spec"]["egress"] == [
             {"to": [{"ipBlock": {"cidr": "203.0.113.10/32"}}], "ports": [{"protocol": "TCP", "port": 443}]}
         ]
-        pod = await _get(adapter, adapter.api.path("pods", box.id))
         assert policy["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
         await box.set_network("enabled")  # type: ignore[attr-defined]
         assert (await _get(adapter, path))["spec"]["egress"] == [{}]
@@ -161,22 +169,6 @@ async def test_the_pods_policy_follows_each_switch(make_adapter: Callable[..., K
     finally:
         await box.close()
     assert await _names(adapter, "networkpolicies", f"orchard.sandbox={box.id}", NETPOL) == []
-
-
-async def test_the_ci_cluster_gets_the_egress_filter(make_adapter: Callable[..., KubernetesAdapter]) -> None:  # noqa: F811
-    """scripts/ci-kubernetes.sh loads the filter's image into the node: "auto" must find it,
-    or every traffic check of the conformance suite would test NetworkPolicies the CNI ignores."""
-    adapter = make_adapter()
-    box = await adapter.create(oa.SandboxSpec(ttl=300))
-    try:
-        assert adapter.egress_filter == "on", adapter.egress_note
-        pod = await _get(adapter, adapter.api.path("pods", box.id))
-        assert [c["name"] for c in pod["spec"]["containers"]] == [manifests.CONTAINER, egress.EGRESS_CONTAINER]
-        statuses = {c["name"]: c for c in pod["status"]["initContainerStatuses"]}
-        assert statuses[egress.EGRESS_INIT]["state"]["terminated"]["exitCode"] == 0
-        assert "packet filter in each pod" in await adapter.doctor()
-    finally:
-        await box.close()
 
 
 GATEWAY = "$(ip route show default | awk '{print $3; exit}')"
@@ -193,6 +185,7 @@ done
 """
 
 
+@pytest.mark.soak  # a create, a kill and a switch: seconds
 async def test_a_sandbox_that_kills_the_filters_sidecar_keeps_its_filter_and_is_ended_at_the_next_switch(
     make_adapter: Callable[..., KubernetesAdapter],  # noqa: F811
 ) -> None:
