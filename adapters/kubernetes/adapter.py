@@ -211,14 +211,14 @@ class KubernetesAdapter(BackgroundOwner):
             self._namespace_ready = True
 
     async def _decide_egress_filter(self) -> None:
-        """ "auto": the filter in every pod when a node of the cluster has its image (it is
-        loaded there, or pulled from a registry it was pushed to); else NetworkPolicies only."""
+        """For egress_filter="auto": the filter in every pod when a node of the cluster has its
+        image (loaded there, or pulled from a registry it was pushed to); else NetworkPolicies only."""
         image = self.config.egress_image
         try:
             nodes = await self.api.request("GET", "/api/v1/nodes", what="nodes")
         except ApiError as exc:
             if exc.status not in (401, 403):
-                raise
+                raise CreateFailed(f"could not list the nodes to find the egress filter's image: {exc}") from None
             self.egress_filter = "off"
             self.egress_note = f"this identity may not list nodes to find {image} (pass egress_filter='on')"
             return
@@ -316,7 +316,7 @@ class KubernetesAdapter(BackgroundOwner):
         if shell is None:  # control-plane-only: the pod is Running; there is no shell
             return self._control_plane_sandbox(name, labels, expires_at, allow)
         client, relays = shell
-        filtered = bool(self.pod_settings.egress_image) and not self.config.control_plane_only
+        filtered = bool(self.pod_settings.egress_image)
         sandbox = self._sandbox(name, client, relays, labels, expires_at, allow, spec_network(spec.network), filtered)
         self._pod_images[name] = image
         if archive is not None:
@@ -767,7 +767,7 @@ class KubernetesAdapter(BackgroundOwner):
         configuration or the API server does not answer."""
         version = await self.api.version()
         if self.egress_filter == "auto":
-            with contextlib.suppress(ApiError, OrchardError):
+            with contextlib.suppress(OrchardError):
                 await self._start()
                 await self._decide_egress_filter()
         egress = self._egress_doctor()
