@@ -153,8 +153,8 @@ def recipe_images() -> list[ImageSpec]:
 
 
 def known_images() -> dict[str, ImageSpec]:
-    """Every image ``images build`` can make, by tag: the recipes', the test images and the
-    Debian bases they are built from."""
+    """Every image ``images build`` can make, by tag: the recipes', the test images, the
+    adapters' own and the Debian bases they are built from."""
     known = {spec.tag: spec for spec in [*recipe_images(), *TEST_IMAGES, *ADAPTER_IMAGES]}
     for spec in list(known.values()):
         if spec.base_tag and spec.base_tag not in known:
