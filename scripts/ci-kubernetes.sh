@@ -16,8 +16,9 @@
 # and ORCHARD_K8S_POD_MAX_PIDS (the kubelet's per-pod pids limit, $POD_MAX_PIDS, default 1024)
 # and CONTAINERD_ADDRESS (the node's containerd socket: snapshots import into it).
 # The images Docker has of $PY_IMAGE and $ORCHARD_K8S_EXTRA_IMAGES (default: the SWE recipe's
-# orchard/swe-python:bookworm, what `orchard-async demo --adapter kubernetes` runs) are loaded
-# into the node's containerd.
+# orchard/swe-python:bookworm, what `orchard-async demo --adapter kubernetes` runs, and the
+# adapter's egress filter, orchard/egress:bookworm: with it on the node every sandbox pod holds
+# its network with iptables whatever the CNI) are loaded into the node's containerd.
 # The namespaces have no route to the outside (a veth pair whose both ends stay inside):
 # install Python packages before `run`.
 # The docker daemon's unix socket works from inside, so a whole test suite can run there.
@@ -41,7 +42,7 @@ export K8S_BIN=${K8S_BIN:-$K8S_CACHE/bin}
 export WORK=${ORCHARD_K8S_WORK:-/tmp/orchard-k8s}
 IMAGES_DIR=${ORCHARD_K8S_IMAGES:-/var/tmp/orchard-k8s-images}
 PY_IMAGE=${ORCHARD_K8S_PYTHON_IMAGE:-orchard/python:test}
-EXTRA_IMAGES=${ORCHARD_K8S_EXTRA_IMAGES:-orchard/swe-python:bookworm}
+EXTRA_IMAGES=${ORCHARD_K8S_EXTRA_IMAGES:-orchard/swe-python:bookworm orchard/egress:bookworm}
 export POD_MAX_PIDS=${POD_MAX_PIDS:-1024}  # the kubelet's podPidsLimit (k8s-cluster-up.sh)
 export DEBIAN_FRONTEND=noninteractive
 log() { echo "ci-kubernetes: $*"; }

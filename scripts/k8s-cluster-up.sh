@@ -149,8 +149,9 @@ state = "$WORK/containerd/state"
     bin_dir = "/usr/lib/cni"
     conf_dir = "$WORK/cni/net.d"
 EOF
+  # isDefaultGateway: pods get a default route via the bridge (the node), as a real cluster's do
   cat > cni/net.d/10-local.conflist <<EOF
-{"cniVersion": "0.4.0", "name": "local", "plugins": [{"type": "bridge", "bridge": "k8slocal0", "isGateway": true, "ipMasq": false,
+{"cniVersion": "0.4.0", "name": "local", "plugins": [{"type": "bridge", "bridge": "k8slocal0", "isGateway": true, "isDefaultGateway": true, "ipMasq": false,
  "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "dataDir": "$WORK/cni/ipam"}}]}
 EOF
   # the kubelet's pod cgroups are ours to remove at the end only if none existed before

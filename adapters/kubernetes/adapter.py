@@ -22,6 +22,7 @@ from orchard_async.adapters.kubernetes import snapshot as snaps
 from orchard_async.adapters.kubernetes.api import NETWORKING, ApiError, KubeApi
 from orchard_async.adapters.kubernetes.attach import adoptable
 from orchard_async.adapters.kubernetes.config import KubernetesConfig
+from orchard_async.adapters.kubernetes.egress import EGRESS_CONTAINER, apply_command, gateway, node_has_image
 from orchard_async.adapters.kubernetes.forks import Forks
 from orchard_async.adapters.kubernetes.hollow import (
     CONTROL_PLANE_LABEL,
@@ -48,7 +49,7 @@ from orchard_async.adapters.kubernetes.podip import PodIpTransport
 from orchard_async.adapters.kubernetes.reap import reap
 from orchard_async.adapters.kubernetes.relay import new_secret
 from orchard_async.adapters.kubernetes.transport import ExecTransport, Outputs, PodRef, PodRelays, Streams, Transport
-from orchard_async.adapters.kubernetes.watch import PodInformer, pod_state, pod_verdict
+from orchard_async.adapters.kubernetes.watch import EGRESS_FAILED, PodInformer, pod_state, pod_verdict
 from orchard_async.capabilities import (
     OFFLINE,
     AdapterFacts,
@@ -78,6 +79,7 @@ from orchard_async.types import SandboxSpec
 DEFAULT_NAMESPACE = "orchard"
 DEFAULT_IMAGE = "local/busybox:1"
 INTERRUPT_TIMEOUT = 10.0
+FILTER_TIMEOUT = 30.0  # one switch of a pod's egress filter (an exec into its sidecar)
 DELETION_BACKOFF = Backoff(1.0, cap=15.0)  # between background sweeps of unconfirmed deletions
 IMAGE_HINT = (
     "check the image name; on a cluster without a registry import it into the node's runtime "
@@ -158,6 +160,9 @@ class KubernetesAdapter(BackgroundOwner):
         # deletes this adapter's pods if the process dies (guardian.py)
         self._guardian: subprocess.Popen[bytes] | None = None
         self._guarded = False
+        # the pods' egress filter (egress.py): decided with the namespace ("auto" asks the nodes)
+        self.egress_filter = "off" if config.control_plane_only else config.egress_filter
+        self.egress_note = "" if self.egress_filter != "auto" else "not decided yet: no sandbox made"
 
     @property
     def facts(self) -> AdapterFacts:
@@ -195,11 +200,36 @@ class KubernetesAdapter(BackgroundOwner):
                 return
             if self.config.manage_network_policies:
                 await self._create_deny_policy()
+            if self.egress_filter == "auto":
+                await self._decide_egress_filter()
+            if self.egress_filter == "on" and not self.pod_settings.egress_image:
+                self.pod_settings = msgspec.structs.replace(self.pod_settings, egress_image=self.config.egress_image)
             if self.informer is None:
                 selector = f"{names.RUN}={self.run_id},{names.CONTROLLER}={self.controller}"
                 self.informer = PodInformer(self.api, selector)
                 self._background.start_soon(self.informer.run)
             self._namespace_ready = True
+
+    async def _decide_egress_filter(self) -> None:
+        """For egress_filter="auto": the filter in every pod when a node of the cluster has its
+        image (loaded there, or pulled from a registry it was pushed to); else NetworkPolicies only."""
+        image = self.config.egress_image
+        try:
+            nodes = await self.api.request("GET", "/api/v1/nodes", what="nodes")
+        except ApiError as exc:
+            if exc.status not in (401, 403):
+                raise CreateFailed(f"could not list the nodes to find the egress filter's image: {exc}") from None
+            self.egress_filter = "off"
+            self.egress_note = f"this identity may not list nodes to find {image} (pass egress_filter='on')"
+            return
+        if any(node_has_image(node, image) for node in nodes.get("items", [])):
+            self.egress_filter, self.egress_note = "on", ""
+        else:
+            self.egress_filter = "off"
+            self.egress_note = (
+                f"no node has {image} (`orchard-async images build {image} --adapter kubernetes` on a one-node "
+                "cluster, or a registry; then egress_filter='on')"
+            )
 
     async def _create_deny_policy(self) -> None:
         await self._create_namespace_policy(deny_egress_policy(), "deny-egress")
@@ -286,7 +316,8 @@ class KubernetesAdapter(BackgroundOwner):
         if shell is None:  # control-plane-only: the pod is Running; there is no shell
             return self._control_plane_sandbox(name, labels, expires_at, allow)
         client, relays = shell
-        sandbox = self._sandbox(name, client, relays, labels, expires_at, allow, spec_network(spec.network))
+        filtered = bool(self.pod_settings.egress_image)
+        sandbox = self._sandbox(name, client, relays, labels, expires_at, allow, spec_network(spec.network), filtered)
         self._pod_images[name] = image
         if archive is not None:
             try:
@@ -309,7 +340,9 @@ class KubernetesAdapter(BackgroundOwner):
         expires_at: float,
         allow: bool,
         network: NetworkPolicy,
+        filtered: bool,
     ) -> ShellSandbox:
+        """``filtered``: the pod has the egress filter's sidecar (egress.py)."""
         policy_made = [allow]  # set_network may make the pod's own policy later
 
         async def teardown() -> None:
@@ -325,14 +358,20 @@ class KubernetesAdapter(BackgroundOwner):
             self._background.start_soon(client.close, cancel_on_close=False)
             self._background.start_soon(close_streams, relays, cancel_on_close=False)
 
-        async def enforce(policy: NetworkPolicy) -> None:
-            await self._set_egress_policy(name, policy)
-            policy_made[0] = True
+        async def enforce(policy: NetworkPolicy) -> str | None:
+            # The filter first: the NetworkPolicy, where a CNI enforces it, never opens what
+            # the filter does not yet allow.
+            host = await self._switch_filter(name, client, policy, policy_made) if filtered else None
+            if self.config.manage_network_policies:
+                await self._set_egress_policy(name, policy)
+                policy_made[0] = True
+            return host
 
         refusal = (
             ""
-            if self.config.manage_network_policies
-            else "with manage_network_policies=false the adapter makes no NetworkPolicies: it cannot switch a network"
+            if self.config.manage_network_policies or filtered
+            else "with manage_network_policies=false and no egress filter in its pod (egress_filter) the adapter "
+            "cannot switch a sandbox's network"
         )
         opener = functools.partial(self._open_stream, PodRef(self.namespace, name))
         sandbox = self._live[name] = container_shell.container_sandbox(
@@ -345,6 +384,36 @@ class KubernetesAdapter(BackgroundOwner):
             network=NetworkSwitch(network, enforce, refusal=refusal),
         )
         return sandbox
+
+    async def _switch_filter(
+        self, name: str, client: CgroupShellClient, policy: NetworkPolicy, policy_made: list[bool]
+    ) -> str | None:
+        """Replace the pod's egress filter with ``policy``'s, by an exec into its sidecar; the
+        pod's gateway (the node as the pod reaches it). If that fails, whatever the reason
+        (the sidecar killed from inside the sandbox, an exec that did not answer), the filter
+        is in an unknown state: the sandbox is ended (its pod deleted) and SandboxLost says why."""
+        if client.lost:
+            raise SandboxLost(f"sandbox {name} is lost ({client.lost}): its network cannot be switched")
+        transport = self.transport.fallback if isinstance(self.transport, PodIpTransport) else self.transport
+        why = ""
+        if not isinstance(transport, ExecTransport):
+            why = f"the transport {self.transport.name!r} cannot exec into the filter's container"
+        else:
+            try:
+                code, out, err = await transport.run(
+                    PodRef(self.namespace, name), apply_command(policy), FILTER_TIMEOUT, container=EGRESS_CONTAINER
+                )
+                if code == 0:
+                    return gateway(out.decode(errors="replace"))
+                said = (err or out).decode(errors="replace").strip().splitlines()
+                why = f"the filter in the {EGRESS_CONTAINER} container failed: {(said or [f'exit code {code}'])[-1][:300]}"
+            except TimeoutError:
+                why = f"the {EGRESS_CONTAINER} container did not answer within {FILTER_TIMEOUT:.0f}s"
+            except (CreateFailed, OrchardError) as exc:
+                why = f"no exec into the {EGRESS_CONTAINER} container (killed from inside the sandbox?): {exc}"
+        client.lost = f"its egress filter could not be switched ({why}); the sandbox was ended"
+        await self._remove(name, policy_made[0])
+        raise SandboxLost(f"sandbox {name}: {client.lost}")
 
     async def _set_egress_policy(self, name: str, policy: NetworkPolicy) -> None:
         """Rewrite the pod's own NetworkPolicy to ``policy`` (made, owned by the pod, if it has
@@ -451,6 +520,14 @@ class KubernetesAdapter(BackgroundOwner):
                 verdict, why = (hollow_verdict if self.config.control_plane_only else pod_verdict)(pod)
                 if verdict == "ready":
                     return
+                if verdict == "failed" and why.startswith(EGRESS_FAILED):
+                    event = await self.api.last_warning(name)
+                    why += f"; last event: {event}" if event and event not in why else ""
+                    raise ConfigError(
+                        f"sandbox pod {name}: {why} (image {self.pod_settings.egress_image}); "
+                        f"{missing_image_hint(self.pod_settings.egress_image or '', 'the node', self.name)}, "
+                        "or pass egress_filter='off' (NetworkPolicies only)"
+                    )
                 if verdict == "failed" and why.startswith(IMAGE_ABSENT):
                     missing = ImageMissing(
                         f"image {image} is not on the cluster's node ({why.split(':')[0]}); "
@@ -623,7 +700,7 @@ class KubernetesAdapter(BackgroundOwner):
         found = await adoptable(self.api, self.transport, sandbox_id, remove=lambda name: self._remove(name, allow))
         client, relays = await self._open_shell(found.pod, found.workdir)
         # As a gone controller left it is not known: the first change rewrites the pod's policy whole.
-        return self._sandbox(sandbox_id, client, relays, found.labels, found.expires_at, allow, OFFLINE)
+        return self._sandbox(sandbox_id, client, relays, found.labels, found.expires_at, allow, OFFLINE, found.filtered)
 
     async def find_sandboxes(self, labels: dict[str, str]) -> dict[str, dict[str, str]]:
         """Sandbox pods (anyone's, live or ended but not yet deleted) carrying every one of
@@ -668,16 +745,32 @@ class KubernetesAdapter(BackgroundOwner):
                 await anyio.to_thread.run_sync(stop_guardian, self._guardian)
                 self._guardian, self._guarded = None, False
 
+    def _egress_doctor(self) -> str:
+        """Which enforcement holds a sandbox's network, plainly."""
+        policies = (
+            "NetworkPolicies (the namespace's deny, the pod's own allow, rewritten by set_network; "
+            "enforced only by a CNI with NetworkPolicy support)"
+            if self.config.manage_network_policies
+            else "no NetworkPolicies of the adapter's (left to the cluster admin)"
+        )
+        if self.egress_filter == "on":
+            return (
+                f"held by a packet filter in each pod's network namespace (image {self.config.egress_image}: a "
+                "CAP_NET_ADMIN-only container installs it before the sandbox's starts, and set_network execs "
+                f"iptables-restore into it; whatever the CNI), and by {policies}"
+            )
+        note = f"; {self.egress_note}" if self.egress_note else ""
+        return f"held ONLY by {policies}: no packet filter in the pods (egress_filter={self.egress_filter}{note})"
+
     async def doctor(self) -> str:
         """One line for `orchard-async doctor`; raises AdapterUnavailable when there is no
         configuration or the API server does not answer."""
         version = await self.api.version()
-        egress = (
-            "denied by NetworkPolicy unless spec.network='on', switched by set_network (the pod's own "
-            "NetworkPolicy, rewritten; enforced only by a CNI with NetworkPolicy support)"
-            if self.config.manage_network_policies
-            else "left to the cluster admin"
-        )
+        if self.egress_filter == "auto":
+            with contextlib.suppress(OrchardError):
+                await self._start()
+                await self._decide_egress_filter()
+        egress = self._egress_doctor()
         if self.config.control_plane_only:
             return (
                 f"Kubernetes {version.get('gitVersion', '?')} at {version['host']} ({self.api.where}); "

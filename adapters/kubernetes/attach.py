@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from orchard_async.adapters.kubernetes.api import KubeApi
+from orchard_async.adapters.kubernetes.egress import EGRESS_CONTAINER
 from orchard_async.adapters.kubernetes.transport import PodRef, Transport
 from orchard_async.adapters.kubernetes.watch import pod_verdict
 from orchard_async.errors import CreateFailed, SandboxLost
@@ -27,6 +28,7 @@ class Adoptable(NamedTuple):
     labels: dict[str, str]
     expires_at: float
     workdir: str
+    filtered: bool  # the pod holds the egress filter's sidecar (egress.py)
 
 
 async def adoptable(
@@ -67,4 +69,6 @@ async def adoptable(
     except SandboxLost:  # it takes no exec, or its timer is not on record
         await remove(name)
         raise
-    return Adoptable(ref, labels, expires_at, workdir)
+    containers = (pod.get("spec") or {}).get("containers") or []
+    filtered = any(container.get("name") == EGRESS_CONTAINER for container in containers)
+    return Adoptable(ref, labels, expires_at, workdir, filtered)

@@ -9,6 +9,7 @@ import msgspec
 
 from orchard_async.adapters.kubernetes.api import API_RETRY_FOR, API_TIMEOUT
 from orchard_async.adapters.kubernetes.relay import RELAY_PORT
+from orchard_async.images.build import EGRESS_IMAGE
 from orchard_async.types import DEFAULT_OUTPUT_CAP
 
 ATTACH_GRACE = 120.0  # the timer's wait for a shell before the pod ends itself
@@ -33,6 +34,13 @@ class KubernetesConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     # create the namespace's deny-egress policy and per-sandbox allow policies (False where an
     # admin manages policies)
     manage_network_policies: bool = True
+    # the packet filter in each sandbox pod's network namespace (egress.py), which holds whatever the
+    # CNI does: "auto" where a node of the cluster reports egress_image among its images (else
+    # NetworkPolicies alone, as `doctor` says), "on" always (a create fails without the image), "off" never
+    egress_filter: Literal["auto", "on", "off"] = "auto"
+    # that filter's image: iptables (nf_tables) and sh (`orchard-async images build orchard/egress:bookworm
+    # --adapter kubernetes` imports it into a one-node cluster's containerd)
+    egress_image: str = EGRESS_IMAGE
     read_only: bool = False  # read-only root file system; the workdir and the control dir get emptyDirs
     exit_with_shell: bool = True  # end the pod when its exec websocket closes
     max_creating: AtLeastOne = 32  # creates in flight at once (pod POST to shell answering)

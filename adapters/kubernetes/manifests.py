@@ -8,6 +8,8 @@ spec's env and labels plus the lease labels (orchard_async.kit.labels); it has
 account token, no service links, a shared PID namespace (the pause container is PID 1 and
 reaps the zombies of commands), every capability dropped, no privilege escalation and the
 runtime's default seccomp profile. Its main process is the self-destruct timer (TIMER).
+With an egress image (``PodSettings.egress_image``) the pod also holds its egress filter: a
+container with CAP_NET_ADMIN only, before the sandbox's (egress.py).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from typing import Any
 import msgspec
 
 from orchard_async.adapters.kubernetes.api import NETWORKING
+from orchard_async.adapters.kubernetes.egress import egress_container
 from orchard_async.adapters.kubernetes.relay import relay_entry
-from orchard_async.capabilities import ONLINE, NetworkPolicy
+from orchard_async.capabilities import ONLINE, NetworkPolicy, spec_network
 from orchard_async.images import build_command
 from orchard_async.kit import labels as names
 from orchard_async.kit.container_reattach import adoptable_entry
@@ -33,6 +36,7 @@ DENY_POLICY = "orchard-deny-egress"
 RELAY_POLICY = "orchard-relay-ingress"
 PULL_POLICIES = {"missing": "IfNotPresent", "never": "Never", "always": "Always"}
 GPU_RESOURCE = "nvidia.com/gpu"  # what NVIDIA's device plugin offers on a node
+DEFAULT_CONTAINER_ANNOTATION = "kubectl.kubernetes.io/default-container"
 
 # The pod's main process: the self-destruct timer. `$1` the attach grace, `$2` the rest of
 # the TTL (waited only if a shell attached), `$3` the file the shell writes its pid to.
@@ -50,6 +54,7 @@ class PodSettings(msgspec.Struct, frozen=True, kw_only=True):
     runtime_class: str | None = None  # runtimeClassName (e.g. gvisor, kata)
     priority_class: str | None = None  # priorityClassName
     gpu_runtime_class: str | None = None  # runtimeClassName of pods that ask for GPUs (e.g. nvidia)
+    egress_image: str | None = None  # the egress filter's image (egress.py); None: NetworkPolicies only
 
 
 def sandbox_labels(
@@ -140,6 +145,14 @@ def pod_manifest(
         "shareProcessNamespace": True,
         "containers": [container],
     }
+    annotations = {names.CONTROLLER_ANNOTATION: json.dumps(identity), names.OWNER_ANNOTATION: owner}
+    if settings.egress_image:
+        # first: its postStart hook installs the filter before the sandbox container starts (egress.py)
+        egress_pull = "Never" if built_here(settings.egress_image) else "IfNotPresent"
+        pod_spec["containers"].insert(
+            0, egress_container(settings.egress_image, egress_pull, spec_network(spec.network))
+        )
+        annotations[DEFAULT_CONTAINER_ANNOTATION] = CONTAINER  # `kubectl exec` into the sandbox, not the filter
     if settings.read_only:
         container["securityContext"]["readOnlyRootFilesystem"] = True
         workdir = spec.workdir or DEFAULT_WORKDIR
@@ -155,7 +168,6 @@ def pod_manifest(
         "priorityClassName": settings.priority_class,
     }
     pod_spec.update({key: value for key, value in optional.items() if value})
-    annotations = {names.CONTROLLER_ANNOTATION: json.dumps(identity), names.OWNER_ANNOTATION: owner}
     return {
         "apiVersion": "v1",
         "kind": "Pod",

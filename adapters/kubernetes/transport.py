@@ -148,14 +148,16 @@ class ExecTransport:
         )
         self._core = k8s.CoreV1Api(self._client)
 
-    async def _connect(self, pod: PodRef, command: list[str], stdin: bool) -> WebSocketConnection:
+    async def _connect(
+        self, pod: PodRef, command: list[str], stdin: bool, container: str = CONTAINER
+    ) -> WebSocketConnection:
         assert self._core is not None, "transport not started"
         try:
             with anyio.fail_after(self.connect_timeout):
                 context = await self._core.connect_get_namespaced_pod_exec(
                     pod.name,
                     pod.namespace,
-                    container=CONTAINER,
+                    container=container,
                     command=command,
                     stdin=stdin,
                     stdout=True,
@@ -181,11 +183,14 @@ class ExecTransport:
         (v4) has no way to close stdin alone: ``send_eof`` is not supported."""
         return DuplexStream(await self._connect(pod, command, stdin=True))
 
-    async def run(self, pod: PodRef, command: list[str], timeout: float) -> tuple[int | None, bytes, bytes]:
-        """A fresh exec websocket for one command: (exit code or None, stdout, stderr)."""
+    async def run(
+        self, pod: PodRef, command: list[str], timeout: float, *, container: str = CONTAINER
+    ) -> tuple[int | None, bytes, bytes]:
+        """A fresh exec websocket for one command (in the sandbox container unless ``container``
+        names another of the pod's): (exit code or None, stdout, stderr)."""
         out, err, status = bytearray(), bytearray(), ""
         with anyio.fail_after(timeout):
-            connection = await self._connect(pod, command, stdin=False)
+            connection = await self._connect(pod, command, stdin=False, container=container)
             try:
                 while (message := await connection.read()) is not None:
                     channel, data = message

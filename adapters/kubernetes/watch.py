@@ -10,6 +10,7 @@ import anyio
 import msgspec
 
 from orchard_async.adapters.kubernetes.api import ApiError, KubeApi, api_error
+from orchard_async.adapters.kubernetes.egress import EGRESS_CONTAINER
 from orchard_async.adapters.kubernetes.manifests import CONTAINER
 from orchard_async.kit.retry import Backoff
 
@@ -17,6 +18,7 @@ WATCH_SECONDS = 240  # server-side timeout of one watch request; then it is resu
 RECONNECT_BACKOFF = Backoff(0.2, cap=5.0, jitter=(0.5, 1.5))  # after a watch or list that failed
 
 # container waiting reasons that no amount of waiting fixes: the create fails at once
+EGRESS_FAILED = "the egress filter's container failed: "
 FATAL_WAITING = {
     "ErrImagePull",
     "ImagePullBackOff",
@@ -123,6 +125,7 @@ class PodState(msgspec.Struct, frozen=True, gc=False):
     container: _ContainerState | None = None  # the sandbox container's (None: not reported yet)
     container_id: str | None = None  # the sandbox container's "<runtime>://<id>" (forks.py)
     unscheduled: _Condition | None = None  # a PodScheduled=False condition, if any
+    egress: _ContainerState | None = None  # the egress filter's container's (egress.py), if the pod has one
 
 
 _decode_event = msgspec.json.Decoder(_Event).decode
@@ -134,6 +137,7 @@ def _state_of(pod: _Pod) -> PodState:
     status = pod.status or _Status()
     sandbox = next((c for c in status.containerStatuses or [] if c.name == CONTAINER), None)
     unscheduled = next((c for c in status.conditions or [] if c.type == "PodScheduled" and c.status == "False"), None)
+    egress = next((c for c in status.containerStatuses or [] if c.name == EGRESS_CONTAINER), None)
     return PodState(
         name=pod.metadata.name,
         phase=status.phase,
@@ -144,6 +148,7 @@ def _state_of(pod: _Pod) -> PodState:
         container=(sandbox.state or _ContainerState()) if sandbox else None,
         container_id=sandbox.containerID if sandbox else None,
         unscheduled=unscheduled,
+        egress=(egress.state or _ContainerState()) if egress else None,
     )
 
 
@@ -159,6 +164,14 @@ def pod_verdict(pod: dict[str, Any] | PodState) -> tuple[str, str]:
     pod = pod_state(pod)
     phase = pod.phase or "Pending"
     state = pod.container or _ContainerState()
+    # The filter's container: a failure there (its image, its hook) is said as the filter's,
+    # never as the sandbox image's; a pod whose filter does not run is never ready.
+    egress = pod.egress or _ContainerState()
+    if egress.waiting is not None and (egress.waiting.reason or "") in FATAL_WAITING:
+        return "failed", f"{EGRESS_FAILED}{egress.waiting.reason}: {egress.waiting.message or ''}".rstrip(": ")
+    if egress.terminated is not None:
+        ended = egress.terminated
+        return "failed", f"{EGRESS_FAILED}{ended.reason}: {ended.message or ''} (exit code {ended.exitCode})"
     if phase in ("Failed", "Succeeded"):
         term = state.terminated
         if term is not None and term == _Terminated():
@@ -177,7 +190,7 @@ def pod_verdict(pod: dict[str, Any] | PodState) -> tuple[str, str]:
     if state.terminated is not None:
         term = state.terminated
         return "failed", f"container ended: {term.reason}: {term.message or ''} (exit code {term.exitCode})"
-    if phase == "Running" and state.running is not None:
+    if phase == "Running" and state.running is not None and (pod.egress is None or egress.running is not None):
         return "ready", "running"
     if pod.unscheduled is not None:
         cond = pod.unscheduled

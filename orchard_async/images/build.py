@@ -116,6 +116,19 @@ TEST_IMAGES = [
 ]
 
 
+# What the adapters themselves run beside a sandbox: the kubernetes adapter's egress filter
+# (adapters/kubernetes/egress.py), iptables in the pod's network namespace. Built with --test.
+EGRESS_IMAGE = "orchard/egress:bookworm"
+ADAPTER_IMAGES = [
+    ImageSpec(
+        tag=EGRESS_IMAGE,
+        base="debian-minbase",
+        apt_packages=("iptables",),
+        check="iptables-restore --version && ip6tables-restore --version",
+    ),
+]
+
+
 class ImageMissing(ConfigError):
     """A sandbox image is not where the adapter runs it; the message names the command that
     builds it. A ConfigError: retrying cannot help until the user acts."""
@@ -140,9 +153,9 @@ def recipe_images() -> list[ImageSpec]:
 
 
 def known_images() -> dict[str, ImageSpec]:
-    """Every image ``images build`` can make, by tag: the recipes', the test images and the
-    Debian bases they are built from."""
-    known = {spec.tag: spec for spec in [*recipe_images(), *TEST_IMAGES]}
+    """Every image ``images build`` can make, by tag: the recipes', the test images, the
+    adapters' own and the Debian bases they are built from."""
+    known = {spec.tag: spec for spec in [*recipe_images(), *TEST_IMAGES, *ADAPTER_IMAGES]}
     for spec in list(known.values()):
         if spec.base_tag and spec.base_tag not in known:
             known[spec.base_tag] = ImageSpec(tag=spec.base_tag, base="debian-minbase", suite=spec.suite)
@@ -631,7 +644,9 @@ def main(argv: list[str] | None = None) -> int:
     build = sub.add_parser("build", help="build sandbox images (default: every recipe's)")
     build.add_argument("names", nargs="*", metavar="NAME", help="image tags to build")
     build.add_argument(
-        "--test", action="store_true", help="the test images too: " + ", ".join(s.tag for s in TEST_IMAGES)
+        "--test",
+        action="store_true",
+        help="the test images too: " + ", ".join(s.tag for s in [*TEST_IMAGES, *ADAPTER_IMAGES]),
     )
     build.add_argument("--adapter", default="docker", choices=["docker", "kubernetes"])
     build.add_argument("--force", action="store_true", help="rebuild even when up to date")
@@ -639,7 +654,8 @@ def main(argv: list[str] | None = None) -> int:
     names: list[str] = list(args.names)
     if args.test:  # in addition to the named images, or to the recipes' by default
         try:
-            names = (names or [spec.tag for spec in recipe_images()]) + [spec.tag for spec in TEST_IMAGES]
+            tests = [spec.tag for spec in [*TEST_IMAGES, *ADAPTER_IMAGES]]
+            names = (names or [spec.tag for spec in recipe_images()]) + tests
         except ConfigError as exc:
             print(f"orchard-async images: {exc}", file=sys.stderr)
             return 2

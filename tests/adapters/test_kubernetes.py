@@ -95,7 +95,7 @@ async def test_pod_and_policies_on_the_cluster(make_adapter: Callable[..., Kuber
         spec = pod["spec"]
         assert spec["activeDeadlineSeconds"] == 300
         assert spec["automountServiceAccountToken"] is False and spec["shareProcessNamespace"] is True
-        container = spec["containers"][0]
+        [container] = [c for c in spec["containers"] if c["name"] == kube.manifests.CONTAINER]
         assert container["securityContext"]["allowPrivilegeEscalation"] is False
         assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
         # what doctor states, as the sandbox sees it: no capabilities, no-new-privileges, seccomp filter

@@ -370,8 +370,8 @@ async def test_a_containerd_snapshot_carries_the_whole_file_system_and_leaves_no
         assert listing.stdout.decode().split()[:3] == ["kept", "setup", "removed"], listing.stdout
         assert b"mine" not in listing.stdout and b"shell.pid" in listing.stdout  # its own shell's, not the base's
         pod = await adapter.api.request("GET", adapter.api.path("pods", fork.id), what="pod get")
-        assert pod["spec"]["containers"][0]["imagePullPolicy"] == "Never"
-        assert pod["spec"]["containers"][0]["image"] == ref
+        [container] = [c for c in pod["spec"]["containers"] if c["name"] == "sandbox"]  # beside the egress filter's
+        assert container["imagePullPolicy"] == "Never" and container["image"] == ref
         manifest = images.manifest_of(ctr, ref)[1]
         layer = manifest["layers"][-1]["digest"]
     finally:

@@ -214,11 +214,6 @@ async def test_cannot_reach_the_hosts_loopback(make_adapter: Callable[..., oa.Ad
 
 async def test_cannot_reach_another_address_of_the_host(make_adapter: Callable[..., oa.Adapter]) -> None:
     adapter = make_adapter()
-    if adapter.name == "kubernetes":
-        pytest.skip(
-            "kubernetes: network off is a deny-egress NetworkPolicy, and the CI cluster's bridge CNI does not "
-            "enforce NetworkPolicies, so a pod reaches the node's addresses there"
-        )
     address = host_address()
     if address is None:
         pytest.skip("this host has no non-loopback IPv4 address (no default route) to attack")

@@ -7,9 +7,10 @@ setup needs the network and whose agent and scoring phases must not have it.
 Each listener proves it accepts (the host's own connection first), and each refusal is counted
 on the listener too (no connection arrived), so a broken probe cannot pass for a refusal.
 
-Kubernetes: the switch rewrites the pod's own NetworkPolicy (checked as an object in
-tests/adapters/test_kubernetes_network.py); the CI cluster's bridge CNI does not enforce
-NetworkPolicies, so the traffic checks skip there, as test_attacks does for network off."""
+Kubernetes: the switch replaces the packet filter in the pod's network namespace (an exec into
+its egress sidecar, adapters/kubernetes/egress.py), then the pod's own NetworkPolicy (checked
+as an object in tests/adapters/test_kubernetes_network.py). The CI cluster's bridge CNI does
+not enforce NetworkPolicies, so there the filter alone is what these checks test."""
 
 from __future__ import annotations
 
@@ -24,10 +25,6 @@ import orchard_async as oa
 from orchard_async.capabilities import NetworkControl
 from tests.conformance.test_attacks import CONNECT, host_address, host_listener, prove_reachable_from_host, run
 
-UNENFORCED = (
-    "kubernetes: set_network rewrites the pod's NetworkPolicy, and the CI cluster's bridge CNI does not enforce "
-    "NetworkPolicies (the policy objects are checked in tests/adapters/test_kubernetes_network.py)"
-)
 OUTSIDE = "192.0.2.1"  # TEST-NET-1: nowhere; refused by the filter, or unroutable
 
 
@@ -49,8 +46,6 @@ async def connects(box: oa.Sandbox, address: str, port: int, peers: list[str] | 
 @pytest.mark.soak  # about 4 s a backend (7 s on local): too much for the default run
 async def test_offline_to_an_allowlist_and_back(make_adapter: Callable[..., oa.Adapter]) -> None:
     adapter = make_adapter()
-    if adapter.name == "kubernetes":
-        pytest.skip(UNENFORCED)
     box = await adapter.create(oa.SandboxSpec(ttl=300))
     try:
         assert isinstance(box, NetworkControl)
@@ -168,8 +163,6 @@ class ReachOut:
 @pytest.mark.soak  # 1.5 to 4 s a backend
 async def test_the_engine_switches_the_network_between_phases(make_adapter: Callable[..., oa.Adapter]) -> None:
     adapter = make_adapter()
-    if adapter.name == "kubernetes":
-        pytest.skip(UNENFORCED)
     with host_listener("0.0.0.0") as (port, peers):
         pool = oa.Pool(adapter)
         async with contextlib.aclosing(oa.rollout([InstallThenWork("net-1", port)], ReachOut(), pool)) as stream:
