@@ -76,6 +76,12 @@ def apply_command(policy: NetworkPolicy) -> list[str]:
     return ["sh", "-c", APPLY, "orchard-egress", filter_table(policy, 4), filter_table(policy, 6)]
 
 
+# What the filter's container is given where the pod is sized (requests = limits): its shell
+# sleeping and an iptables-restore now and then. Not less CPU: under a quota of a few
+# millicores a switch's iptables-restore would wait out whole throttling periods.
+EGRESS_RESOURCES = {"cpu": "100m", "memory": "32Mi"}
+
+
 def egress_container(image: str, pull: str, initial: NetworkPolicy) -> dict[str, Any]:
     """The filter's container: ``initial``'s filter installed by its postStart hook, then
     the sidecar set_network execs into."""

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from orchard_async.adapters.kubernetes.api import NETWORKING
-from orchard_async.adapters.kubernetes.egress import egress_container
+from orchard_async.adapters.kubernetes.egress import EGRESS_RESOURCES, egress_container
 from orchard_async.adapters.kubernetes.relay import relay_entry
 from orchard_async.capabilities import ONLINE, NetworkPolicy, spec_network
 from orchard_async.images import build_command
@@ -149,9 +149,11 @@ def pod_manifest(
     if settings.egress_image:
         # first: its postStart hook installs the filter before the sandbox container starts (egress.py)
         egress_pull = "Never" if built_here(settings.egress_image) else "IfNotPresent"
-        pod_spec["containers"].insert(
-            0, egress_container(settings.egress_image, egress_pull, spec_network(spec.network))
-        )
+        egress = egress_container(settings.egress_image, egress_pull, spec_network(spec.network))
+        if {"cpu", "memory"} <= set(quantities):
+            # every container's requests = limits, or a pod sized to be Guaranteed is only Burstable
+            egress["resources"] = {"requests": dict(EGRESS_RESOURCES), "limits": dict(EGRESS_RESOURCES)}
+        pod_spec["containers"].insert(0, egress)
         annotations[DEFAULT_CONTAINER_ANNOTATION] = CONTAINER  # `kubectl exec` into the sandbox, not the filter
     if settings.read_only:
         container["securityContext"]["readOnlyRootFilesystem"] = True

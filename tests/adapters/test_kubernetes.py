@@ -585,7 +585,7 @@ def _yaml_documents(path: Path, namespace: str, user: str) -> list[dict]:
             doc["metadata"]["name"] = namespace
         else:
             doc["metadata"]["namespace"] = namespace
-        if doc["kind"] == "RoleBinding":
+        if doc["kind"] in ("RoleBinding", "ClusterRoleBinding"):
             doc["subjects"] = [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]
         docs.append(doc)
     return docs
@@ -601,6 +601,8 @@ async def test_rbac_role_is_enough(make_adapter: Callable[..., KubernetesAdapter
     paths |= {
         "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
         "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+        "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
     }
     deploy = REPO / "deploy" / "kubernetes"
     for file in ("namespace.yaml", "rbac.yaml"):
@@ -645,6 +647,10 @@ async def test_rbac_role_is_enough(make_adapter: Callable[..., KubernetesAdapter
             assert (await box.exec("echo $((6 * 7))")).text == "42\n"
             timed_out = await box.exec("sleep 30", timeout=1)  # the interrupt is a second exec
             assert timed_out.reason is oa.ExitReason.TIMEOUT
+        # nodes: list lets "auto" find the filter's image; the switch reads the pod and rewrites its policy
+        assert restricted.egress_filter == "on", restricted.egress_note
+        assert (await boxes[0].set_network("enabled")).revision == 1
+        assert (await boxes[1].set_network("restricted")).mode == "restricted"
     finally:
         for box in boxes:
             await box.close()

@@ -87,6 +87,21 @@ def test_the_pod_holds_its_egress_filter_in_a_container_of_its_own() -> None:
     assert metadata["annotations"][manifests.DEFAULT_CONTAINER_ANNOTATION] == manifests.CONTAINER
 
 
+def test_a_sized_pod_stays_guaranteed_with_its_filter() -> None:
+    """Guaranteed QoS needs requests = limits for cpu and memory in every container: the filter
+    gets its own where the sandbox's are set both, and none otherwise."""
+    settings = manifests.PodSettings(attach_grace=60, egress_image=EGRESS_IMAGE)
+
+    def containers(**sized: object) -> list[dict]:
+        spec = oa.SandboxSpec(ttl=300, **sized)  # type: ignore[arg-type]
+        return manifests.pod_manifest("p", spec, "i", {}, settings, identity={}, owner="")["spec"]["containers"]
+
+    sidecar, sandbox = containers(cpu=1, memory="1G")
+    assert sidecar["resources"] == {"requests": egress.EGRESS_RESOURCES, "limits": egress.EGRESS_RESOURCES}
+    assert sandbox["resources"]["requests"] == sandbox["resources"]["limits"]
+    assert "resources" not in containers(cpu=1)[0] and "resources" not in containers()[0]
+
+
 def test_the_gateway_and_image_names_as_the_node_says_them() -> None:
     route = (
         "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\n"

@@ -122,8 +122,8 @@ async def test_network_is_off_by_default(make_adapter) -> None:
     adapter = make_adapter()
     if adapter.name == "kubernetes":
         pytest.skip(
-            "kubernetes: a pod always has an interface; network off is the namespace's deny-egress "
-            "NetworkPolicy, checked in tests/adapters/test_kubernetes.py (the CI cluster's CNI does not enforce it)"
+            "kubernetes: a pod always has an interface; network off is the pod's egress filter (and the "
+            "namespace's deny-egress NetworkPolicy), whose traffic test_network.py and test_attacks.py check"
         )
     box = await adapter.create(oa.SandboxSpec(ttl=120))
     try:

@@ -19,11 +19,7 @@ from orchard_async.recipes.harbor.task import phase_networks
 from tests.harbor.support import NETWORK, load, ready, run_sync
 
 PAYLOAD = b"allowlisted-payload"
-# As tests/conformance/test_network.py: the policies exist, nothing on the CI cluster enforces them.
-UNENFORCED = (
-    "kubernetes: the allowlist is the pod's NetworkPolicy, and the CI cluster's bridge CNI does not enforce "
-    "NetworkPolicies (the policy objects are checked in tests/adapters/test_kubernetes_network.py)"
-)
+
 
 
 def test_harbor_modes_become_the_engines_phase_networks():
@@ -79,8 +75,6 @@ def payload_server() -> Iterator[int]:
 @pytest.mark.soak
 @pytest.mark.parametrize("adapter", ["local", "docker", "kubernetes"])
 def test_allowlist_reaches_the_allowed_server_only(adapter, tmp_path, monkeypatch):
-    if adapter == "kubernetes":
-        pytest.skip(UNENFORCED)
     ready(adapter)
     address = main_address()
     if address is None:

@@ -25,9 +25,10 @@ from tests.harbor.support import IMAGE_MAP, TASKS, TEST_IMAGE, load, ready
 
 PROVIDER = "orchard_async.harbor:OrchardEnvironment"
 # Tasks Harbor's oracle cannot resolve over the provider: none (its sandboxes may switch users).
-# On kubernetes, no-network: a pod keeps its eth0 under no-network (egress is denied by a
-# NetworkPolicy, not by a missing interface), and the fixture's test wants loopback only
-# (test_harbor_runs.OTHERWISE_OFFLINE: the recipe sees the same).
+# On kubernetes, no-network: a pod keeps its eth0 under no-network (egress is refused by the
+# pod's packet filter, not by a missing interface), and the fixture's test wants loopback only
+# (test_harbor_runs.OTHERWISE_OFFLINE: the recipe sees the same; the refusal itself is
+# test_harbor_network's and tests/conformance/test_network.py's on kubernetes).
 UNRESOLVED: dict[str, set[str]] = {"docker": set(), "local": set(), "kubernetes": {"no-network"}}
 
 

@@ -22,8 +22,8 @@ SOLVED_EVERYWHERE = {
 # SandboxSpec.switch_users; a local sandbox has one unprivileged user, which every phase runs as).
 NEEDS_USER_SWITCH: dict[str, set[str]] = {"docker": set(), "local": set(), "kubernetes": set()}
 # Tasks whose test asks what the adapter's sandboxes do not show: a kubernetes pod keeps its
-# eth0 under no-network (egress is denied by a NetworkPolicy, which the CNI enforces, not by a
-# missing interface), and the no-network fixture's test wants loopback as the only interface.
+# eth0 under no-network (egress is refused by the pod's packet filter, not by a missing
+# interface), and the no-network fixture's test wants loopback as the only interface.
 OTHERWISE_OFFLINE: dict[str, set[str]] = {"docker": set(), "local": set(), "kubernetes": {"no-network"}}
 
 PLANTED = "echo 1 > /logs/verifier/reward.txt; echo '{\"reward\": 1}' > /logs/verifier/reward.json"
