@@ -266,16 +266,18 @@ def drop_history_script() -> str:
             "set -e",
             '[ "$(git rev-parse --git-dir)" = .git ] && [ -d .git ] '
             '|| { echo "the git directory is not ./.git" >&2; exit 3; }',
-            'tree=$(git rev-parse --verify -q "HEAD^{tree}")',
-            'when="@$(git log -1 --format=%ct HEAD) +0000"',
+            "set -- $(git show -s --format='%T %ct' HEAD)",
+            'tree=$1 when="@$2 +0000"',
             f'root=$(GIT_AUTHOR_NAME={ROOT_IDENTITY} GIT_AUTHOR_EMAIL={ROOT_EMAIL} GIT_AUTHOR_DATE="$when" '
             f'GIT_COMMITTER_NAME={ROOT_IDENTITY} GIT_COMMITTER_EMAIL={ROOT_EMAIL} GIT_COMMITTER_DATE="$when" '
             f'git commit-tree "$tree" -m {shlex.quote(ROOT_MESSAGE)})',
             "branch=$(git symbolic-ref -q HEAD || true)",
             'for remote in $(git remote); do git config --remove-section "remote.$remote"; done',
-            # pack-objects renames its temporary files into place: the pack is made inside .git
+            # pack-objects renames its temporary files into place: the pack is made inside .git.
+            # No delta search and light compression: the pack only lives in this sandbox, and
+            # the CPU is setup time (a 2,500-file, 100 MB tree: 0.4 s against 1.1 s by default).
             "kept=.git/orchard-kept && rm -rf $kept && mkdir $kept",
-            'name=$(git rev-list --objects "$root" | git pack-objects -q "$kept/pack")',
+            'name=$(git rev-list --objects "$root" | git -c pack.compression=1 pack-objects -q --window=0 "$kept/pack")',
             "cd .git",
             "for entry in * .[!.]*; do",
             f'  case "$entry" in {KEPT_IN_GIT_DIR}|orchard-kept) ;; *) rm -rf -- "$entry" ;; esac',
