@@ -4,6 +4,8 @@ runner installed) built here with no registry, the row as published; the gold fi
 resolves and the empty patch does not, graded by the publisher's rule (SWE-rebench-V2's
 named log parser, Scale-SWE's f2p script, SWE-smith's branch and reversed bug patch, SWE-bench
 Pro's run_script.sh + parser.py, a Multilingual Go row through swebench's parse_log_gotest).
+An agent that reads the fix out of git (every commit object it can find) finds it in the
+SWE-smith, Pro and Scale-SWE images as published, and nothing after the recipe's setup.
 Needs a daemon and the recipe's image; the Go image installs golang-go from the apt mirror."""
 
 from __future__ import annotations
