@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Mapping
@@ -141,6 +142,10 @@ class SWETask:
     # Checkout and environment check are the same for every sample of a group: the engine
     # sets a group up once and starts its samples from a snapshot (orchard_async.engine.groups).
     fork_after_setup: bool = True
+    # The one commit the agent's repository holds after setup (repo.drop_history): its tree is
+    # the base's, and the same in every sandbox of the instance. The agent's diff is read
+    # against it. None until a setup ran in this process.
+    agent_base: str | None = field(default=None, init=False, repr=False)
     id: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -219,6 +224,14 @@ class SWETask:
             )
 
         await self.proofs.ensure(self.environment, prove)
+        # Last, after the proof (which stages the tests from the history): from here the
+        # repository holds no commit but the base's tree, so the fix cannot be read from it.
+        root = await repos.drop_history(sandbox, SETUP_TIMEOUT)
+        if self.agent_base not in (None, root):
+            raise RuntimeError(
+                f"{self.id}: the base's tree committed as {root}, another sandbox's as {self.agent_base}"
+            )
+        self.agent_base = root
         return INSTANCE_TEMPLATE.format(
             problem_statement=self.instance.problem_statement.strip(),
             repo=self.instance.repo,
@@ -231,7 +244,7 @@ class SWETask:
     async def submission(self, sandbox: Sandbox) -> str:
         """The agent's patch; a repository the agent broke beyond diffing yields none."""
         try:
-            return await scoring.submission(sandbox, self.instance.base_commit, time_limit=60.0)
+            return await scoring.submission(sandbox, self.agent_base or self.instance.base_commit, time_limit=60.0)
         except RuntimeError as exc:
             return f"{NO_DIFF}{exc}"
 
@@ -246,21 +259,26 @@ class SWETask:
     async def evaluate(self, sandbox: Sandbox) -> Reward:
         """Grade in the agent's own sandbox, its tree reset to base first. Weaker than the
         clean sandbox the episode loop uses (what the agent left running still runs): for
-        callers that have only this sandbox."""
+        callers that have only this sandbox. Its repository has no history left (setup drops
+        it), so an instance whose tests are staged from a later commit (SWE-bench Pro's)
+        cannot be graded here: a VerifierError."""
         patch = await self.submission(sandbox)
+        base = self.agent_base or self.instance.base_commit
         if not patch.startswith(NO_DIFF):
             # An image's ignored files are its build products (compiled extensions, ...): kept there.
             clean = "git clean -qfd" if self.in_image else "git clean -qfdx"
-            reset = f"{scoring.REPO_GUARD}\ngit reset -q --hard {self.instance.base_commit} && {clean}"
+            reset = f"{scoring.REPO_GUARD}\ngit reset -q --hard {base} && {clean}"
             repos.check_result(await sandbox.exec(reset, timeout=60.0), "resetting the tree to base")
-        return await self._score(patch, sandbox, self.score_timeout)
+        return await self._score(patch, sandbox, self.score_timeout, base)
 
-    async def _score(self, submission: str, sandbox: Sandbox, budget: float) -> Reward:
+    async def _score(self, submission: str, sandbox: Sandbox, budget: float, base: str | None = None) -> Reward:
         if submission.startswith(NO_DIFF):  # the agent broke its repository: its own failure
             info = {"instance_id": self.id, **scoring.grade(self.instance, {}), "error": "no diff"}
             return Reward(value=0.0, success=False, info={**info, "detail": submission[len(NO_DIFF) :]})
+        # The scorer reverts the test files to the base: in the agent's own sandbox, its one commit.
+        instance = self.instance if base is None else dataclasses.replace(self.instance, base_commit=base)
         return await scoring.score(
-            sandbox, self.instance, submission, harness=self.harness, budget=budget, strict=self.strict
+            sandbox, instance, submission, harness=self.harness, budget=budget, strict=self.strict
         )
 
 

@@ -1,5 +1,6 @@
-"""Token-in/token-out episodes of the toy, SWE and claw recipes through the transformers engine
-(a tiny random Qwen2 model, tests/models/tiny_model.py), on the local adapter:
+"""Token-in/token-out episodes of the toy, SWE, claw and GUI recipes through the transformers
+engine (a tiny random Qwen2 model, tests/models/tiny_model.py), on the local adapter (the GUI's
+in a real headless Chromium, its pages as text):
 
 * the prefix invariant on every turn of every episode: the prompt of turn t+1 is the prompt
   of turn t, its sampled tokens and the observation's tokens, never a re-tokenization;
@@ -49,7 +50,11 @@ async def run_tokens(recipe: str, tasks: list[Any], script: Any, tiny_model: Pat
     return engine, list(read_trajectories(out)), out
 
 
-def check_export(engine: ScriptedEngine, trajectories: list[Any], out: Path, tmp_path: Path) -> list[dict[str, Any]]:
+def check_export(
+    engine: ScriptedEngine, trajectories: list[Any], out: Path, tmp_path: Path, *, recipe_turns: int = 0
+) -> list[dict[str, Any]]:
+    """``recipe_turns``: the steps per episode the recipe takes itself, asking no model (the GUI's
+    submit after an answer)."""
     import json
 
     import datasets
@@ -57,8 +62,9 @@ def check_export(engine: ScriptedEngine, trajectories: list[Any], out: Path, tmp
     for trajectory in trajectories:
         assert trajectory.status == "finished", trajectory.error
         turns = check_prefix_invariant(trajectory, engine)
-        assert turns == len(trajectory.steps) >= 3
-        assert {step.action.tokens.segment for step in trajectory.steps} == {0}  # the delta held on every turn
+        assert turns == len(trajectory.steps) - recipe_turns >= 3
+        sampled = [step for step in trajectory.steps if step.action.tokens is not None]
+        assert {step.action.tokens.segment for step in sampled} == {0}  # the delta held on every turn
     exported = tmp_path / "tokens.jsonl"
     summary = export_tokens(out, exported)
     assert summary.records == summary.episodes == len(trajectories) and summary.skipped == 0
@@ -71,7 +77,7 @@ def check_export(engine: ScriptedEngine, trajectories: list[Any], out: Path, tmp
         pairs = recompute_logprobs(engine.inner.model, record)
         assert len(pairs) == sum(record["response_mask"]) > 0
         worst = max([worst, *(abs(exported - again) for exported, again in pairs)])
-        assert record["weight_versions"] == ["0"] * record["turns"]
+        assert record["weight_versions"] == ["0"] * (record["turns"] - recipe_turns)  # turns: the episode's steps
     assert worst < 1e-4, worst
     return records
 
@@ -168,3 +174,45 @@ async def test_claw_episodes_keep_their_tokens_and_logprobs(tiny_model: Path, tm
     assert [(t.end_reason, t.success) for t in trajectories] == [("submitted", True)], [t.info for t in trajectories]
     records = check_export(engine, trajectories, out, tmp_path)
     assert records[0]["segments"] == 1 and records[0]["reward"] == 1.0
+
+
+async def test_gui_episodes_keep_their_tokens_and_logprobs(tiny_model: Path, tmp_path: Path) -> None:
+    """GUI episodes (two sites) in a real headless Chromium, the model seeing each page as text:
+    an unreadable first reply, then the task's solution with every element found in the page
+    text the model was last shown; the recipe's own submit after the answer asks no model."""
+    import json
+
+    from orchard_async.recipes import gui
+    from orchard_async.recipes.gui.policies import resolve
+    from tests.conftest import backend_missing
+    from tests.recipes.test_gui_browser import _chromium
+
+    if _chromium() is None:
+        backend_missing("the gui recipe needs Chromium (Debian: apt-get install chromium)")
+    tasks = gui.load_tasks("builtin:forum-codename,booking-reference")
+
+    def script(prompt: str, turn: int) -> str | None:
+        if turn == 0:
+            return None
+        (task,) = [task for task in tasks if task.line.intent in prompt]
+        shown = [part.split("<|im_end|>", 1)[0] for part in prompt.split("<|im_start|>user\n")[1:]]
+        page = next(text for text in reversed(shown) if "\n---\n" in text)  # not a format error
+        planned = dict(task.solution[min(turn - 1, len(task.solution) - 1)])
+        target = planned.pop("target", None)
+        if target is not None:
+            planned["element"] = resolve(target, page)
+        return f"Next.\n```json\n{json.dumps(planned)}\n```"
+
+    engine, trajectories, out = await run_tokens("gui", tasks, script, tiny_model, tmp_path)
+    assert [(t.end_reason, t.reward) for t in trajectories] == [("submitted", 1.0)] * 2, [t.info for t in trajectories]
+    records = check_export(engine, trajectories, out, tmp_path, recipe_turns=1)
+    for trajectory in trajectories:
+        (task,) = [task for task in tasks if task.id == trajectory.task_id]
+        kinds = [step.action.kind for step in trajectory.steps]
+        assert kinds == ["invalid", *["exec"] * len(task.solution), "submit"]
+        assert trajectory.steps[0].action.tokens.finish_reason == "length"
+        assert trajectory.steps[-1].action.tokens is None
+    for record in records:
+        text = engine.tokenizer.decode(record["prompt_ids"] + record["response_ids"], skip_special_tokens=False)
+        assert "sha256=" not in text and "\n---\n" in text  # the pages as text, no screenshot
+        assert record["segments"] == 1

@@ -4,6 +4,8 @@ runner installed) built here with no registry, the row as published; the gold fi
 resolves and the empty patch does not, graded by the publisher's rule (SWE-rebench-V2's
 named log parser, Scale-SWE's f2p script, SWE-smith's branch and reversed bug patch, SWE-bench
 Pro's run_script.sh + parser.py, a Multilingual Go row through swebench's parse_log_gotest).
+An agent that reads the fix out of git (every commit object it can find) finds it in the
+SWE-smith, Pro and Scale-SWE images as published, and nothing after the recipe's setup.
 Needs a daemon and the recipe's image; the Go image installs golang-go from the apt mirror."""
 
 from __future__ import annotations
@@ -109,3 +111,62 @@ def test_a_pro_agent_cannot_keep_its_own_version_of_the_tests(built):
     gut = "printf 'def test_chained_powers():\\n    pass\\n' > tests/test_evaluator.py"
     (cheat,) = anyio.run(on_docker, [task], ScriptPolicy([gut], name="rewrite-tests"))
     assert cheat.status == "finished" and not cheat.success, cheat.info
+
+
+# An agent that reads the fix out of the repository's git data: every commit object there,
+# reachable or not (branches, tags, reflogs, stashes, a gold commit's objects, loose or packed),
+# diffed against HEAD outside the tests; the first whose code differs is applied.
+HISTORY_THIEF = r"""head=$(git rev-parse HEAD)
+for c in $(git cat-file --batch-all-objects --batch-check='%(objecttype) %(objectname)' | sed -n 's/^commit //p'); do
+  [ "$c" = "$head" ] && continue
+  git diff "$head" "$c" -- . ':(exclude)tests' > /tmp/stolen.patch
+  if [ -s /tmp/stolen.patch ] && git apply /tmp/stolen.patch; then echo "applied the code of $c"; exit 0; fi
+done
+echo "no other code in the repository"
+"""
+# What the agent's repository holds: its commit objects, refs, reflogs and stashes.
+INVENTORY = (
+    "git cat-file --batch-all-objects --batch-check='%(objecttype)' | grep -c '^commit$'; "
+    "git for-each-ref --format='%(refname)'; git reflog --all | wc -l; git stash list | wc -l; git remote | wc -l"
+)
+HOLES = [formats.SMITH, formats.PRO, formats.SCALE]  # their images as published keep the fix in git
+
+
+def _fixed(instance) -> str:
+    """Shell that prints FIXED when the gold fix is in the tree (its reverse applies)."""
+    patch = instance.patch if instance.patch.endswith("\n") else instance.patch + "\n"
+    flags = "" if instance.gold_reverse else "-R "
+    return f"git apply --check {flags}<<'EOF' 2>/dev/null && echo FIXED\n{patch}EOF"
+
+
+@pytest.mark.parametrize("name", HOLES)
+def test_the_history_thief_finds_the_fix_in_the_image_as_published(built, name):
+    """Control: in a container of the image entered as the format enters it (no recipe
+    setup), the thief does find and apply the fix: the hole the recipe closes is real."""
+    (task,) = swe.load_tasks(str(built[name]))
+    script = "\n".join(
+        [*task.instance.enter_commands, HISTORY_THIEF.replace("exit 0", ":; break"), _fixed(task.instance)]
+    )
+    done = subprocess.run(
+        ["docker", "run", "--rm", "-i", "-w", task.spec.workdir, task.spec.image, "bash", "-s"],
+        input=script, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "applied the code of" in done.stdout and done.stdout.rstrip().endswith("FIXED"), (done.stdout, done.stderr)
+
+
+@pytest.mark.parametrize("name", HOLES)
+def test_an_agent_finds_no_fix_in_its_repository(built, name):
+    """After setup the agent's repository is one commit of the base's tree, no other ref,
+    reflog, stash or remote: the thief finds nothing and the episode is not resolved."""
+    from tests.recipes.swe_support import ScriptPolicy
+
+    (task,) = swe.load_tasks(str(built[name]))
+    (thief,) = anyio.run(on_docker, [task], ScriptPolicy([INVENTORY, HISTORY_THIEF, _fixed(task.instance)], "thief"))
+    assert thief.status == "finished", thief.error
+    inventory, stolen, fixed = (step.observation for step in thief.steps[:3])
+    commits, *refs = inventory.split()
+    assert commits == "1" and refs[:-3] in ([], ["refs/heads/" + task.instance.base_commit]), inventory
+    assert refs[-3:] == ["0", "0", "0"], inventory  # reflog entries, stashes, remotes
+    assert stolen.strip() == "no other code in the repository", stolen
+    assert "FIXED" not in fixed
+    assert (thief.success, thief.reward, thief.info["empty_patch"]) == (False, 0.0, True), thief.info

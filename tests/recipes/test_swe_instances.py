@@ -13,6 +13,7 @@ import pytest
 import orchard_async as oa
 from orchard_async.recipes import swe
 from orchard_async.recipes.swe.builtin import INSTANCES_PATH
+from orchard_async.recipes.swe.repo import ROOT_MESSAGE
 from tests.recipes.swe_support import ScriptPolicy, run_rollout
 
 BUILTIN = [json.loads(line) for line in INSTANCES_PATH.read_text().splitlines() if line.strip()]
@@ -131,7 +132,8 @@ def _git(cwd: Path, *args: str, stdin: str | None = None) -> str:
 
 def test_checkout_from_local_git_repo_and_bundle_hides_later_history(tmp_path):
     """A user's repository (a git checkout, or a bundle of it) with the fix committed *after*
-    the base: the sandbox gets the base commit and its ancestors only."""
+    the base: the sandbox gets the base commit and its ancestors only, and the agent the
+    base's tree as one commit."""
     repo = tmp_path / "calc"
     (repo / "tests").mkdir(parents=True)
     _git(repo, "init", "-q")
@@ -173,9 +175,12 @@ def test_checkout_from_local_git_repo_and_bundle_hides_later_history(tmp_path):
     )
     run = anyio.run(run_rollout, tasks, look, tmp_path / "sbx")
     assert run.leaked == [] and run.left_on_disk == []
+    by_id = {task.id: task for task in tasks}
     for trajectory in run.trajectories:
         assert trajectory.status == "finished", trajectory.error
-        expected = f"{base}\nbase with a bug\ndef add(a, b):\n    return a - b\n"
+        root = by_id[trajectory.task_id].agent_base
+        assert root is not None and root != base
+        expected = f"{root}\n{ROOT_MESSAGE}\ndef add(a, b):\n    return a - b\n"
         assert trajectory.steps[0].observation == expected, trajectory.task_id
         assert trajectory.steps[1].observation.strip() == "0", trajectory.task_id
         assert not trajectory.success and trajectory.info["tests"] == {"tests/test_calc.py::test_add": "FAILED"}

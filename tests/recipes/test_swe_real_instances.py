@@ -43,7 +43,10 @@ SOURCE = next(row for row in BUILTIN if row["instance_id"] == "minicalc__1")
 INSTANCE_ID = "orchard__minicalc-1"  # a repository this machine has no source for: its image is the one
 IMAGE = official.image_name(INSTANCE_ID)
 BUILD_PRODUCT = "build-stamp.txt"  # untracked in the image: part of the environment, never of a patch
-PROBE = "command -v python && python -c 'import pytest; print(pytest.__file__)' && pwd && git rev-parse HEAD"
+PROBE = (
+    "command -v python && python -c 'import pytest; print(pytest.__file__)' && pwd && git rev-parse HEAD 'HEAD^{tree}'"
+    " && git rev-list --all | wc -l"
+)
 
 
 def swebench_row() -> dict:
@@ -127,10 +130,15 @@ def test_gold_resolves_and_empty_does_not_in_the_image_named_by_convention(tmp_p
     assert gold.success and gold.info["harness"] == harness, gold.info.get("test_output_tail", gold.info)
     assert set(gold.info["tests"].values()) == {"PASSED"}
     assert patch_files(gold.info["patch"]) == patch_files(task.instance.patch)  # no build product in it
-    # the agent worked in the activated environment, in the image's repository at base
-    python, pytest_module, cwd, head = gold.steps[0].observation.split()
+    # the agent worked in the activated environment, in the image's repository at base: the
+    # base's tree as the one commit there is
+    python, pytest_module, cwd, head, tree, commits = gold.steps[0].observation.split()
     assert python == "/opt/miniconda3/envs/testbed/bin/python" and pytest_module.endswith("pytest/__init__.py")
-    assert (cwd, head) == ("/testbed", SOURCE["base_commit"])
+    make_repo.materialize(SOURCE["repo"], tmp_path / "base")
+    base_tree = subprocess.run(
+        ["git", "-C", str(tmp_path / "base"), "rev-parse", "HEAD^{tree}"], capture_output=True, text=True
+    ).stdout.strip()
+    assert (cwd, head, tree, commits) == ("/testbed", task.agent_base, base_tree, "1")
 
     (empty,) = anyio.run(rollout_on_docker, [task], swe.make_policy("empty"))
     assert (empty.status, empty.success) == ("finished", False), empty.error
