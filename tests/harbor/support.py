@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import http.server
+import os
+import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +27,8 @@ TEST_IMAGE = "orchard/python:test"  # `orchard-async images build orchard/python
 # The fixtures name public images; no registry is reachable, so local test images stand in.
 IMAGE_MAP = {"ubuntu:24.04": TEST_IMAGE, "python:3.12-slim": TEST_IMAGE}
 OPTIONS = {"image_map": IMAGE_MAP}
+PAYLOAD = b"allowlisted-payload"  # what payload_server answers
+FIXTURE_URL = "HARBOR_FIXTURE_URL"  # the server the network fixtures fetch from (their task.toml)
 
 
 class ScriptPolicy:
@@ -76,3 +84,57 @@ async def run_groups(tasks: list[Any], policy: Any, adapter: str) -> list[oa.Tra
 
 def run_sync(*args: Any, **kwargs: Any) -> dict[str, oa.Trajectory]:
     return anyio.run(lambda: run(*args, **kwargs))
+
+
+def main_address() -> str | None:
+    """This machine's own non-loopback IPv4 address (a UDP connect sends no packet)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.1", 9))
+        address = probe.getsockname()[0]
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return None if address.startswith("127.") else address
+
+
+@contextmanager
+def payload_server() -> Iterator[int]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(PAYLOAD)))
+            self.end_headers()
+            self.wfile.write(PAYLOAD)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def fixture_server() -> Iterator[str]:
+    """``payload_server`` on this machine's own address, named by HARBOR_FIXTURE_URL in this
+    process's environment while it runs: the no-network fixture must not reach it (its test
+    scores 0 without the variable: an unset URL proves nothing)."""
+    address = main_address()
+    assert address is not None, "this machine has no non-loopback address to serve from"
+    before = os.environ.get(FIXTURE_URL)
+    with payload_server() as port:
+        os.environ[FIXTURE_URL] = f"http://{address}:{port}/"
+        try:
+            yield os.environ[FIXTURE_URL]
+        finally:
+            if before is None:
+                os.environ.pop(FIXTURE_URL, None)
+            else:
+                os.environ[FIXTURE_URL] = before

@@ -3,12 +3,8 @@ reaches the allowlisted address and nothing else; setup and verification are off
 
 from __future__ import annotations
 
-import http.server
 import shutil
-import socket
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -16,10 +12,7 @@ from orchard_async import ConfigError
 from orchard_async.recipes import harbor
 from orchard_async.recipes.harbor import config as cfg
 from orchard_async.recipes.harbor.task import phase_networks
-from tests.harbor.support import NETWORK, load, ready, run_sync
-
-PAYLOAD = b"allowlisted-payload"
-
+from tests.harbor.support import NETWORK, TASKS, fixture_server, load, ready, run_sync
 
 
 def test_harbor_modes_become_the_engines_phase_networks():
@@ -37,50 +30,12 @@ def test_harbor_modes_become_the_engines_phase_networks():
         phase_networks(offline, cfg.Network("allowlist", ("*.example.com",)), offline)
 
 
-def main_address() -> str | None:
-    """This machine's own non-loopback IPv4 address (a UDP connect sends no packet)."""
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect(("192.0.2.1", 9))
-        address = probe.getsockname()[0]
-    except OSError:
-        return None
-    finally:
-        probe.close()
-    return None if address.startswith("127.") else address
-
-
-@contextmanager
-def payload_server() -> Iterator[int]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(PAYLOAD)))
-            self.end_headers()
-            self.wfile.write(PAYLOAD)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 @pytest.mark.soak
 @pytest.mark.parametrize("adapter", ["local", "docker", "kubernetes"])
-def test_allowlist_reaches_the_allowed_server_only(adapter, tmp_path, monkeypatch):
+def test_allowlist_reaches_the_allowed_server_only(adapter, tmp_path):
     ready(adapter)
-    address = main_address()
-    if address is None:
-        pytest.skip("this machine has no non-loopback address to serve from")
-    with payload_server() as port:
-        monkeypatch.setenv("HARBOR_FIXTURE_URL", f"http://{address}:{port}/")
+    with fixture_server() as url:
+        address = urlsplit(url).hostname
         for name, allowed in (("allowed", address), ("elsewhere", "192.0.2.1")):
             folder = tmp_path / name
             shutil.copytree(NETWORK / "allowlist", folder)
@@ -92,3 +47,19 @@ def test_allowlist_reaches_the_allowed_server_only(adapter, tmp_path, monkeypatc
     assert oracle["allowed"].reward == 1.0, oracle["allowed"].steps[0].observation[-500:]
     assert oracle["elsewhere"].reward == 0.0 and "urlopen" in oracle["elsewhere"].steps[0].observation
     assert empty["allowed"].reward == 0.0
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("adapter", ["local", "docker", "kubernetes"])
+def test_the_no_network_fixture_reaches_the_server_when_online(adapter, tmp_path):
+    """The control of the no-network fixture (tests/harbor/tasks/no-network): the same task
+    with its network public reaches the server its test runs against, so its oracle scores 0
+    there; offline, 1 (test_harbor_runs, test_harbor_provider)."""
+    ready(adapter)
+    with fixture_server():
+        online = tmp_path / "no-network-online"
+        shutil.copytree(TASKS / "no-network", online)
+        toml = online / "task.toml"
+        toml.write_text(toml.read_text().replace('network_mode = "no-network"', 'network_mode = "public"'))
+        trajectory = run_sync(load(tmp_path), harbor.make_policy("oracle"), adapter)["no-network-online"]
+    assert trajectory.reward == 0.0 and trajectory.end_reason == "submitted", trajectory.error

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from orchard_async.recipes import harbor
-from tests.harbor.support import BAD, ScriptPolicy, load, ready, run_groups, run_sync
+from tests.harbor.support import BAD, ScriptPolicy, fixture_server, load, ready, run_groups, run_sync
 
 SOLVED_EVERYWHERE = {
     "docker-image", "dockerfile-build", "env-health", "hello-legacy", "multi-step", "no-network", "reward-json",
@@ -21,10 +21,6 @@ SOLVED_EVERYWHERE = {
 # Tasks whose users the adapter cannot switch to: none (a task with users asks for
 # SandboxSpec.switch_users; a local sandbox has one unprivileged user, which every phase runs as).
 NEEDS_USER_SWITCH: dict[str, set[str]] = {"docker": set(), "local": set(), "kubernetes": set()}
-# Tasks whose test asks what the adapter's sandboxes do not show: a kubernetes pod keeps its
-# eth0 under no-network (egress is refused by the pod's packet filter, not by a missing
-# interface), and the no-network fixture's test wants loopback as the only interface.
-OTHERWISE_OFFLINE: dict[str, set[str]] = {"docker": set(), "local": set(), "kubernetes": {"no-network"}}
 
 PLANTED = "echo 1 > /logs/verifier/reward.txt; echo '{\"reward\": 1}' > /logs/verifier/reward.json"
 FORGED_TEST = "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n"
@@ -74,16 +70,14 @@ KUBERNETES = pytest.param("kubernetes", id="kubernetes", marks=pytest.mark.soak)
 @pytest.mark.parametrize("adapter", [*ADAPTERS, KUBERNETES])
 def test_oracle_solves_every_fixture_and_empty_none(adapter):
     ready(adapter)
-    tasks = load()
-    oracle = run_sync(tasks, harbor.make_policy("oracle"), adapter)
-    empty = run_sync(tasks, harbor.make_policy("empty"), adapter)
+    with fixture_server():  # what the no-network task must not reach (read as the tasks load)
+        tasks = load()
+        oracle = run_sync(tasks, harbor.make_policy("oracle"), adapter)
+        empty = run_sync(tasks, harbor.make_policy("empty"), adapter)
     unswitched = NEEDS_USER_SWITCH[adapter]
-    offline_otherwise = OTHERWISE_OFFLINE[adapter]
-    assert {t for t, traj in oracle.items() if traj.reward == 1.0 and traj.success} == (
-        SOLVED_EVERYWHERE - offline_otherwise
-    ) | ({"agent-user"} - unswitched)
-    for name in offline_otherwise:  # ran and was scored: only the interface check said no
-        assert oracle[name].end_reason == "submitted" and oracle[name].reward == 0.0, oracle[name].error
+    assert {t for t, traj in oracle.items() if traj.reward == 1.0 and traj.success} == SOLVED_EVERYWHERE | (
+        {"agent-user"} - unswitched
+    )
     for name in unswitched:
         assert oracle[name].end_reason == "task_error" and "cannot switch to it" in oracle[name].error
     assert all(traj.reward == 0.0 and not traj.success for traj in empty.values()), {
