@@ -30,6 +30,12 @@ correctly. What it keeps is only to save work, and is used only when it still ho
 * the recipe's conversation at each episode's last turn (``before`` of the next turn), used
   when the next turn's history is that turn's plus one step, the very same ``Step`` objects
   (a resumed, retried or forked episode's are not: its conversation is built again);
+* each episode's last prompt, as a compact ``array('i')`` (no object per token, nothing for
+  the garbage collector to walk), used when the next turn's last step holds the very
+  ``TurnTokens`` that prompt was made for: the next prompt is it plus that turn's sampled
+  tokens plus the observation's, instead of the segment's turns concatenated again. The
+  engine is given that array (a ``Sequence[int]``; the engines copy it into their request)
+  and it is never changed afterwards: each turn's prompt is a new array;
 * the template's delta rendered after a short fixed conversation (``BASE``) instead of the
   whole history: each turn renders only the observation's messages, not the episode. That
   holds when the template's text after an assistant turn depends on the new messages alone;
@@ -43,6 +49,7 @@ correctly. What it keeps is only to save work, and is used only when it still ho
 from __future__ import annotations
 
 import re
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -66,6 +73,9 @@ BASE: list[Message] = [{"role": "user", "content": "ORCHARD-BASE"}, {"role": "as
 # Episodes whose last conversation is kept (a dict entry each: the recipe's messages);
 # beyond that the oldest are dropped and built again if they come back.
 KEPT_CONVERSATIONS = 8192
+# Token ids of the episodes' last prompts kept (see the module's docstring; 4 bytes an id):
+# beyond that the least recently used are dropped and built again from the steps if needed.
+KEPT_PROMPT_IDS = 32 * 1024 * 1024
 # Observations of a kind whose short render is checked against the whole history: the first
 # DELTA_CHECKS, then every DELTA_CHECK_EVERY-th.
 DELTA_CHECKS = 3
@@ -84,6 +94,13 @@ def bash_reply(text: str) -> Action:
     if command == "submit":
         return Action(kind="submit", command=command, raw=text)
     return Action(command=command, raw=text)
+
+
+def _extend(ids: array[int], more: Sequence[int]) -> None:
+    if type(more) is list:
+        ids.fromlist(more)  # twice as fast as extend, which takes any iterable
+    else:
+        ids.extend(more)
 
 
 def _partial(observation: Observation, steps: Sequence[Step]) -> Trajectory:
@@ -129,6 +146,9 @@ class TokenPolicy:
         self.name = f"tokens:{engine.name}"
         # episode -> (the steps its conversation was built from, their last Step, the conversation)
         self._conversations: OrderedDict[str, tuple[int, Step | None, list[Message]]] = OrderedDict()
+        # episode -> (its last turn's record, the prompt sampled from at that turn); ids summed in _prompt_ids
+        self._prompts: OrderedDict[str, tuple[TurnTokens, array[int]]] = OrderedDict()
+        self._prompt_ids = 0
         # the roles of an observation's messages -> whether BASE gives the whole history's delta
         # (False for good once a check finds it does not), and how many of them came
         self._local_delta: dict[tuple[str, ...], bool] = {}
@@ -216,33 +236,81 @@ class TokenPolicy:
         if len(self._conversations) > KEPT_CONVERSATIONS:
             self._conversations.popitem(last=False)
 
-    def next_prompt(self, observation: Observation) -> tuple[TurnTokens, list[int]]:
+    def next_prompt(self, observation: Observation) -> tuple[TurnTokens, array[int]]:
         """This turn's record (its segment and the tokens added before it) and the whole
         prompt to sample from."""
         history = observation.history
         now = self.messages_of(_partial(observation, history))
         before = self._conversation(observation, len(history) - 1) if history else []
         self._keep(observation, now)
-        turns = [step.action.tokens for step in history]
-        if history and all(turn is not None for turn in turns):
-            last = turns[-1]
+        last = history[-1].action.tokens if history else None
+        context = self._segment_so_far(observation.episode_id, history, last)
+        if context is not None:
             assert last is not None
-            segment = [turn for turn in turns if turn is not None and turn.segment == last.segment]
-            context: list[int] = []
-            for turn in segment:  # list extends, not a loop per token: this runs every turn
-                context += turn.prompt_ids
-                context += turn.token_ids
             added = self._added(before, now, history[-1])
             if added is not None:
                 delta = self.observation_ids(before, added, last.token_ids)
                 if delta is not None:
-                    context += delta  # the list built for this turn: no second copy
-                    return TurnTokens(segment=last.segment, prompt_ids=delta), context
+                    context.fromlist(delta)  # a new array, built for this turn
+                    return self._keep_prompt(observation, TurnTokens(segment=last.segment, prompt_ids=delta), context)
             segment_index = last.segment + 1
         else:
+            turns = (step.action.tokens for step in history)
             segment_index = max((turn.segment + 1 for turn in turns if turn is not None), default=0)
         prompt = self.encode(self.render(now, generation_prompt=True))
-        return TurnTokens(segment=segment_index, prompt_ids=prompt), prompt
+        # a turn after a step without tokens is kept too, but never continued: the next turn
+        # starts a new segment again while that step is in the history (see _segment_so_far)
+        reusable = context is not None or not history
+        record = TurnTokens(segment=segment_index, prompt_ids=prompt)
+        context = array("i")
+        context.fromlist(prompt)
+        return self._keep_prompt(observation, record, context, reusable=reusable)
+
+    def _segment_so_far(self, episode_id: str, history: Sequence[Step], last: TurnTokens | None) -> array[int] | None:
+        """The last turn's segment as a new array (its prompts and sampled tokens, up to the
+        tokens this turn adds), or None when this turn cannot continue it: no history, or a
+        step without tokens (a step this policy did not sample) anywhere in it."""
+        if last is None:
+            return None
+        kept = self._prompts.get(episode_id)
+        if kept is not None and kept[0] is last:  # the prompt ``last`` was sampled from: every turn had tokens
+            context = kept[1][:]  # a copy (one memcpy): the kept prompt went to the engine as it is
+            _extend(context, last.token_ids)
+            return context
+        turns = [step.action.tokens for step in history]
+        if any(turn is None for turn in turns):
+            return None
+        context = array("i")
+        for turn in turns:
+            if turn is not None and turn.segment == last.segment:
+                _extend(context, turn.prompt_ids)
+                _extend(context, turn.token_ids)
+        return context
+
+    def _keep_prompt(
+        self, observation: Observation, record: TurnTokens, prompt: array[int], *, reusable: bool = True
+    ) -> tuple[TurnTokens, array[int]]:
+        episode_id = observation.episode_id
+        old = self._prompts.pop(episode_id, None)
+        if old is not None:
+            self._prompt_ids -= len(old[1])
+        if not reusable:
+            return record, prompt
+        self._prompts[episode_id] = (record, prompt)
+        self._prompt_ids += len(prompt)
+        while (self._prompt_ids > KEPT_PROMPT_IDS or len(self._prompts) > KEPT_CONVERSATIONS) and len(
+            self._prompts
+        ) > 1:
+            _, (_, dropped) = self._prompts.popitem(last=False)
+            self._prompt_ids -= len(dropped)
+        return record, prompt
+
+    def _forget(self, episode_id: str) -> None:
+        """The episode ends: what was kept to save its next turn's work is not needed again."""
+        self._conversations.pop(episode_id, None)
+        kept = self._prompts.pop(episode_id, None)
+        if kept is not None:
+            self._prompt_ids -= len(kept[1])
 
     @staticmethod
     def _added(before: list[Message], now: list[Message], step: Step) -> list[Message] | None:
@@ -274,8 +342,8 @@ class TokenPolicy:
         generation = await self.engine.generate(prompt, self.sampling)
         text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
         action = self.parse_reply(text)
-        if action.kind == "submit":  # the episode ends: its conversation is not needed again
-            self._conversations.pop(observation.episode_id, None)
+        if action.kind == "submit":
+            self._forget(observation.episode_id)
         action.raw = text
         record.token_ids = generation.token_ids
         record.logprobs = generation.logprobs
