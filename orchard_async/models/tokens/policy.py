@@ -169,7 +169,7 @@ class TokenPolicy:
         """The tokens that follow a reply sampled after ``before`` when the recipe adds
         ``added`` (its observation messages), or None when the template's text is not an
         extension (the turn then starts a new segment)."""
-        kind = tuple(str(message.get("role")) for message in added)
+        kind = tuple([str(message.get("role")) for message in added])  # a list first: faster than a generator
         local = self._local_delta.get(kind, True)
         seen = self._delta_seen[kind] = self._delta_seen.get(kind, 0) + 1
         if local and (seen <= DELTA_CHECKS or seen % DELTA_CHECK_EVERY == 0):
@@ -183,11 +183,13 @@ class TokenPolicy:
             return None
         end_of_turn, text = delta
         # what of the template's end of turn the sampler produced itself (its end token)
-        produced = next(
-            (k for k in range(len(end_of_turn), 0, -1) if sampled[-k:] == end_of_turn[:k]),
-            0,
-        )
-        return end_of_turn[produced:] + self.encode(text)
+        produced = 0
+        for k in range(min(len(end_of_turn), len(sampled)), 0, -1):  # a longer k cannot match
+            if sampled[-k:] == end_of_turn[:k]:
+                produced = k
+                break
+        ids = self.encode(text)
+        return end_of_turn[produced:] + ids if produced < len(end_of_turn) else ids
 
     def _whole_delta(self, before: list[Message], added: list[Message]) -> tuple[list[int], str] | None:
         """(the template's end of an assistant turn, the text it adds for ``added``), rendered
