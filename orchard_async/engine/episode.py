@@ -21,7 +21,7 @@ import anyio.lowlevel
 from orchard_async.engine.control import RolloutControl
 from orchard_async.engine.groups import Fork, GroupSetups, SharedSetup
 from orchard_async.engine.phases import enter_phase
-from orchard_async.engine.plan import Episode, agent_spec, forked_spec, scorer_spec
+from orchard_async.engine.plan import Episode, agent_spec, forked_spec, graded_apart, scorer_spec
 from orchard_async.engine.pool import Pool
 from orchard_async.engine.recording import RecordingSandbox
 from orchard_async.errors import ConfigError, ContextExhausted, InfraError, SandboxLost, VerifierError
@@ -286,7 +286,7 @@ async def score(
     ``GradedApart`` task's submission is read, the agent's sandbox closed (``close_agent``)
     and the grade given in a fresh sandbox of ``spec``'s scorer role from ``pool``. Raises
     VerifierError when there is no verdict to give (retried like any InfraError)."""
-    if isinstance(task, GradedApart):
+    if graded_apart(task):
         return await _grade_apart(task, sandbox, pool, spec, close_agent)
     await enter_phase(task, "scoring", sandbox.inner, sandbox.ops, sandbox.t0)
     return await _evaluate(task, sandbox)

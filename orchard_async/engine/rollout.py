@@ -117,16 +117,19 @@ async def run_controlled(
     episode: Episode,
     policy: Policy,
     pool: Pool,
-    control: RolloutControl,
     *,
     run_id: str,
     max_retries: int,
     retry_backoff: float = RETRY_BACKOFF,
     groups: GroupSetups | None = None,
+    control: RolloutControl | None = None,
 ) -> Trajectory:
-    """``run_with_retries`` under a trainer's control: it starts only when the rollout is
-    not paused, and an abort cancels it wherever it is (its sandboxes are closed on the way
-    out, shielded) and records it as ``aborted``, whatever it had done."""
+    """``run_with_retries`` under a trainer's control (the same arguments; ``control`` is
+    required): it starts only when the rollout is not paused, and an abort cancels it
+    wherever it is (its sandboxes are closed on the way out, shielded) and records it as
+    ``aborted``, whatever it had done."""
+    if control is None:
+        raise TypeError("run_controlled needs a control (run_with_retries runs an episode without one)")
     await control.until_resumed()
     started_at = time.time()
     trajectory = None
@@ -189,6 +192,9 @@ async def rollout(
     send, receive = anyio.create_memory_object_stream[Trajectory](max_buffer_size=concurrency)
     ordered = leaders_ahead(pool.adapter, episodes, concurrency)  # forked groups' bases set up early
 
+    # one signature, chosen once: no extra frame on the uncontrolled path's every resume
+    run_episode = run_with_retries if control is None else run_controlled
+
     async def worker(groups: GroupSetups | None) -> None:
         while True:
             episode = next(pending, None)  # shared iterator: each episode goes to exactly one worker
@@ -196,27 +202,16 @@ async def rollout(
                 episode = await control.next_grown()  # a group the trainer grew
             if episode is None:
                 return
-            if control is None:
-                trajectory = await run_with_retries(
-                    episode,
-                    policy,
-                    pool,
-                    run_id=run_id,
-                    max_retries=max_retries,
-                    retry_backoff=retry_backoff,
-                    groups=groups,
-                )
-            else:
-                trajectory = await run_controlled(
-                    episode,
-                    policy,
-                    pool,
-                    control,
-                    run_id=run_id,
-                    max_retries=max_retries,
-                    retry_backoff=retry_backoff,
-                    groups=groups,
-                )
+            trajectory = await run_episode(
+                episode,
+                policy,
+                pool,
+                run_id=run_id,
+                max_retries=max_retries,
+                retry_backoff=retry_backoff,
+                groups=groups,
+                control=control,
+            )
             if groups is not None:
                 await groups.finish(episode)
             await send.send(trajectory)

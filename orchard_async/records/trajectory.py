@@ -138,7 +138,10 @@ _INFRA_ERROR_ENDS: tuple[tuple[type[InfraError], EndReason], ...] = (
 _INFRA_ENDS = frozenset({reason for _, reason in _INFRA_ERROR_ENDS} | {EndReason.INFRA_ERROR, EndReason.ABORTED})
 
 
-class TurnTokens(msgspec.Struct, kw_only=True, omit_defaults=True):
+# The per-step records (TurnTokens, Action, Step, Op) are gc=False: plain data that never
+# refers back to itself, so the cycle collector need not track them. A rollout holds
+# thousands at once and the collector's full passes walked every one of them.
+class TurnTokens(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """The tokens of one model turn of a token-in/token-out policy (``--policy tokens``), as
     plain arrays (no object per token).
 
@@ -157,7 +160,7 @@ class TurnTokens(msgspec.Struct, kw_only=True, omit_defaults=True):
     weight_version: str = ""  # the policy weights that sampled this turn, as the engine names them
 
 
-class Action(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Action(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """What a policy wants done next."""
 
     kind: Literal["exec", "submit", "invalid"] = "exec"
@@ -168,7 +171,7 @@ class Action(msgspec.Struct, kw_only=True, omit_defaults=True):
     tokens: TurnTokens | None = None  # token-in/token-out policies: the turn's ids and logprobs
 
 
-class Step(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Step(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     index: int
     action: Action
     observation: str = ""
@@ -181,7 +184,7 @@ class Step(msgspec.Struct, kw_only=True, omit_defaults=True):
     weight_version: str = ""  # the policy weights in force when this turn began (engine.control)
 
 
-class Op(msgspec.Struct, array_like=True):
+class Op(msgspec.Struct, array_like=True, gc=False):
     """One sandbox operation: name, start (seconds since the episode began), duration, outcome."""
 
     name: str

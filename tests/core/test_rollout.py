@@ -364,3 +364,38 @@ async def test_the_pool_reads_create_concurrency_from_the_adapter() -> None:
     assert adapter.peak == 3  # the pool (the only gate: GatedSim gates nothing) held the adapter's bound
     with pytest.raises(oa.ConfigError, match="max_creating"):
         oa.Pool(adapter, max_creating=0)
+
+
+def test_graded_apart_answers_as_isinstance_does() -> None:
+    """The engine's GradedApart check (3.11's isinstance on a Protocol is slow) gives
+    isinstance's answer for every shape a task comes in."""
+    from types import SimpleNamespace
+
+    from orchard_async.engine.plan import graded_apart
+    from orchard_async.protocols import GradedApart
+
+    async def method(*_: object) -> None:
+        return None
+
+    class Apart:
+        submission = grade = method
+
+    class Registered:
+        pass
+
+    GradedApart.register(Registered)
+    shaded = Apart()
+    shaded.grade = None  # type: ignore[method-assign]  # its class still is one
+    shapes = [
+        Apart(),
+        shaded,
+        Registered(),
+        SimpleNamespace(submission=method, grade=method),
+        SimpleNamespace(submission=method, grade=None),
+        SimpleNamespace(submission=method),
+        SimpleNamespace(),
+        object(),
+    ]
+    answers = [graded_apart(shape) for shape in shapes]
+    assert answers == [isinstance(shape, GradedApart) for shape in shapes]
+    assert answers[0] and not answers[-1] and answers != [answers[0]] * len(answers)

@@ -93,3 +93,48 @@ async def test_the_kept_conversation_is_only_for_the_same_steps() -> None:
     )
     assert engine.calls[-1][0] == tokenizer(whole)["input_ids"]
     assert action.tokens.segment == 0  # continued from other's own tokens: its conversation was built again
+
+
+async def test_the_kept_prompt_is_the_one_the_steps_give() -> None:
+    """The prompt kept from an episode's last turn (an array, extended by the next turn) is,
+    id for id, what the steps' own records give: the same turns played by a policy that keeps
+    nothing between turns (a new one each turn) and by one fed the steps decoded from their
+    record (new objects: nothing kept applies) send the engine the same prompts."""
+    import msgspec
+
+    tokenizer = CharTokenizer()
+    kept_by, engine, steps = await play(tokenizer, turns=6)
+    kept = [list(call[0]) for call in engine.calls]
+    assert kept_by._prompts["ep"][0] is steps[-1].action.tokens  # turns 2-6 were built on the kept prompt
+    fresh_engine = FakeTokenEngine(tokenizer, lambda prompt, turn: f"```bash\necho {turn}\n```")
+    fresh: list[Step] = []
+    for index in range(6):
+        policy = TokenPolicy(fresh_engine, tokenizer, messages_of, parse_reply=bash_reply)
+        action = await policy.act(Observation("ep", Task(), "count", index, list(fresh), 60.0))
+        fresh.append(Step(index=index, action=action, observation=f"{index}\n" * index))
+    assert [list(call[0]) for call in fresh_engine.calls] == kept
+    decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(steps), type=list[Step])
+    policy, engine, _ = await play(tokenizer, turns=6)
+    await policy.act(Observation("ep", Task(), "count", 6, decoded, 60.0))
+    await policy.act(Observation("ep", Task(), "count", 6, steps, 60.0))
+    assert list(engine.calls[-1][0]) == list(engine.calls[-2][0])
+    assert policy._prompt_ids == sum(len(prompt) for _, prompt in policy._prompts.values())
+
+
+async def test_after_a_step_without_tokens_every_turn_starts_a_segment() -> None:
+    """A step the policy did not sample (no tokens: an automatic action, another policy's)
+    cannot be continued token for token; while it is in the history, each turn's prompt is
+    the whole conversation rendered afresh, a segment of its own, kept prompt or not."""
+    from orchard_async.records.trajectory import Action
+
+    tokenizer = CharTokenizer()
+    policy, engine, steps = await play(tokenizer, turns=2)
+    steps.append(Step(index=2, action=Action(command="echo 2", raw="```bash\necho 2\n```"), observation="2\n"))
+    for index in range(3, 6):
+        action = await policy.act(Observation("ep", Task(), "count", index, list(steps), 60.0))
+        whole = tokenizer.apply_chat_template(
+            messages_of(Trajectory(**TRAJECTORY, steps=list(steps))), tokenize=False, add_generation_prompt=True
+        )
+        assert list(engine.calls[-1][0]) == tokenizer(whole)["input_ids"] == action.tokens.prompt_ids
+        steps.append(Step(index=index, action=action, observation=f"{index}\n"))
+    assert [step.action.tokens.segment for step in steps if step.action.tokens] == [0, 0, 1, 2, 3]

@@ -67,7 +67,10 @@ class GenerationAborted(ModelUnavailable):
 @runtime_checkable
 class TokenEngine(Protocol):
     """Samples a continuation of ``input_ids``. ``weight_version`` is the version of the
-    weights it serves as far as it knows (the server's own word, when it says)."""
+    weights it serves as far as it knows (the server's own word, when it says).
+
+    ``input_ids`` is any sequence of ints (the token policy passes a compact ``array('i')``,
+    not a list): an engine that keeps it past the call copies it (``list(input_ids)``)."""
 
     name: str
     weight_version: str

@@ -30,6 +30,12 @@ correctly. What it keeps is only to save work, and is used only when it still ho
 * the recipe's conversation at each episode's last turn (``before`` of the next turn), used
   when the next turn's history is that turn's plus one step, the very same ``Step`` objects
   (a resumed, retried or forked episode's are not: its conversation is built again);
+* each episode's last prompt, as a compact ``array('i')`` (no object per token, nothing for
+  the garbage collector to walk), used when the next turn's last step holds the very
+  ``TurnTokens`` that prompt was made for: the next prompt is it plus that turn's sampled
+  tokens plus the observation's, instead of the segment's turns concatenated again. The
+  engine is given that array (a ``Sequence[int]``; the engines copy it into their request)
+  and it is never changed afterwards: each turn's prompt is a new array;
 * the template's delta rendered after a short fixed conversation (``BASE``) instead of the
   whole history: each turn renders only the observation's messages, not the episode. That
   holds when the template's text after an assistant turn depends on the new messages alone;
@@ -43,6 +49,7 @@ correctly. What it keeps is only to save work, and is used only when it still ho
 from __future__ import annotations
 
 import re
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -66,6 +73,9 @@ BASE: list[Message] = [{"role": "user", "content": "ORCHARD-BASE"}, {"role": "as
 # Episodes whose last conversation is kept (a dict entry each: the recipe's messages);
 # beyond that the oldest are dropped and built again if they come back.
 KEPT_CONVERSATIONS = 8192
+# Token ids of the episodes' last prompts kept (see the module's docstring; 4 bytes an id):
+# beyond that the least recently used are dropped and built again from the steps if needed.
+KEPT_PROMPT_IDS = 32 * 1024 * 1024
 # Observations of a kind whose short render is checked against the whole history: the first
 # DELTA_CHECKS, then every DELTA_CHECK_EVERY-th.
 DELTA_CHECKS = 3
@@ -86,6 +96,13 @@ def bash_reply(text: str) -> Action:
     return Action(command=command, raw=text)
 
 
+def _extend(ids: array[int], more: Sequence[int]) -> None:
+    if type(more) is list:
+        ids.fromlist(more)  # twice as fast as extend, which takes any iterable
+    else:
+        ids.extend(more)
+
+
 def _partial(observation: Observation, steps: Sequence[Step]) -> Trajectory:
     """The episode so far, as the recipe's chat builder reads a trajectory."""
     return Trajectory(
@@ -101,6 +118,87 @@ def _partial(observation: Observation, steps: Sequence[Step]) -> Trajectory:
         instruction=observation.instruction,
         steps=list(steps),
     )
+
+
+# transformers' own classes of a tokenizer over a Rust ``tokenizers.Tokenizer`` (5.x, 4.x)
+_FAST_BASES = ("transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast")
+# what a call of the tokenizer or its decode goes through: a class that changes any of them
+# is called as it is, never around
+_CALL_PATH = (
+    "__call__", "_call_one", "encode_plus", "_encode_plus", "_batch_encode_plus",
+    "decode", "_decode", "_switch_to_input_mode",
+)  # fmt: skip
+# Calls checked against the tokenizer's own before the Rust tokenizer is trusted alone, then
+# one in RUST_CHECK_EVERY.
+RUST_CHECKS = 8
+RUST_CHECK_EVERY = 64
+
+
+class RustTokenizer:
+    """The ``tokenizers.Tokenizer`` under a transformers fast tokenizer, called directly.
+
+    ``tokenizer(text, add_special_tokens=False)`` and ``tokenizer.decode(ids,
+    skip_special_tokens=True)`` are the Rust tokenizer's ``encode``/``decode`` wrapped in 40-70
+    us of Python per call (on this machine: 73 against 37 us to encode an observation, 13
+    against 5 us to decode a reply), a cost every turn pays. The wrapper adds nothing to
+    these two calls when its class changes none of them, it neither splits special tokens nor
+    cleans up spaces, and the Rust tokenizer is set to neither truncate nor pad (checked on
+    every call: anyone holding the tokenizer may change that); even so the first
+    ``RUST_CHECKS`` calls of each, and one in ``RUST_CHECK_EVERY`` after, are made both ways and
+    must agree, or the wrapper is called from then on."""
+
+    def __init__(self, tokenizer: Any, backend: Any):
+        self.tokenizer = tokenizer
+        self.backend = backend
+        self.trusted = True
+        self._calls = {"encode": 0, "decode": 0}
+
+    @classmethod
+    def under(cls, tokenizer: Any) -> RustTokenizer | None:
+        """The Rust tokenizer of ``tokenizer``, when it may be called around it; else None."""
+        kind = type(tokenizer)
+        base = next((c for c in kind.__mro__ if c.__module__ in _FAST_BASES), None)
+        backend = getattr(tokenizer, "_tokenizer", None)
+        if base is None or type(backend).__module__.split(".")[0] != "tokenizers":
+            return None
+        if any(getattr(kind, name, None) is not getattr(base, name, None) for name in _CALL_PATH):
+            return None
+        if getattr(tokenizer, "split_special_tokens", False) or getattr(
+            tokenizer, "clean_up_tokenization_spaces", True
+        ):
+            return None
+        return cls(tokenizer, backend)
+
+    def usable(self) -> bool:
+        backend = self.backend
+        return (
+            self.trusted
+            and backend.truncation is None
+            and backend.padding is None
+            and not getattr(backend, "encode_special_tokens", False)
+        )
+
+    def _check(self, call: str) -> bool:
+        calls = self._calls[call] = self._calls[call] + 1
+        return calls <= RUST_CHECKS or calls % RUST_CHECK_EVERY == 0
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self.backend.encode(text, add_special_tokens=False).ids
+        if self._check("encode"):
+            own = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            if own != ids:
+                self.trusted = False
+                return own
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        text: str = self.backend.decode(ids, skip_special_tokens=True)
+        if self._check("decode"):
+            own = str(self.tokenizer.decode(ids, skip_special_tokens=True))
+            if own != text:
+                self.trusted = False
+                return own
+        return text
 
 
 class TokenPolicy:
@@ -129,12 +227,16 @@ class TokenPolicy:
         self.name = f"tokens:{engine.name}"
         # episode -> (the steps its conversation was built from, their last Step, the conversation)
         self._conversations: OrderedDict[str, tuple[int, Step | None, list[Message]]] = OrderedDict()
+        # episode -> (its last turn's record, the prompt sampled from at that turn); ids summed in _prompt_ids
+        self._prompts: OrderedDict[str, tuple[TurnTokens, array[int]]] = OrderedDict()
+        self._prompt_ids = 0
         # the roles of an observation's messages -> whether BASE gives the whole history's delta
         # (False for good once a check finds it does not), and how many of them came
         self._local_delta: dict[tuple[str, ...], bool] = {}
         self._delta_seen: dict[tuple[str, ...], int] = {}
         self._base: tuple[str, list[int]] | None = None  # (BASE's text, its end of turn); None: unusable
         self._base_rendered = False
+        self._rust = RustTokenizer.under(tokenizer)
 
     # -- rendering ---------------------------------------------------------------------------
 
@@ -143,13 +245,22 @@ class TokenPolicy:
         return str(text)
 
     def encode(self, text: str) -> list[int]:
+        rust = self._rust
+        if rust is not None and rust.usable():
+            return rust.encode(text)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        rust = self._rust
+        if rust is not None and rust.usable():
+            return rust.decode(ids)
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def observation_ids(self, before: list[Message], added: list[Message], sampled: list[int]) -> list[int] | None:
         """The tokens that follow a reply sampled after ``before`` when the recipe adds
         ``added`` (its observation messages), or None when the template's text is not an
         extension (the turn then starts a new segment)."""
-        kind = tuple(str(message.get("role")) for message in added)
+        kind = tuple([str(message.get("role")) for message in added])  # a list first: faster than a generator
         local = self._local_delta.get(kind, True)
         seen = self._delta_seen[kind] = self._delta_seen.get(kind, 0) + 1
         if local and (seen <= DELTA_CHECKS or seen % DELTA_CHECK_EVERY == 0):
@@ -163,11 +274,13 @@ class TokenPolicy:
             return None
         end_of_turn, text = delta
         # what of the template's end of turn the sampler produced itself (its end token)
-        produced = next(
-            (k for k in range(len(end_of_turn), 0, -1) if sampled[-k:] == end_of_turn[:k]),
-            0,
-        )
-        return end_of_turn[produced:] + self.encode(text)
+        produced = 0
+        for k in range(min(len(end_of_turn), len(sampled)), 0, -1):  # a longer k cannot match
+            if sampled[-k:] == end_of_turn[:k]:
+                produced = k
+                break
+        ids = self.encode(text)
+        return end_of_turn[produced:] + ids if produced < len(end_of_turn) else ids
 
     def _whole_delta(self, before: list[Message], added: list[Message]) -> tuple[list[int], str] | None:
         """(the template's end of an assistant turn, the text it adds for ``added``), rendered
@@ -216,33 +329,81 @@ class TokenPolicy:
         if len(self._conversations) > KEPT_CONVERSATIONS:
             self._conversations.popitem(last=False)
 
-    def next_prompt(self, observation: Observation) -> tuple[TurnTokens, list[int]]:
+    def next_prompt(self, observation: Observation) -> tuple[TurnTokens, array[int]]:
         """This turn's record (its segment and the tokens added before it) and the whole
         prompt to sample from."""
         history = observation.history
         now = self.messages_of(_partial(observation, history))
         before = self._conversation(observation, len(history) - 1) if history else []
         self._keep(observation, now)
-        turns = [step.action.tokens for step in history]
-        if history and all(turn is not None for turn in turns):
-            last = turns[-1]
+        last = history[-1].action.tokens if history else None
+        context = self._segment_so_far(observation.episode_id, history, last)
+        if context is not None:
             assert last is not None
-            segment = [turn for turn in turns if turn is not None and turn.segment == last.segment]
-            context: list[int] = []
-            for turn in segment:  # list extends, not a loop per token: this runs every turn
-                context += turn.prompt_ids
-                context += turn.token_ids
             added = self._added(before, now, history[-1])
             if added is not None:
                 delta = self.observation_ids(before, added, last.token_ids)
                 if delta is not None:
-                    context += delta  # the list built for this turn: no second copy
-                    return TurnTokens(segment=last.segment, prompt_ids=delta), context
+                    context.fromlist(delta)  # a new array, built for this turn
+                    return self._keep_prompt(observation, TurnTokens(segment=last.segment, prompt_ids=delta), context)
             segment_index = last.segment + 1
         else:
+            turns = (step.action.tokens for step in history)
             segment_index = max((turn.segment + 1 for turn in turns if turn is not None), default=0)
         prompt = self.encode(self.render(now, generation_prompt=True))
-        return TurnTokens(segment=segment_index, prompt_ids=prompt), prompt
+        # a turn after a step without tokens is kept too, but never continued: the next turn
+        # starts a new segment again while that step is in the history (see _segment_so_far)
+        reusable = context is not None or not history
+        record = TurnTokens(segment=segment_index, prompt_ids=prompt)
+        context = array("i")
+        context.fromlist(prompt)
+        return self._keep_prompt(observation, record, context, reusable=reusable)
+
+    def _segment_so_far(self, episode_id: str, history: Sequence[Step], last: TurnTokens | None) -> array[int] | None:
+        """The last turn's segment as a new array (its prompts and sampled tokens, up to the
+        tokens this turn adds), or None when this turn cannot continue it: no history, or a
+        step without tokens (a step this policy did not sample) anywhere in it."""
+        if last is None:
+            return None
+        kept = self._prompts.get(episode_id)
+        if kept is not None and kept[0] is last:  # the prompt ``last`` was sampled from: every turn had tokens
+            context = kept[1][:]  # a copy (one memcpy): the kept prompt went to the engine as it is
+            _extend(context, last.token_ids)
+            return context
+        turns = [step.action.tokens for step in history]
+        if any(turn is None for turn in turns):
+            return None
+        context = array("i")
+        for turn in turns:
+            if turn is not None and turn.segment == last.segment:
+                _extend(context, turn.prompt_ids)
+                _extend(context, turn.token_ids)
+        return context
+
+    def _keep_prompt(
+        self, observation: Observation, record: TurnTokens, prompt: array[int], *, reusable: bool = True
+    ) -> tuple[TurnTokens, array[int]]:
+        episode_id = observation.episode_id
+        old = self._prompts.pop(episode_id, None)
+        if old is not None:
+            self._prompt_ids -= len(old[1])
+        if not reusable:
+            return record, prompt
+        self._prompts[episode_id] = (record, prompt)
+        self._prompt_ids += len(prompt)
+        while (self._prompt_ids > KEPT_PROMPT_IDS or len(self._prompts) > KEPT_CONVERSATIONS) and len(
+            self._prompts
+        ) > 1:
+            _, (_, dropped) = self._prompts.popitem(last=False)
+            self._prompt_ids -= len(dropped)
+        return record, prompt
+
+    def _forget(self, episode_id: str) -> None:
+        """The episode ends: what was kept to save its next turn's work is not needed again."""
+        self._conversations.pop(episode_id, None)
+        kept = self._prompts.pop(episode_id, None)
+        if kept is not None:
+            self._prompt_ids -= len(kept[1])
 
     @staticmethod
     def _added(before: list[Message], now: list[Message], step: Step) -> list[Message] | None:
@@ -272,10 +433,10 @@ class TokenPolicy:
                 return Action(kind="submit", error=f"token budget spent ({spent} of {self.token_budget} tokens)")
         record, prompt = self.next_prompt(observation)
         generation = await self.engine.generate(prompt, self.sampling)
-        text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        text = self.decode(generation.token_ids)
         action = self.parse_reply(text)
-        if action.kind == "submit":  # the episode ends: its conversation is not needed again
-            self._conversations.pop(observation.episode_id, None)
+        if action.kind == "submit":
+            self._forget(observation.episode_id)
         action.raw = text
         record.token_ids = generation.token_ids
         record.logprobs = generation.logprobs
