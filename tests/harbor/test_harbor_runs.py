@@ -77,7 +77,7 @@ def test_oracle_solves_every_fixture_and_empty_none(adapter):
     unswitched = NEEDS_USER_SWITCH[adapter]
     assert {t for t, traj in oracle.items() if traj.reward == 1.0 and traj.success} == SOLVED_EVERYWHERE | (
         {"agent-user"} - unswitched
-    )
+    ), {t: (traj.reward, traj.end_reason, traj.error, traj.info) for t, traj in oracle.items() if traj.reward != 1.0}
     for name in unswitched:
         assert oracle[name].end_reason == "task_error" and "cannot switch to it" in oracle[name].error
     assert all(traj.reward == 0.0 and not traj.success for traj in empty.values()), {
