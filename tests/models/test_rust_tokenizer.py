@@ -8,9 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from orchard_async.models.tokens import policy as token_policy_module
+from orchard_async.models.tokens import rust as rust_module
 from orchard_async.models.tokens.local import load_tokenizer
-from orchard_async.models.tokens.policy import RustTokenizer, TokenPolicy, bash_reply
+from orchard_async.models.tokens.policy import TokenPolicy, bash_reply
+from orchard_async.models.tokens.rust import RustTokenizer
 from tests.models.token_support import FakeTokenEngine
 
 TEXTS = [
@@ -29,7 +30,7 @@ def test_the_rust_tokenizer_gives_the_tokenizers_own_ids_and_text(tiny_model: Pa
     tokenizer = load_tokenizer(tiny_model)
     policy = policy_of(tokenizer)
     assert policy._rust is not None  # the tests' tokenizer is one it may call around
-    for _ in range(token_policy_module.RUST_CHECKS + 2):  # past the checked calls: the Rust tokenizer alone
+    for _ in range(rust_module.RUST_CHECKS + 2):  # past the checked calls: the Rust tokenizer alone
         for text in TEXTS:
             ids = policy.encode(text)
             assert ids == tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -42,7 +43,7 @@ def test_a_rust_tokenizer_set_to_truncate_is_not_called_around(tiny_model: Path)
     policy = policy_of(tokenizer)
     for text in TEXTS:  # past the checked calls
         policy.encode(text)
-    for _ in range(token_policy_module.RUST_CHECKS):
+    for _ in range(rust_module.RUST_CHECKS):
         policy.encode(TEXTS[0])
     tokenizer.backend_tokenizer.enable_truncation(max_length=3)
     assert not policy._rust.usable()
