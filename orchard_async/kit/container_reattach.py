@@ -51,21 +51,25 @@ ADOPTABLE_WRAPPER = f"""
 }} | {{ sh -s; [ -e {ORPHANED} ] || kill -KILL -1; }}
 """
 
-# An orphaned session's end: every process but init, the timer (and its sleep) and this one is
-# stopped (twice: a process forking while the first pass ran is caught by the second), then
-# killed; only builtins, so a full pids limit cannot stop it. Then it waits the grace: if a
-# new shell wrote its pid meanwhile, the sandbox is adopted and this ends; else the sandbox
-# ends. With no timer on record (not started in reattach mode) it ends the sandbox at once.
+# An orphaned session's end: every process of this container (its cgroup: a kubernetes pod's
+# other containers, such as the egress filter, share its PID namespace) but init, the timer
+# (and its sleep) and this one is stopped (twice: a process forking while the first pass ran
+# is caught by the second), then killed; only builtins, so a full pids limit cannot stop it.
+# Then it waits the grace: if a new shell wrote its pid meanwhile, the sandbox is adopted and
+# this ends; else the sandbox ends. With no timer on record (not started in reattach mode) it ends the sandbox at once.
 # $1 TIMER_PID, $2 SHELL_PID, $3 ORPHANED, $4 the grace.
 ORPHAN = """
 _o_tf=$1; _o_sf=$2; _o_of=$3; _o_grace=$4
 read -r _o_me _o_x </proc/self/stat
 read -r _o_t <"$_o_tf" 2>/dev/null || kill -KILL -1
 read -r _o_old <"$_o_sf" 2>/dev/null
+_o_cgroup() { _o_g=; while read -r _o_l; do _o_g="$_o_g$_o_l;"; done <"$1"; }  # every line: one a hierarchy on v1
+_o_cgroup /proc/self/cgroup; _o_own=$_o_g
 _o_all() {
   for _o_d in /proc/[0-9]*; do
     _o_p=${_o_d#/proc/}
     case $_o_p in 1|"$_o_me"|"$_o_t") continue ;; esac
+    _o_cgroup "$_o_d/cgroup" 2>/dev/null && [ "$_o_g" = "$_o_own" ] || continue
     read -r _o_s <"$_o_d/stat" 2>/dev/null || continue
     set -- ${_o_s##*) }
     [ "$2" = "$_o_t" ] && continue

@@ -78,9 +78,14 @@ LIST_PROCESSES = (
 )
 # Kills every process not in the baseline (written into the script: the agent, root in many
 # images, could edit a file in the sandbox) and not this script's own ancestry, until a pass
-# finds none (a process that forks is caught by the next pass).
+# finds none (a process that forks is caught by the next pass). Only processes of this
+# script's own cgroup, the sandbox's: a pod's other containers share its PID namespace (the
+# kubernetes adapter's egress filter), and the agent cannot leave its cgroup (cgroupfs is
+# read-only to it).
 KILL_OTHERS = r"""
 keep=" $KEEP "
+cgroup() { g=; while read -r line; do g="$g$line;"; done < "$1"; }  # every line: cgroup v1 has one a hierarchy
+cgroup /proc/self/cgroup; own=$g
 read -r p _ < /proc/self/stat  # this shell's own pid ($$ is the outer one in a wrapped script)
 mine=" "
 while [ -n "$p" ] && [ "$p" != 0 ]; do mine="$mine$p "; p=$(sed -n 's/^PPid:[[:space:]]*//p' /proc/$p/status 2>/dev/null); done
@@ -90,6 +95,7 @@ while [ $n -lt 50 ]; do
   for d in /proc/[0-9]*; do
     p=${d#/proc/}
     case "$mine" in *" $p "*) continue;; esac
+    cgroup "$d/cgroup" 2>/dev/null && [ "$g" = "$own" ] || continue
     s=$(cut -d' ' -f22 "$d/stat" 2>/dev/null) || continue
     case "$keep" in *" $p:$s "*) continue;; esac
     kill -KILL "$p" 2>/dev/null && found=$((found+1))
