@@ -35,6 +35,7 @@ from orchard_async.bench.scenario import Outcome
 from orchard_async.bench.tasks import steps_tasks
 from orchard_async.models.tokens import Generation, Sampling
 from orchard_async.models.tokens.policy import TokenPolicy, bash_reply
+from orchard_async.records.trajectory import episode_so_far
 
 REPLY = "THOUGHT: once more.\n\n```bash\ntrue\n```"
 SYSTEM = "You are an agent in a Linux shell: reply with one command in a ```bash block."
@@ -144,24 +145,8 @@ class MessagePolicy:
         self.engine = engine
 
     async def act(self, observation: Observation) -> Action:
-        messages = bench_messages(_so_far(observation))
+        messages = bench_messages(episode_so_far(observation.episode_id, observation.instruction, observation.history))
         return bash_reply(await self.engine.chat(messages))
-
-
-def _so_far(observation: Observation) -> Trajectory:
-    return Trajectory(
-        episode_id=observation.episode_id,
-        task_id="",
-        group_id="",
-        sample=0,
-        policy="",
-        adapter="",
-        run_id="",
-        status="finished",
-        end_reason="max_steps",  # type: ignore[arg-type]
-        instruction=observation.instruction,
-        steps=list(observation.history),
-    )
 
 
 async def _level(

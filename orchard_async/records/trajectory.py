@@ -18,7 +18,7 @@ import enum
 import os
 import struct
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -226,6 +226,26 @@ class Trajectory(msgspec.Struct, kw_only=True, omit_defaults=True):
     # group's base; see orchard_async.engine.groups); "" when it set up its own sandbox.
     forked_from: str = ""
     version: int = FORMAT_VERSION
+
+
+def episode_so_far(
+    episode_id: str, instruction: str, steps: Sequence[Step] = (), *, task_id: str = "", policy: str = ""
+) -> Trajectory:
+    """An episode still running, as a recipe's chat builder reads a trajectory (its
+    ``messages_of``): what a policy that rebuilds the chat each turn hands it."""
+    return Trajectory(
+        episode_id=episode_id,
+        task_id=task_id,
+        group_id="",
+        sample=0,
+        policy=policy,
+        adapter="",
+        run_id="",
+        status="finished",
+        end_reason=EndReason.MAX_STEPS,
+        instruction=instruction,
+        steps=list(steps),
+    )
 
 
 _json_encoder = msgspec.json.Encoder()

@@ -30,7 +30,7 @@ from skyrl_gym.envs.registration import registry
 
 from orchard_async.errors import ConfigError
 from orchard_async.models.tokens.policy import bash_reply
-from orchard_async.records.trajectory import EndReason, Trajectory
+from orchard_async.records.trajectory import episode_so_far
 from orchard_async.trainers import BridgedEpisode, EpisodeRunner, Turn, resolve
 
 ENV_ID = "orchard_async"
@@ -78,18 +78,7 @@ class OrchardTextEnv(BaseTextEnv):
             self.ended = turn
             return list(prompt), {"orchard_trainable": False, "orchard_end_reason": turn.end_reason}
         if self.messages_of is not None:
-            started = Trajectory(
-                episode_id=self.episode.episode_id,
-                task_id=self.task.id,
-                group_id="",
-                sample=0,
-                policy="skyrl",
-                adapter="",
-                run_id="",
-                status="finished",
-                end_reason=EndReason.MAX_STEPS,
-                instruction=turn.observation,
-            )
+            started = episode_so_far(self.episode.episode_id, turn.observation, task_id=self.task.id, policy="skyrl")
             return self.messages_of(started), {}
         return [*prompt, {"role": "user", "content": turn.observation}], {}
 

@@ -58,7 +58,7 @@ from orchard_async.errors import ConfigError, ContextExhausted
 from orchard_async.models.client import ModelConfig
 from orchard_async.models.tokens import Sampling, TokenEngine, make_engine
 from orchard_async.models.tokens.rust import RustTokenizer
-from orchard_async.records.trajectory import Action, EndReason, Step, Trajectory, TurnTokens
+from orchard_async.records.trajectory import Action, Step, Trajectory, TurnTokens, episode_so_far
 from orchard_async.task import Observation
 
 Message = dict[str, Any]
@@ -106,19 +106,8 @@ def _extend(ids: array[int], more: Sequence[int]) -> None:
 
 def _partial(observation: Observation, steps: Sequence[Step]) -> Trajectory:
     """The episode so far, as the recipe's chat builder reads a trajectory."""
-    return Trajectory(
-        episode_id=observation.episode_id,
-        task_id=getattr(observation.task, "id", ""),
-        group_id="",
-        sample=0,
-        policy="tokens",
-        adapter="",
-        run_id="",
-        status="finished",
-        end_reason=EndReason.MAX_STEPS,
-        instruction=observation.instruction,
-        steps=list(steps),
-    )
+    task_id = getattr(observation.task, "id", "")
+    return episode_so_far(observation.episode_id, observation.instruction, steps, task_id=task_id, policy="tokens")
 
 
 class TokenPolicy:
