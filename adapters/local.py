@@ -45,8 +45,9 @@ from orchard_async.adapters import local_isolation as iso
 from orchard_async.adapters import local_snapshot as snaps
 from orchard_async.adapters.local_reap import (
     SANDBOX_ENV,
+    NamespaceInit,
+    Sweeper,
     _kill_quietly,
-    _kill_sandbox_processes,
     _sandbox_processes,
     reap_local,
 )
@@ -414,6 +415,7 @@ class LocalAdapter:
                 await process.stdin.send(limits.encode())
             await client.start(str(ctl))
             server.pid = _host_pid(process.pid, client.server_pid, nested=self.namespaces)
+            init = NamespaceInit.of(process.pid) if self.namespaces else None
         except (SandboxLost, OSError, anyio.BrokenResourceError) as exc:
             await client.close()
             await self._stop(process, base, cgroup)
@@ -432,7 +434,7 @@ class LocalAdapter:
         async def teardown() -> None:
             self._live.pop(sandbox_id, None)
             await client.close()
-            await self._stop(process, base, cgroup)
+            await self._stop(process, base, cgroup, init)
             await egress.close()
 
         sandbox = ShellSandbox(
@@ -529,22 +531,38 @@ class LocalAdapter:
             lines.append(f"ulimit -p {spec.pids + iso.ADAPTER_PROCESSES}")
         return "".join(line + "\n" for line in lines)
 
-    async def _stop(self, process: anyio.abc.Process, base: Path, cgroup: str) -> None:
-        """EOF makes the shell end and clean up; past the grace period, force it."""
+    async def _stop(
+        self, process: anyio.abc.Process, base: Path, cgroup: str, init: NamespaceInit | None = None
+    ) -> None:
+        """End the sandbox; return when none of its processes is left. With a PID namespace,
+        its init is killed (the kernel kills the rest) and its pidfd says when all are gone;
+        without one, EOF makes the shell end and clean up, past the grace period it is forced,
+        and the sweeper kills what is left (orphans of finished commands went to the host's
+        init). A sandbox's close no longer waits for its command to end: everything in it is
+        SIGKILLed on the way out either way (SUPERVISOR)."""
         with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(DESTROY_GRACE):
-                await process.wait()
-            if process.returncode is None:
-                _kill_quietly(process.pid)
-                await process.wait()
-            # Without namespaces, orphans of finished commands went to the host's init. With
-            # them, the kernel kills the rest of the PID namespace when its init ends, but a
-            # process can still be dying when the launcher returns (seen once under load): close
-            # returns when none is left either way.
-            await anyio.to_thread.run_sync(_kill_sandbox_processes, {str(base)})
+            try:
+                if init is not None:
+                    init.kill()
+                with anyio.move_on_after(DESTROY_GRACE):
+                    await process.wait()
+                if process.returncode is None:
+                    _kill_quietly(process.pid)
+                    await process.wait()
+                # The launcher can return while the namespace is still emptying (bwrap's outer
+                # process exits with the sandbox's first process, not with its init).
+                if init is None or not await _until_gone(init, time.monotonic() + DESTROY_GRACE):
+                    await self._sweeper.sweep({str(base)})
+            finally:
+                if init is not None:
+                    init.close()
             if base.exists():
                 await anyio.to_thread.run_sync(snaps.remove_sandbox_dir, base)
             iso.remove_cgroup(cgroup)
+
+    @functools.cached_property
+    def _sweeper(self) -> Sweeper:
+        return Sweeper()
 
     async def list_owned(self) -> list[str]:
         return list(self._live)
@@ -574,6 +592,15 @@ def _tail(log: BinaryIO, size: int = 400) -> str:
         return " | ".join(log.read()[-size:].decode(errors="replace").split("\n")).strip(" |")
     except OSError:
         return ""
+
+
+async def _until_gone(init: NamespaceInit, deadline: float) -> bool:
+    """Whether the sandbox's PID namespace emptied before ``deadline``."""
+    while not init.gone():
+        if time.monotonic() > deadline:
+            return False
+        await anyio.sleep(0.005)
+    return True
 
 
 class _ServerPid:
