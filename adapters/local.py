@@ -433,6 +433,8 @@ class LocalAdapter:
 
         async def teardown() -> None:
             self._live.pop(sandbox_id, None)
+            if init is not None:  # first: the kernel ends the sandbox while the loop closes its pipes
+                init.kill()
             await client.close()
             await self._stop(process, base, cgroup, init)
             await egress.close()
@@ -546,12 +548,13 @@ class LocalAdapter:
                     init.kill()
                 with anyio.move_on_after(DESTROY_GRACE):
                     await process.wait()
-                if process.returncode is None:
+                forced = process.returncode is None
+                if forced:  # what the launcher started on the host may outlive it
                     _kill_quietly(process.pid)
                     await process.wait()
                 # The launcher can return while the namespace is still emptying (bwrap's outer
                 # process exits with the sandbox's first process, not with its init).
-                if init is None or not await _until_gone(init, time.monotonic() + DESTROY_GRACE):
+                if forced or init is None or not await _until_gone(init, time.monotonic() + DESTROY_GRACE):
                     await self._sweeper.sweep({str(base)})
             finally:
                 if init is not None:
