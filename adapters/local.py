@@ -415,7 +415,6 @@ class LocalAdapter:
                 await process.stdin.send(limits.encode())
             await client.start(str(ctl))
             server.pid = _host_pid(process.pid, client.server_pid, nested=self.namespaces)
-            init = NamespaceInit.of(process.pid) if self.namespaces else None
         except (SandboxLost, OSError, anyio.BrokenResourceError) as exc:
             await client.close()
             await self._stop(process, base, cgroup)
@@ -433,7 +432,11 @@ class LocalAdapter:
 
         async def teardown() -> None:
             self._live.pop(sandbox_id, None)
-            if init is not None:  # first: the kernel ends the sandbox while the loop closes its pipes
+            # Looked up now, not held from the start: a pidfd per live sandbox would cost a
+            # third file descriptor each. Killed first: the kernel ends the sandbox while the
+            # event loop closes its pipes.
+            init = NamespaceInit.of(process.pid) if self.namespaces else None
+            if init is not None:
                 init.kill()
             await client.close()
             await self._stop(process, base, cgroup, init)

@@ -146,12 +146,13 @@ class Sweeper:
 
 
 class NamespaceInit:
-    """A pidfd on the init of a sandbox's PID namespace, opened while the sandbox starts.
+    """A pidfd on the init of a sandbox's PID namespace, opened as the sandbox closes.
     Killing it ends every process of the namespace, and the kernel lets the init finish
-    exiting only once every other process of the namespace has been reaped (Linux 3.4,
-    "pidns: guarantee that the pidns init will be the last pidns process reaped"); a pidfd
-    polls readable once its process has exited. So a readable pidfd means none of the
-    sandbox's processes is left, without a scan, and the pidfd cannot name a reused pid."""
+    exiting only once every other process of the namespace has been reaped (the kernel's
+    ``zap_pid_ns_processes``, which runs before the init counts as exited); a pidfd polls
+    readable once its process has exited. So a readable pidfd means none of the
+    sandbox's processes is left, without a scan, and the pidfd cannot name a reused pid.
+    An init already gone when the sandbox closes is not found: the caller sweeps instead."""
 
     def __init__(self, fd: int):
         self.fd = fd
@@ -159,7 +160,8 @@ class NamespaceInit:
     @classmethod
     def of(cls, launcher: int) -> NamespaceInit | None:
         """The init among the launcher's descendants (the first process whose innermost pid
-        is 1 in a namespace below this one), or None where there is none or no pidfd."""
+        is 1 in a namespace below this one: a namespace a sandbox's command makes is further
+        down), or None where there is none or no pidfd."""
         if not hasattr(os, "pidfd_open"):
             return None
         queue = [(launcher, 0)]
