@@ -432,14 +432,8 @@ class LocalAdapter:
 
         async def teardown() -> None:
             self._live.pop(sandbox_id, None)
-            # Looked up now, not held from the start: a pidfd per live sandbox would cost a
-            # third file descriptor each. Killed first: the kernel ends the sandbox while the
-            # event loop closes its pipes.
-            init = NamespaceInit.of(process.pid) if self.namespaces else None
-            if init is not None:
-                init.kill()
             await client.close()
-            await self._stop(process, base, cgroup, init)
+            await self._stop(process, base, cgroup)
             await egress.close()
 
         sandbox = ShellSandbox(
@@ -536,16 +530,20 @@ class LocalAdapter:
             lines.append(f"ulimit -p {spec.pids + iso.ADAPTER_PROCESSES}")
         return "".join(line + "\n" for line in lines)
 
-    async def _stop(
-        self, process: anyio.abc.Process, base: Path, cgroup: str, init: NamespaceInit | None = None
-    ) -> None:
+    async def _stop(self, process: anyio.abc.Process, base: Path, cgroup: str) -> None:
         """End the sandbox; return when none of its processes is left. With a PID namespace,
         its init is killed (the kernel kills the rest) and its pidfd says when all are gone;
         without one, EOF makes the shell end and clean up, past the grace period it is forced,
         and the sweeper kills what is left (orphans of finished commands went to the host's
         init). A sandbox's close no longer waits for its command to end: everything in it is
-        SIGKILLed on the way out either way (SUPERVISOR)."""
+        SIGKILLed on the way out either way (SUPERVISOR).
+
+        The init is looked up here, not held from the start (a pidfd per live sandbox would
+        be a third file descriptor each), and killed after the pipes are closed: killing it
+        first, in an abort storm, made the other episodes' cancellations wait behind 256
+        sandboxes' deaths (close 2.3-5.0 s instead of 1.6-2.3 s at load 13-16)."""
         with anyio.CancelScope(shield=True):
+            init = NamespaceInit.of(process.pid) if self.namespaces else None
             try:
                 if init is not None:
                     init.kill()
