@@ -432,8 +432,11 @@ class LocalAdapter:
 
         async def teardown() -> None:
             self._live.pop(sandbox_id, None)
+            # Found before EOF reaches the shell: after it, the namespace often ends by itself
+            # before _stop runs, which leaves no init to find and costs a sweep.
+            init = NamespaceInit.of(process.pid) if self.namespaces else None
             await client.close()
-            await self._stop(process, base, cgroup)
+            await self._stop(process, base, cgroup, init)
             await egress.close()
 
         sandbox = ShellSandbox(
@@ -530,7 +533,9 @@ class LocalAdapter:
             lines.append(f"ulimit -p {spec.pids + iso.ADAPTER_PROCESSES}")
         return "".join(line + "\n" for line in lines)
 
-    async def _stop(self, process: anyio.abc.Process, base: Path, cgroup: str) -> None:
+    async def _stop(
+        self, process: anyio.abc.Process, base: Path, cgroup: str, init: NamespaceInit | None = None
+    ) -> None:
         """End the sandbox; return when none of its processes is left. With a PID namespace,
         its init is killed (the kernel kills the rest) and its pidfd says when all are gone;
         without one, EOF makes the shell end and clean up, past the grace period it is forced,
@@ -538,12 +543,11 @@ class LocalAdapter:
         init). A sandbox's close no longer waits for its command to end: everything in it is
         SIGKILLed on the way out either way (SUPERVISOR).
 
-        The init is looked up here, not held from the start (a pidfd per live sandbox would
-        be a third file descriptor each), and killed after the pipes are closed: killing it
-        first, in an abort storm, made the other episodes' cancellations wait behind 256
-        sandboxes' deaths (close 2.3-5.0 s instead of 1.6-2.3 s at load 13-16)."""
+        ``init`` is found as the sandbox closes, not held from its start (a pidfd per live
+        sandbox would be a third file descriptor each), and killed here, after the pipes are
+        closed: killing it first, in an abort storm, made the other episodes' cancellations
+        wait behind 256 sandboxes' deaths (close 2.3-5.0 s instead of 1.6-2.3 s at load 13-16)."""
         with anyio.CancelScope(shield=True):
-            init = NamespaceInit.of(process.pid) if self.namespaces else None
             try:
                 if init is not None:
                     init.kill()
