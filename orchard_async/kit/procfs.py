@@ -107,8 +107,15 @@ def status_kib(field: str, pid: Pid = "self") -> int | None:
 
 
 def ns_pids(pid: Pid) -> list[int]:
-    """A process's pid in each PID namespace it is in, this one's first, its innermost last."""
-    return [int(x) for x in (status(pid) or {}).get("NSpid", "").split()]
+    """A process's pid in each PID namespace it is in, this one's first, its innermost last.
+    Only its line of ``status`` is parsed: a local sandbox's close asks this of a few
+    processes, in the event loop, and an abort storm closes hundreds at once."""
+    raw = _read(f"/proc/{pid}/status")
+    start = -1 if raw is None else raw.find(b"\nNSpid:")
+    if raw is None or start < 0:
+        return []
+    end = raw.find(b"\n", start + 1)
+    return [int(x) for x in raw[start + len(b"\nNSpid:") : end if end >= 0 else None].split()]
 
 
 def children(pid: Pid) -> list[int]:
