@@ -47,6 +47,7 @@ SAMPLE_EVERY = 0.2  # seconds between looks at the shims (they go with their con
 PHASES = (
     ("checkout", "git init -q --template="),
     ("proof", "orchard-harness-proof"),
+    ("history", "orchard-kept"),  # repo.drop_history: the agent's repository cut to its tree
     ("agent", "ORCHARD_PATCH"),
     ("agent", "git diff --stat"),
     ("submission", "add -A -- ."),

@@ -51,6 +51,7 @@ async def test_sent_scripts_fall_in_their_phase(task) -> None:
         "proof": lambda box: scoring.apply_test_patch(
             scoring._At(box, "/tmp/orchard-harness-proof-x"), task.instance, 9
         ),
+        "history": lambda box: repo.drop_history(box, 9),
     }
     for phase, call in cases.items():
         box = Capture()
