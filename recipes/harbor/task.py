@@ -281,7 +281,12 @@ class HarborTask:
         return self.config.agent.user
 
     def state(self, sandbox: Sandbox) -> SandboxState:
-        return self._states.setdefault(sandbox.id, SandboxState())
+        state = self._states.get(sandbox.id)
+        if state is None:
+            state = self._states[sandbox.id] = SandboxState()
+            # dropped with its sandbox: a training run's tasks meet new sandboxes for hours
+            weakref.finalize(sandbox, self._states.pop, sandbox.id, None)
+        return state
 
     def as_user(self, command: str, user: str | None, *, cwd: str | None = None, agent: bool = False,
                 env: Mapping[str, str] | None = None) -> str:  # fmt: skip

@@ -5,6 +5,7 @@ grading each step with the artifacts it ended with, and a step never reached cou
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 from pathlib import Path
@@ -39,10 +40,13 @@ def test_a_step_ends_when_its_turns_run_out_and_min_reward_stops_the_rest() -> N
 
 def test_a_step_never_reached_counts_zero() -> None:
     # a policy of its own, not run step by step: it only ever sees the first step
-    found = run_sync(load(ids=["multi-step"]), ScriptPolicy(["echo one > /app/list.txt"]), "local")
+    tasks = load(ids=["multi-step"])
+    found = run_sync(tasks, ScriptPolicy(["echo one > /app/list.txt"]), "local")
     t = found["multi-step"]
     assert t.info["steps"] == {"create": {"reward": 1.0}, "extend": None}
     assert t.reward == 0.5 and "not reached" in t.info["errors"]["extend"]
+    gc.collect()
+    assert tasks[0]._states == {}, "what the task kept of a sandbox goes with the sandbox"
 
 
 def separate_copy(tmp_path: Path) -> Path:
