@@ -50,8 +50,9 @@ cat /proc/net/route
 
 # The sidecar's life: as long as a process of another container (the sandbox's) runs in the
 # pod. PID 1 is the pause container; the sidecar's own processes share its cgroups. The
-# sandbox container starts right after this one's hook; should it never show (or have ended
-# before this looks), the sidecar ends after `$1` seconds.
+# sandbox container starts right after this one's hook, but a busy kubelet (or one whose API
+# server is away) can take long: should it never show (or have ended before this looks), the
+# sidecar ends after `$1` seconds, the pod's TTL.
 WATCH = r"""own=$(cat /proc/self/cgroup)
 seen=; waited=0
 while :; do
@@ -68,7 +69,6 @@ while :; do
   sleep 1
 done
 """
-FIRST_SIGHT = 30  # seconds the sidecar waits to see the sandbox container's processes
 
 
 def apply_command(policy: NetworkPolicy) -> list[str]:
@@ -82,14 +82,14 @@ def apply_command(policy: NetworkPolicy) -> list[str]:
 EGRESS_RESOURCES = {"cpu": "100m", "memory": "32Mi"}
 
 
-def egress_container(image: str, pull: str, initial: NetworkPolicy) -> dict[str, Any]:
+def egress_container(image: str, pull: str, initial: NetworkPolicy, ttl: int) -> dict[str, Any]:
     """The filter's container: ``initial``'s filter installed by its postStart hook, then
-    the sidecar set_network execs into."""
+    the sidecar set_network execs into (for at most ``ttl`` seconds without a sandbox)."""
     return {
         "name": EGRESS_CONTAINER,
         "image": image,
         "imagePullPolicy": pull,
-        "command": ["sh", "-c", WATCH, "orchard-egress", str(FIRST_SIGHT)],
+        "command": ["sh", "-c", WATCH, "orchard-egress", str(ttl)],
         "lifecycle": {"postStart": {"exec": {"command": apply_command(initial)}}},
         "securityContext": {
             "runAsUser": 0,  # iptables needs its capability effective: root in the container

@@ -149,7 +149,7 @@ def pod_manifest(
     if settings.egress_image:
         # first: its postStart hook installs the filter before the sandbox container starts (egress.py)
         egress_pull = "Never" if built_here(settings.egress_image) else "IfNotPresent"
-        egress = egress_container(settings.egress_image, egress_pull, spec_network(spec.network))
+        egress = egress_container(settings.egress_image, egress_pull, spec_network(spec.network), ttl)
         if {"cpu", "memory"} <= set(quantities):
             # every container's requests = limits, or a pod sized to be Guaranteed is only Burstable
             egress["resources"] = {"requests": dict(EGRESS_RESOURCES), "limits": dict(EGRESS_RESOURCES)}

@@ -171,6 +171,8 @@ def pod_verdict(pod: dict[str, Any] | PodState) -> tuple[str, str]:
         return "failed", f"{EGRESS_FAILED}{egress.waiting.reason}: {egress.waiting.message or ''}".rstrip(": ")
     if egress.terminated is not None:
         ended = egress.terminated
+        if ended.exitCode == 0:  # its watch ended: the sandbox container's processes were gone (or never came)
+            return "failed", "the sandbox container's processes ended before the pod was ready"
         return "failed", f"{EGRESS_FAILED}{ended.reason}: {ended.message or ''} (exit code {ended.exitCode})"
     if phase in ("Failed", "Succeeded"):
         term = state.terminated

@@ -80,6 +80,7 @@ def test_the_pod_holds_its_egress_filter_in_a_container_of_its_own() -> None:
     assert online_hook[-2:] == [filter_table(oa.ONLINE, 4), filter_table(oa.ONLINE, 6)]
     assert ":OUTPUT DROP" in hook[-2] and "-A OUTPUT -o lo -j ACCEPT" in hook[-2]
     assert "iptables-restore" in hook[2] and "sleep" in sidecar["command"][2]
+    assert sidecar["command"][-1] == "300", "without a sandbox it waits out the pod's TTL at most"
     allowed = network_policy("restricted", [{"cidr": "10.88.76.1", "port_start": 8080}])
     assert "-A OUTPUT -d 10.88.76.1/32 -p tcp -m tcp --dport 8080:8080 -j ACCEPT" in egress.apply_command(allowed)[4]
     settings = manifests.PodSettings(attach_grace=60, egress_image=EGRESS_IMAGE)
@@ -131,6 +132,10 @@ def test_a_pod_whose_filter_does_not_run_is_never_ready() -> None:
     hook_failed = pod("Running", {"terminated": {"reason": "Error", "exitCode": 137}})
     verdict, why = watch.pod_verdict(hook_failed)
     assert verdict == "failed" and why.startswith(watch.EGRESS_FAILED) and "exit code 137" in why
+    # its watch ended by itself (the sandbox's processes gone): the sandbox's failure, not the filter's
+    watched_out = pod("Running", {"terminated": {"reason": "Completed", "exitCode": 0}})
+    verdict, why = watch.pod_verdict(watched_out)
+    assert verdict == "failed" and not why.startswith(watch.EGRESS_FAILED) and "sandbox container" in why
     assert watch.pod_verdict(pod("Running", {"waiting": {"reason": "ContainerCreating"}}))[0] == "pending"
 
 

@@ -53,13 +53,17 @@ def test_allowlist_reaches_the_allowed_server_only(adapter, tmp_path):
 @pytest.mark.parametrize("adapter", ["local", "docker", "kubernetes"])
 def test_the_no_network_fixture_reaches_the_server_when_online(adapter, tmp_path):
     """The control of the no-network fixture (tests/harbor/tasks/no-network): the same task
-    with its network public reaches the server its test runs against, so its oracle scores 0
-    there; offline, 1 (test_harbor_runs, test_harbor_provider)."""
+    with its agent allowed to reach the server its test runs against reaches it, so its oracle
+    scores 0 there; offline, 1 (test_harbor_runs, test_harbor_provider). An allowlist, not
+    public: in CI the server runs in the cluster's network namespace, which only the
+    allowlist's link from the controller's side reaches on docker."""
     ready(adapter)
-    with fixture_server():
+    with fixture_server() as url:
         online = tmp_path / "no-network-online"
         shutil.copytree(TASKS / "no-network", online)
         toml = online / "task.toml"
-        toml.write_text(toml.read_text().replace('network_mode = "no-network"', 'network_mode = "public"'))
+        allow = f'[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["{urlsplit(url).hostname}"]\n'
+        toml.write_text(toml.read_text().replace("[agent]\n", allow))
         trajectory = run_sync(load(tmp_path), harbor.make_policy("oracle"), adapter)["no-network-online"]
+    assert "allowlisted-payload" in trajectory.steps[0].observation, trajectory.steps[0].observation[-500:]
     assert trajectory.reward == 0.0 and trajectory.end_reason == "submitted", trajectory.error

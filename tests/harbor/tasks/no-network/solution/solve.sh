@@ -9,4 +9,5 @@ except Exception:
     body = "unreachable"
 with open("/app/fetched.txt", "w") as out:
     out.write(body)
+print(body)
 PY
