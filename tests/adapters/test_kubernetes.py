@@ -205,6 +205,7 @@ async def test_spec_pids_is_not_enforced_but_the_nodes_pod_limit_is(
         await box.close()
 
 
+@pytest.mark.soak  # waits out a create timeout: about 14 s
 async def test_unschedulable_pod_fails_at_the_create_timeout_with_the_reason(
     make_adapter: Callable[..., KubernetesAdapter],
 ) -> None:
@@ -325,6 +326,7 @@ async def _gone_within(observer: KubernetesAdapter, run_id: str, seconds: float)
             await anyio.sleep(0.25)
 
 
+@pytest.mark.soak  # a controller process started and killed, then the reap: about 13 s
 async def test_sigkilled_controller_leaves_nothing(make_adapter: Callable[..., KubernetesAdapter]) -> None:
     """A controller killed with SIGKILL: its pod ends itself (the websocket closes) and its
     guardian deletes it: gone within SELF_DESTRUCT, not at its TTL, without reap."""

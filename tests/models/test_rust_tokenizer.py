@@ -8,11 +8,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from orchard_async.models.tokens import rust as rust_module
 from orchard_async.models.tokens.local import load_tokenizer
 from orchard_async.models.tokens.policy import TokenPolicy, bash_reply
 from orchard_async.models.tokens.rust import RustTokenizer
 from tests.models.token_support import FakeTokenEngine
+
+# The tiny model's tokenizer, trained once per worker (about 18 s): the only default-run user
+# of it, so these run with the parity tests, which build it anyway.
+pytestmark = pytest.mark.soak
 
 TEXTS = [
     "<|im_end|>\n<|im_start|>user\n(exit status 0)<|im_end|>\n<|im_start|>assistant\n",
