@@ -82,6 +82,7 @@ async def _names(adapter: KubernetesAdapter, resource: str, selector: str, group
     return [item["metadata"]["name"] for item in listing.get("items") or []]
 
 
+@pytest.mark.soak  # pods, policies and their removal on the cluster: about 16 s
 async def test_pod_and_policies_on_the_cluster(make_adapter: Callable[..., KubernetesAdapter]) -> None:
     adapter = make_adapter()
     quiet = await adapter.create(oa.SandboxSpec(ttl=300, labels={"suite": "k8s"}, cpu=0.1, memory="64Mi"))
@@ -593,6 +594,7 @@ def _yaml_documents(path: Path, namespace: str, user: str) -> list[dict]:
     return docs
 
 
+@pytest.mark.soak  # a restricted identity made and used on the cluster: about 20 s
 async def test_rbac_role_is_enough(make_adapter: Callable[..., KubernetesAdapter], tmp_path: Path) -> None:
     """The Role in deploy/kubernetes/rbac.yaml lets a user with nothing else run sandboxes."""
     work, _ = _needs_ci_cluster()

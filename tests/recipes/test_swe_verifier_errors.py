@@ -89,6 +89,7 @@ def test_verifier_errors_are_flagged_in_inspect_and_absent_from_exports(tmp_path
         assert "verifier_error 2" in done.stderr and not exported.exists(), f"{fmt} exported a verifier error"
 
 
+@pytest.mark.soak  # whole SWE episodes whose scorer crashes: about 16 s
 def test_a_verifier_that_crashes_after_the_proof_is_a_verifier_error(tmp_path):
     """The proof passed, then grading broke with nothing of the agent's in the tree: the
     verifier's fault. (A patch that breaks the harness is the agent's: reward 0, flagged.)"""
