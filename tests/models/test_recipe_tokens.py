@@ -16,7 +16,7 @@ from orchard_async.engine.rollout import collect
 from orchard_async.models.tokens.policy import token_policy
 from orchard_async.records.export import export_tokens, token_records
 from orchard_async.records.trajectory import Trajectory, read_trajectories
-from tests.models.token_support import CharTokenizer, FakeTokenEngine, check_prefix_invariant
+from tests.models.token_support import CharTokenizer, FakeTokenEngine, check_prefix_invariant, gui_solution_reply
 
 
 async def run(recipe: str, policy: Any, tasks: list[Any], tmp_path: Path) -> tuple[list[Trajectory], Path]:
@@ -135,7 +135,6 @@ async def test_gui_token_episode_in_chromium(tmp_path: Path) -> None:
     unreadable reply first, then the task's solution with each element found in the page
     text the model was shown; solved, one segment, every turn extending the last."""
     from orchard_async.recipes import gui
-    from orchard_async.recipes.gui.policies import resolve
     from tests.conftest import backend_missing
     from tests.recipes.test_gui_browser import _chromium
 
@@ -146,13 +145,7 @@ async def test_gui_token_episode_in_chromium(tmp_path: Path) -> None:
     def script(prompt: str, turn: int) -> str | None:
         if turn == 0:
             return None
-        shown = [part.split("<|im_end|>", 1)[0] for part in prompt.split("<|im_start|>user\n")[1:]]
-        page = next(text for text in reversed(shown) if "\n---\n" in text)  # not a format error
-        planned = dict(task.solution[min(turn - 1, len(task.solution) - 1)])
-        target = planned.pop("target", None)
-        if target is not None:
-            planned["element"] = resolve(target, page)
-        return f"Next.\n```json\n{json.dumps(planned)}\n```"
+        return gui_solution_reply(task, prompt, turn)
 
     tokenizer = CharTokenizer()
     engine = FakeTokenEngine(tokenizer, script)

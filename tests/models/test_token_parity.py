@@ -29,7 +29,7 @@ from orchard_async.models.tokens.local import TransformersEngine, load_tokenizer
 from orchard_async.models.tokens.policy import token_policy
 from orchard_async.records.export import export_tokens
 from orchard_async.records.trajectory import read_trajectories
-from tests.models.token_support import ScriptedEngine, check_prefix_invariant, recompute_logprobs
+from tests.models.token_support import ScriptedEngine, check_prefix_invariant, gui_solution_reply, recompute_logprobs
 
 # Importing transformers' model code alone takes 5-10 s per worker: the default run leaves them out.
 pytestmark = pytest.mark.soak
@@ -180,10 +180,8 @@ async def test_gui_episodes_keep_their_tokens_and_logprobs(tiny_model: Path, tmp
     """GUI episodes (two sites) in a real headless Chromium, the model seeing each page as text:
     an unreadable first reply, then the task's solution with every element found in the page
     text the model was last shown; the recipe's own submit after the answer asks no model."""
-    import json
 
     from orchard_async.recipes import gui
-    from orchard_async.recipes.gui.policies import resolve
     from tests.conftest import backend_missing
     from tests.recipes.test_gui_browser import _chromium
 
@@ -195,13 +193,7 @@ async def test_gui_episodes_keep_their_tokens_and_logprobs(tiny_model: Path, tmp
         if turn == 0:
             return None
         (task,) = [task for task in tasks if task.line.intent in prompt]
-        shown = [part.split("<|im_end|>", 1)[0] for part in prompt.split("<|im_start|>user\n")[1:]]
-        page = next(text for text in reversed(shown) if "\n---\n" in text)  # not a format error
-        planned = dict(task.solution[min(turn - 1, len(task.solution) - 1)])
-        target = planned.pop("target", None)
-        if target is not None:
-            planned["element"] = resolve(target, page)
-        return f"Next.\n```json\n{json.dumps(planned)}\n```"
+        return gui_solution_reply(task, prompt, turn)
 
     engine, trajectories, out = await run_tokens("gui", tasks, script, tiny_model, tmp_path)
     assert [(t.end_reason, t.reward) for t in trajectories] == [("submitted", 1.0)] * 2, [t.info for t in trajectories]

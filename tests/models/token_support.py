@@ -5,6 +5,7 @@ it was given; and the checks every token run must pass."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -144,3 +145,18 @@ class FakeTokenEngine:
 
     async def close(self) -> None:
         return None
+
+
+def gui_solution_reply(task: Any, prompt: str, turn: int) -> str:
+    """The GUI task's solution step for ``turn`` (1 on) as a model reply, its target resolved
+    to an element of the page the prompt last showed (ChatML): what a scripted engine answers
+    to play a GUI task through the token path."""
+    from orchard_async.recipes.gui.policies import resolve
+
+    shown = [part.split("<|im_end|>", 1)[0] for part in prompt.split("<|im_start|>user\n")[1:]]
+    page = next(text for text in reversed(shown) if "\n---\n" in text)  # not a format error
+    planned = dict(task.solution[min(turn - 1, len(task.solution) - 1)])
+    target = planned.pop("target", None)
+    if target is not None:
+        planned["element"] = resolve(target, page)
+    return f"Next.\n```json\n{json.dumps(planned)}\n```"
