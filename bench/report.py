@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.metadata
 import math
 import os
@@ -143,6 +144,8 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "loop": loop_choice(),
         "load_avg_1m": load_average(),
+        # the collector's thresholds the run had: the CLI raises the first (orchard_async.engine.collector)
+        "gc_threshold": list(gc.get_threshold()),
         "versions": {
             name: _package_version(name)
             for name in ("orchard-async", "anyio", "msgspec", "uvloop", "aiodocker", "kubernetes-asyncio", "swe-rex")

@@ -5,6 +5,7 @@ The public API. Everything not re-exported here is private.
 
 from orchard_async import _checkout  # noqa: F401 - a checkout's adapters, recipes and bench are its own
 from orchard_async.capabilities import OFFLINE, ONLINE, EgressRule, NetworkConflict, NetworkPolicy, NetworkState
+from orchard_async.engine.collector import tune_for_rollouts
 from orchard_async.engine.episode import render
 from orchard_async.engine.plan import Episode, plan
 from orchard_async.engine.pool import Pool
@@ -127,4 +128,5 @@ __all__ = [
     "rollout",
     "run",
     "summarize",
+    "tune_for_rollouts",
 ]

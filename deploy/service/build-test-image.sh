@@ -27,7 +27,7 @@ cat > "$ctx/Dockerfile" <<DOCKERFILE
 FROM orchard/python:test
 COPY site/ /usr/local/lib/python3.11/dist-packages/
 COPY repo/ $repo/
-RUN printf '#!/usr/bin/python3\nimport sys\nfrom orchard_async.apps.cli import main\nsys.exit(main())\n' > /usr/local/bin/orchard-async \
+RUN printf '#!/usr/bin/python3\nimport sys\nfrom orchard_async.apps.cli import console_main\nsys.exit(console_main())\n' > /usr/local/bin/orchard-async \
  && chmod 755 /usr/local/bin/orchard-async && chmod -R a+rX /usr/local/lib/python3.11/dist-packages $repo
 USER 10001
 ENTRYPOINT ["orchard-async"]

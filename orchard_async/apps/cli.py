@@ -30,6 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from orchard_async.capabilities import Doctor, facts_of
+from orchard_async.engine.collector import tune_for_rollouts
 from orchard_async.engine.plan import plan
 from orchard_async.engine.rollout import collect
 from orchard_async.errors import AdapterUnavailable, ConfigError, OrchardError
@@ -660,5 +661,13 @@ def main(argv: list[str] | None = None) -> int:
         return report_error(leaf)
 
 
+def console_main() -> int:
+    """The `orchard-async` executable: ``main`` in a process whose collector is set for
+    thousands of episodes in flight (``orchard_async.engine.collector``). Kept out of ``main``,
+    which tests call in their own process, again and again."""
+    tune_for_rollouts()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())
