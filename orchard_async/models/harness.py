@@ -20,6 +20,8 @@ every call failed on the upstream's side raises ``ModelUnavailable``: never a re
 A recipe says how its tasks hand over the agent's sandbox (``sandbox_for``) and may wrap the
 command (``command_for``: another user, a working directory) and add variables
 (``harness_env``); the presets (commands and the files they need copied in) are the recipe's.
+A recipe's own stdlib harness script is a preset through ``bundled_harness``, which ships
+``sandbox/harness_chat.py`` (the model client and the tool-calling loop) next to it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,15 @@ MINI_SWE_AGENT_SETTINGS = (
 )
 OUTPUT_TAIL = 4000  # characters of the harness's output kept in the last step
 SCORING_MARGIN = 0.9  # of the agent's remaining time the harness may use: the replay steps need the rest
+HARNESS_CHAT = Path(__file__).parent / "sandbox" / "harness_chat.py"  # what every bundled harness imports
+
+
+def bundled_harness(path: str, source: Path) -> tuple[str, dict[str, Path]]:
+    """A recipe's stdlib harness script as a preset: the command that runs it from ``path`` in
+    the sandbox, and the files to copy in: the script and, next to it, ``harness_chat``, which
+    it imports (``python3 FILE`` puts the file's folder on ``sys.path``)."""
+    chat = posixpath.join(posixpath.dirname(path), HARNESS_CHAT.name)
+    return f"python3 {shlex.quote(path)}", {path: source, chat: HARNESS_CHAT}
 
 
 def mini_swe_agent_command(home: str, *configs: str) -> str:

@@ -19,7 +19,8 @@ from ``stitch_calls``: calls that extend each other are one segment), which
 submits, its ``raw`` the harness's exit status and the tail of its output. Grading is the
 task's own (the services' audit and state), as for every other policy.
 
-The default harness is ``sandbox/claw_harness.py`` (stdlib only), copied into the sandbox.
+The default harness is ``sandbox/claw_harness.py`` (stdlib only), copied into the sandbox with
+the model client and loop it imports (``bundled_harness``).
 The recipe's ``harness`` option (``ClawOptions``; its default from ``ORCHARD_CLAW_HARNESS``), or
 ``command=``, names a preset (``mini-swe-agent``: the third-party
 agent from PyPI, baked into ``MINI_SWE_AGENT_IMAGE``) or is a command that runs another
@@ -36,14 +37,13 @@ from typing import Any
 from orchard_async import Observation, Sandbox, episode_label
 from orchard_async.images import ImageSpec
 from orchard_async.models.client import ModelConfig
-from orchard_async.models.harness import HarnessRun, SandboxHarness, mini_swe_agent_command
+from orchard_async.models.harness import HarnessRun, SandboxHarness, bundled_harness, mini_swe_agent_command
 from orchard_async.models.proxy import Upstream
 from orchard_async.recipes.claw.task import ClawOptions
 
 SOURCES = Path(__file__).parent / "sandbox"
 HARNESS_SOURCE = SOURCES / "claw_harness.py"
 HARNESS_PATH = "/tmp/claw/harness.py"
-DEFAULT_COMMAND = f"python3 {HARNESS_PATH}"
 MINI_SWE_AGENT_VERSION = "2.4.6"
 # mini-swe-agent (pip) in a sandbox image, built here: `orchard-async images build orchard/claw-mini-swe-agent:bookworm`
 MINI_SWE_AGENT_IMAGE = ImageSpec(
@@ -56,7 +56,7 @@ MINI_SWE_AGENT_IMAGE = ImageSpec(
 MINI_SWE_AGENT_COMMAND = mini_swe_agent_command("/tmp/claw", "/tmp/claw/mini_claw.yaml")
 # preset name -> (command, files copied into the sandbox first)
 PRESETS: dict[str, tuple[str, dict[str, Path]]] = {
-    "bundled": (DEFAULT_COMMAND, {HARNESS_PATH: HARNESS_SOURCE}),
+    "bundled": bundled_harness(HARNESS_PATH, HARNESS_SOURCE),
     "mini-swe-agent": (MINI_SWE_AGENT_COMMAND, {"/tmp/claw/mini_claw.yaml": SOURCES / "mini_claw.yaml"}),
 }
 HARNESS_SETTINGS = "CLAW_HARNESS_"  # the prefix of the harness's own variables, passed through to it

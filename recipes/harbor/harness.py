@@ -6,7 +6,7 @@ recorded call, then the submit with the harness's exit status and output. The ha
 the task's agent user in its workdir (``task.as_user``), once per step of a multi-step task
 (``steps.Stepwise``), with the step's turns (``max_steps - 1`` calls) and time.
 
-The ``harness`` option names it: ``bundled`` (``sandbox/terminal_harness.py``, stdlib only:
+The ``harness`` option names it: ``bundled`` (``sandbox/terminal_harness.py`` and the ``harness_chat`` it imports, stdlib only:
 the image needs python3, which the relay needs anyway), ``mini-swe-agent`` (the third-party
 agent from PyPI, which the image must have: map the task's base to an image with it, e.g.
 ``{"image_map": {"ubuntu:24.04": "orchard/claw-mini-swe-agent:bookworm"}}``), or a command in
@@ -21,16 +21,13 @@ from typing import Any
 
 from orchard_async import Observation, Sandbox
 from orchard_async.models.client import ModelConfig
-from orchard_async.models.harness import SandboxHarness, mini_swe_agent_command
+from orchard_async.models.harness import SandboxHarness, bundled_harness, mini_swe_agent_command
 from orchard_async.models.proxy import Upstream
 from orchard_async.recipes.harbor.task import HarborOptions, HarborTask
 
 HOME = "/tmp/.orchard-harbor-harness"  # the harness's files in the sandbox, readable by the agent user
 PRESETS: dict[str, tuple[str, dict[str, Path]]] = {
-    "bundled": (
-        f"python3 {HOME}/harness.py",
-        {f"{HOME}/harness.py": Path(__file__).parent / "sandbox" / "terminal_harness.py"},
-    ),
+    "bundled": bundled_harness(f"{HOME}/harness.py", Path(__file__).parent / "sandbox" / "terminal_harness.py"),
     "mini-swe-agent": (mini_swe_agent_command(HOME), {}),
 }
 

@@ -8,6 +8,7 @@ step of the trajectory, each step's reward is kept, and a model that fails is
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -15,13 +16,15 @@ import msgspec
 import pytest
 
 from orchard_async.models.client import ModelConfig
+from orchard_async.models.harness import HARNESS_CHAT
 from orchard_async.models.proxy import ModelCall
 from orchard_async.recipes import harbor
-from orchard_async.recipes.harbor.harness import HarnessPolicy
+from orchard_async.recipes.harbor.harness import HOME, HarnessPolicy
 from tests.harbor.support import load, ready, run
 from tests.recipes.swe_support import Reply, ScriptedChatServer, chat_reply
 
 # what the scripted model runs for an instruction (matched by a phrase of it)
+TERMINAL_HARNESS = Path(harbor.__file__).parent / "sandbox" / "terminal_harness.py"
 SOLUTIONS = {
     "Create `/app/list.txt`": "echo one > /app/list.txt",
     "Append the line `two`": "echo two >> /app/list.txt && cp seed.txt /app/seed-copy.txt",
@@ -121,7 +124,10 @@ def test_the_bundled_harness_in_a_container_runs_as_the_agent_user_per_step(adap
 def test_harness_presets_by_name_or_a_command(monkeypatch) -> None:
     config = ModelConfig(model="m", base_url="http://127.0.0.1:9/v1")
     bundled = HarnessPolicy(config)
-    assert bundled.name == "harness:bundled:m" and [p.name for p in bundled.files.values()] == ["terminal_harness.py"]
+    assert bundled.name == "harness:bundled:m" and bundled.command == f"python3 {HOME}/harness.py"
+    # the harness imports harness_chat from its own folder
+    assert bundled.files == {f"{HOME}/harness.py": TERMINAL_HARNESS, f"{HOME}/harness_chat.py": HARNESS_CHAT}
+    assert all(path.is_file() for path in bundled.files.values())
     mini = HarnessPolicy(config, harness="mini-swe-agent")
     assert mini.command.endswith('-t "$task"') and "exec mini" in mini.command and mini.files == {}
     own = HarnessPolicy(config, harness="my-agent --stdin")

@@ -136,7 +136,8 @@ def test_the_harness_streams_through_the_proxy(tmp_path) -> None:
 
 
 def test_harness_presets_by_name_or_a_command() -> None:
-    from orchard_async.recipes.claw.harness import MINI_SWE_AGENT_COMMAND
+    from orchard_async.models.harness import HARNESS_CHAT
+    from orchard_async.recipes.claw.harness import HARNESS_PATH, HARNESS_SOURCE, MINI_SWE_AGENT_COMMAND
 
     env = {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "ORCHARD_MODEL": "m", "ORCHARD_CLAW_HARNESS": "mini-swe-agent"}
     mini = HarnessPolicy.from_env(env)
@@ -145,4 +146,7 @@ def test_harness_presets_by_name_or_a_command() -> None:
     other = HarnessPolicy.from_env({**env, "ORCHARD_CLAW_HARNESS": "my-agent --stdin"})
     assert (other.command, other.files, other.name) == ("my-agent --stdin", {}, "harness:my-agent:m")
     bundled = HarnessPolicy.from_env({k: v for k, v in env.items() if k != "ORCHARD_CLAW_HARNESS"})
-    assert bundled.name == "harness:bundled:m" and "claw_harness.py" in str(list(bundled.files.values()))
+    assert bundled.name == "harness:bundled:m" and bundled.command == f"python3 {HARNESS_PATH}"
+    # the harness imports harness_chat from its own folder
+    assert bundled.files == {HARNESS_PATH: HARNESS_SOURCE, "/tmp/claw/harness_chat.py": HARNESS_CHAT}
+    assert HARNESS_SOURCE.name == "claw_harness.py" and all(path.is_file() for path in bundled.files.values())

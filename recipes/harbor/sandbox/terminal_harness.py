@@ -1,18 +1,17 @@
 """A small terminal agent harness (stdlib only) that runs inside a Harbor task's sandbox: the
-instruction on stdin, the model at OPENAI_BASE_URL (the controller's recording proxy), one
-function, ``bash``, whose command runs in the working directory; a reply without a tool call
-ends the run. HARBOR_MAX_TURNS bounds the model calls, HARBOR_COMMAND_TIMEOUT each command.
-
-Exit status: 0 done, 3 out of turns, 4 the model failed."""
+instruction on stdin, one function, ``bash``, whose command runs in the working directory
+(HARBOR_COMMAND_TIMEOUT bounds it; the middle of a long output is elided); a reply without a
+tool call ends the run. The model client and the loop are ``harness_chat``'s, copied next to
+this file: HARBOR_MAX_TURNS bounds the model calls; the exit status is 0 when done, 3 out of
+turns, 4 when the model failed."""
 
 import json
 import os
 import shutil
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
+
+import harness_chat
 
 SYSTEM = (
     "You are an agent working in a Linux terminal to complete a task. Run shell commands with the "
@@ -32,27 +31,8 @@ BASH_TOOL = {
         },
     },
 }
-BASE = os.environ["OPENAI_BASE_URL"].rstrip("/")
-KEY = os.environ.get("OPENAI_API_KEY", "")
-MODEL = os.environ.get("OPENAI_MODEL", "default")
 OUTPUT_CHARS = 10_000
 SHELL = shutil.which("bash") or "/bin/sh"
-OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def complete(messages):
-    body = json.dumps({"model": MODEL, "messages": messages, "tools": [BASH_TOOL]}).encode()
-    for attempt in range(4):
-        request = urllib.request.Request(BASE + "/chat/completions", data=body)
-        request.add_header("Content-Type", "application/json")
-        request.add_header("Authorization", "Bearer " + KEY)
-        try:
-            with OPENER.open(request, timeout=600) as reply:
-                return json.load(reply)["choices"][0]["message"]
-        except urllib.error.HTTPError as exc:
-            if exc.code not in (429, 500, 502, 503) or attempt == 3:
-                raise
-        time.sleep(0.25 * 2**attempt)
 
 
 def run(command):
@@ -68,29 +48,21 @@ def run(command):
     return f"exit status: {done.returncode}\n{output}"
 
 
+def run_call(call):
+    try:
+        command = json.loads(call["function"]["arguments"])["command"]
+        return run(command) if call["function"]["name"] == "bash" else "error: the one tool is bash"
+    except (ValueError, KeyError, TypeError):
+        return 'error: the arguments must be a JSON object {"command": "..."}'
+
+
+def finish(message, turns):
+    print(f"harness: done after {turns} turns: {message.get('content') or ''}")
+
+
 def main():
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": sys.stdin.read()}]
-    for turn in range(int(os.environ.get("HARBOR_MAX_TURNS", "20"))):
-        try:
-            message = complete(messages)
-        except (OSError, ValueError, KeyError, IndexError) as exc:
-            print(f"harness: the model failed: {exc}", file=sys.stderr)
-            return 4
-        message = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls")}
-        messages.append(message)
-        calls = message.get("tool_calls") or []
-        if not calls:
-            print(f"harness: done after {turn + 1} turns: {message.get('content') or ''}")
-            return 0
-        for call in calls:
-            try:
-                command = json.loads(call["function"]["arguments"])["command"]
-                result = run(command) if call["function"]["name"] == "bash" else "error: the one tool is bash"
-            except (ValueError, KeyError, TypeError):
-                result = 'error: the arguments must be a JSON object {"command": "..."}'
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
-    print("harness: out of turns")
-    return 3
+    max_turns = int(os.environ.get("HARBOR_MAX_TURNS", "20"))
+    return harness_chat.run_agent(SYSTEM, [BASH_TOOL], max_turns, lambda calls: [run_call(c) for c in calls], finish)
 
 
 if __name__ == "__main__":
