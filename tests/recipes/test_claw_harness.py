@@ -6,15 +6,20 @@ turns each call into one training sample."""
 from __future__ import annotations
 
 import json
+import os
+import uuid
 
 import anyio
 import msgspec
+import pytest
 
+import orchard_async as oa
 from orchard_async.models.client import ModelConfig
 from orchard_async.models.proxy import ModelCall
 from orchard_async.recipes import claw
 from orchard_async.recipes.claw.export import training_samples
 from orchard_async.recipes.claw.harness import HarnessPolicy
+from tests.conftest import require_docker
 from tests.recipes.swe_support import run_rollout
 from tests.recipes.test_claw_openai import SCRIPT, text_reply
 
@@ -58,6 +63,36 @@ def test_the_bundled_harness_solves_a_task_with_every_call_recorded(chat_server,
     assert samples[3]["messages"] == server.requests[3]["json"]["messages"]
     assert samples[3]["response"] == {"role": "assistant", "content": "I replied to Dana: Thursday at 14:00 works."}
     assert {s["reward"] for s in samples} == {1.0} and [s["call_index"] for s in samples] == [0, 1, 2, 3]
+
+
+@pytest.mark.soak  # a container: `pytest -m soak`, CI runs both
+def test_the_bundled_harness_solves_a_task_in_a_docker_container(chat_server) -> None:
+    """The image's own python3 runs the harness and the harness_chat copied next to it."""
+    image = os.environ.get("ORCHARD_CLAW_TEST_IMAGE", "orchard/python:test")
+    require_docker(image)
+    from orchard_async.adapters.docker import DockerAdapter
+
+    server = chat_server(lambda request, index: SCRIPT[index] if index < len(SCRIPT) else text_reply("done"))
+    config = ModelConfig(model="scripted", base_url=server.base_url, max_retries=0)
+    policy = HarnessPolicy(config)
+    (task,) = claw.load_tasks("builtin:mail-reply-dana", image=image)
+
+    async def main() -> tuple[list[oa.Trajectory], list[str]]:
+        adapter = DockerAdapter(run_id=f"t{uuid.uuid4().hex[:10]}")
+        try:
+            found = [t async for t in oa.rollout([task], policy, adapter, max_retries=0)]
+        finally:
+            await policy.close()
+            leaked = await adapter.list_owned()
+            await adapter.close()
+        return found, leaked
+
+    (t,), leaked = anyio.run(main)
+    summary = json.loads(t.steps[-1].action.raw)
+    assert (t.status, t.reward, t.success) == ("finished", 1.0, True), (t.error, t.info, summary)
+    assert summary["exit_code"] == 0 and "harness: answered after 4 turns" in summary["output"], summary
+    assert len(server.requests) == 4 and len(t.steps) == 5 and t.info["tool_calls"] == 6
+    assert leaked == []
 
 
 def test_a_harness_that_gives_up_scores_zero_and_the_budget_holds(chat_server, tmp_path) -> None:
