@@ -6,9 +6,10 @@ recorded call, then the submit with the harness's exit status and output. The ha
 the task's agent user in its workdir (``task.as_user``), once per step of a multi-step task
 (``steps.Stepwise``), with the step's turns (``max_steps - 1`` calls) and time.
 
-The ``harness`` option names it: ``bundled`` (``sandbox/terminal_harness.py`` and the ``harness_chat`` it imports, stdlib only:
-the image needs python3, which the relay needs anyway), ``mini-swe-agent`` (the third-party
-agent from PyPI, which the image must have: map the task's base to an image with it, e.g.
+The ``harness`` option names it: ``bundled`` (``sandbox/terminal_harness.py`` and the
+``harness_chat`` it imports, stdlib only: the image needs python3, which the relay needs
+anyway), ``mini-swe-agent`` (the third-party agent from PyPI, which the image must have: map
+the task's base to an image with it, e.g.
 ``{"image_map": {"ubuntu:24.04": "orchard/claw-mini-swe-agent:bookworm"}}``), or a command in
 the image that reads the instruction from stdin and calls ``$OPENAI_BASE_URL``.
 """
