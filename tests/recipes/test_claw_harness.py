@@ -65,17 +65,9 @@ def test_the_bundled_harness_solves_a_task_with_every_call_recorded(chat_server,
     assert {s["reward"] for s in samples} == {1.0} and [s["call_index"] for s in samples] == [0, 1, 2, 3]
 
 
-@pytest.mark.soak  # a container: `pytest -m soak`, CI runs both
-def test_the_bundled_harness_solves_a_task_in_a_docker_container(chat_server) -> None:
-    """The image's own python3 runs the harness and the harness_chat copied next to it."""
-    image = os.environ.get("ORCHARD_CLAW_TEST_IMAGE", "orchard/python:test")
-    require_docker(image)
+def run_on_docker(task: claw.ClawTask, policy: HarnessPolicy) -> tuple[list[oa.Trajectory], list[str]]:
+    """One episode of ``task`` on docker: its trajectories and the containers left behind."""
     from orchard_async.adapters.docker import DockerAdapter
-
-    server = chat_server(lambda request, index: SCRIPT[index] if index < len(SCRIPT) else text_reply("done"))
-    config = ModelConfig(model="scripted", base_url=server.base_url, max_retries=0)
-    policy = HarnessPolicy(config)
-    (task,) = claw.load_tasks("builtin:mail-reply-dana", image=image)
 
     async def main() -> tuple[list[oa.Trajectory], list[str]]:
         adapter = DockerAdapter(run_id=f"t{uuid.uuid4().hex[:10]}")
@@ -87,7 +79,18 @@ def test_the_bundled_harness_solves_a_task_in_a_docker_container(chat_server) ->
             await adapter.close()
         return found, leaked
 
-    (t,), leaked = anyio.run(main)
+    return anyio.run(main)
+
+
+@pytest.mark.soak  # a container: `pytest -m soak`, CI runs both
+def test_the_bundled_harness_solves_a_task_in_a_docker_container(chat_server) -> None:
+    """The image's own python3 runs the harness and the harness_chat copied next to it."""
+    image = os.environ.get("ORCHARD_CLAW_TEST_IMAGE", "orchard/python:test")
+    require_docker(image)
+    server = chat_server(lambda request, index: SCRIPT[index] if index < len(SCRIPT) else text_reply("done"))
+    config = ModelConfig(model="scripted", base_url=server.base_url, max_retries=0)
+    (task,) = claw.load_tasks("builtin:mail-reply-dana", image=image)
+    (t,), leaked = run_on_docker(task, HarnessPolicy(config))
     summary = json.loads(t.steps[-1].action.raw)
     assert (t.status, t.reward, t.success) == ("finished", 1.0, True), (t.error, t.info, summary)
     assert summary["exit_code"] == 0 and "harness: answered after 4 turns" in summary["output"], summary

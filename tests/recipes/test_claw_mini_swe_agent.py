@@ -10,22 +10,20 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
 
-import anyio
 import msgspec
 import pytest
 
-import orchard_async as oa
 from orchard_async.models.client import ModelConfig
 from orchard_async.models.proxy import ModelCall
 from orchard_async.recipes import claw
 from orchard_async.recipes.claw.harness import MINI_SWE_AGENT_IMAGE, HarnessPolicy
 from tests.conftest import require_docker
 from tests.recipes.swe_support import Reply
+from tests.recipes.test_claw_harness import run_on_docker
 
 try:
-    from orchard_async.adapters.docker import DockerAdapter
+    from orchard_async.adapters.docker import DockerAdapter  # noqa: F401  (run_on_docker's; here to skip)
 except ImportError as exc:  # aiodocker is an optional dependency
     if os.environ.get("CI", "").lower() == "true":
         raise
@@ -75,18 +73,7 @@ def test_mini_swe_agent_solves_a_claw_task_with_every_call_recorded(chat_server)
     (task,) = claw.load_tasks("builtin:mail-reply-dana", image=IMAGE)
     assert task.spec.network == "none"
     task.deadline = 900.0  # mini imports litellm: ~6 s of CPU, minutes on a loaded 2-core machine
-
-    async def main() -> tuple[list[oa.Trajectory], list[str]]:
-        adapter = DockerAdapter(run_id=f"t{uuid.uuid4().hex[:10]}")
-        try:
-            found = [t async for t in oa.rollout([task], policy, adapter, max_retries=0)]
-        finally:
-            await policy.close()
-            leaked = await adapter.list_owned()
-            await adapter.close()
-        return found, leaked
-
-    (t,), leaked = anyio.run(main)
+    (t,), leaked = run_on_docker(task, policy)
     summary = json.loads(t.steps[-1].action.raw)
     assert (t.status, t.reward, t.success) == ("finished", 1.0, True), (t.error, t.info, summary)
     assert leaked == []
