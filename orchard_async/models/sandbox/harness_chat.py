@@ -19,8 +19,8 @@ MODEL = os.environ.get("OPENAI_MODEL", "default")
 # the proxy is on the sandbox's loopback: a proxy setting of the image must not carry the calls away
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 ATTEMPTS = 4
-TRANSIENT = (429, 500, 502, 503)  # statuses worth another attempt, after 0.5 s, 1 s, 2 s
-BACKOFF = 0.5
+TRANSIENT = (429, 500, 502, 503)  # statuses worth another attempt, after 0.25 s, 0.5 s, 1 s
+BACKOFF = 0.25
 KEPT = ("role", "content", "tool_calls")  # of a reply, what goes back into the history
 
 
