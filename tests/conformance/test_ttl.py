@@ -1,0 +1,106 @@
+"""Extending a live sandbox's TTL (capabilities.ExtendableTTL): an extended sandbox outlives its
+first TTL and ends at the extended one; nothing inside it can extend it (writing where its timer
+reads its deadline, signalling the timer); another controller's reap keeps it while extended.
+
+Each waits out a short TTL (a few seconds of sleeping, no CPU): on local-bwrap in the default
+run, on the other backends in the soak run."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+import orchard_async as oa
+from orchard_async.capabilities import ExtendableTTL, TTLCapExceeded
+from tests.conformance.conftest import BACKENDS, _wanted
+
+# Where each backend's timer reads an extendable sandbox's deadline, as the sandbox sees it.
+DEADLINE_PATHS = '"$ORCHARD_SANDBOX/deadline" /run/orchard-ttl/deadline'
+
+# What an agent could try from inside: rewrite the deadline, and signal the timer's sleep with
+# every signal a shell can catch, a stop and a continue, and a kill (signalling the timer shell
+# itself ends the sandbox at once, or is ignored). It must still end at its TTL.
+FROM_INSIDE = f"""
+for f in {DEADLINE_PATHS}; do echo 9999999999 >"$f"; done 2>/dev/null
+for s in HUP INT QUIT TERM USR2 ALRM STOP CONT KILL; do
+  for d in /proc/[0-9]*; do
+    case "$(tr '\\0' ' ' <"$d/cmdline" 2>/dev/null)" in
+      "sleep "*) kill -"$s" "${{d#/proc/}}" 2>/dev/null ;;
+    esac
+  done
+done
+exit 0
+"""
+
+
+def waiting_backends() -> list[object]:
+    """The backends the TTL waits run on: local-bwrap in the default run, the rest in the soak run."""
+    return [
+        pytest.param(name, marks=() if name == "local-bwrap" else pytest.mark.soak)
+        for name in BACKENDS
+        if _wanted(name)
+    ]
+
+
+async def lost_at(box: oa.Sandbox, by: float) -> float:
+    """The wall-clock time the sandbox stopped answering (polled), or inf if it still did at ``by``."""
+    while time.time() < by:
+        result = await box.exec("true", timeout=5)
+        if result.reason == oa.ExitReason.SANDBOX_LOST:
+            return time.time()
+        await anyio.sleep(0.25)
+    return float("inf")
+
+
+@pytest.mark.parametrize("make_adapter", waiting_backends(), indirect=True)
+async def test_an_extended_sandbox_outlives_its_first_ttl_and_ends_at_the_extended_one(make_adapter) -> None:
+    adapter = make_adapter()
+    box = await adapter.create(oa.SandboxSpec(ttl=1, max_extension=5))
+    try:
+        assert isinstance(box, ExtendableTTL)
+        first = time.time() + 1
+        extended = await box.extend_ttl(1.5)
+        assert extended == pytest.approx(first + 1.5, abs=0.5)
+        with pytest.raises(TTLCapExceeded, match="max_extension=5"):
+            await box.extend_ttl(4)  # 1.5 + 4 > 5: refused whole, nothing changes
+        # past the first TTL, rounded up to whole seconds as the timers do: still there
+        await anyio.sleep(max(0.0, first + 1.2 - time.time()))
+        assert (await box.exec("echo alive", timeout=5)).text == "alive\n"
+        # another controller's reap sees the extension and leaves it alone
+        other = make_adapter()
+        assert box.id not in await other.reap()
+        gone = await lost_at(box, extended + 4)
+        assert extended - 0.5 <= gone <= extended + 4, (gone - extended, "seconds after the extended expiry")
+        with pytest.raises(oa.SandboxLost):
+            await box.extend_ttl(1)
+    finally:
+        await box.close()
+
+
+@pytest.mark.parametrize("make_adapter", waiting_backends(), indirect=True)
+async def test_nothing_inside_a_sandbox_extends_its_life(make_adapter) -> None:
+    adapter = make_adapter()
+    box = await adapter.create(oa.SandboxSpec(ttl=1, max_extension=60))
+    try:
+        expires = time.time() + 1
+        tried = await box.exec(FROM_INSIDE, timeout=10)
+        assert tried.exit_code == 0, tried.error_text  # the timer shrugged it off
+        gone = await lost_at(box, expires + 4)
+        assert gone <= expires + 4, "the sandbox outlived its TTL after what its commands did"
+    finally:
+        await box.close()
+
+
+async def test_extend_ttl_refuses_bad_seconds_and_a_closed_sandbox(make_adapter) -> None:
+    adapter = make_adapter()
+    box = await adapter.create(oa.SandboxSpec(ttl=60))
+    for bad in (0, -1, float("inf")):
+        with pytest.raises(oa.ConfigError, match="positive, finite"):
+            await box.extend_ttl(bad)  # type: ignore[attr-defined]
+    with pytest.raises(TTLCapExceeded, match="max_extension=0"):
+        await box.extend_ttl(1)  # type: ignore[attr-defined]
+    await box.close()
+    with pytest.raises(oa.SandboxLost):
+        await box.extend_ttl(1)  # type: ignore[attr-defined]
