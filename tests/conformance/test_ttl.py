@@ -2,8 +2,8 @@
 first TTL and ends at the extended one; nothing inside it can extend it (writing where its timer
 reads its deadline, signalling the timer); another controller's reap keeps it while extended.
 
-Each waits out a short TTL (a few seconds of sleeping, no CPU): on local-bwrap in the default
-run, on the other backends in the soak run."""
+Each waits out a short TTL (a few seconds of sleeping, no CPU): the extension on local-bwrap in
+the default run, the rest in the soak run."""
 
 from __future__ import annotations
 
@@ -35,23 +35,22 @@ exit 0
 """
 
 
-def waiting_backends() -> list[object]:
-    """The backends the TTL waits run on: local-bwrap in the default run, the rest in the soak run."""
-    return [
-        pytest.param(name, marks=() if name == "local-bwrap" else pytest.mark.soak)
-        for name in BACKENDS
-        if _wanted(name)
-    ]
+def waiting_backends(default: str = "local-bwrap") -> list[object]:
+    """The backends the TTL waits run on: ``default`` in the default run (its budget), the rest
+    in the soak run."""
+    return [pytest.param(name, marks=() if name == default else pytest.mark.soak) for name in BACKENDS if _wanted(name)]
 
 
-def timing(request: pytest.FixtureRequest) -> tuple[float, float, float, float]:
-    """(ttl, extension, when past the first TTL it must still answer, slack: seconds past an
-    expiry the sandbox may take to end). A pod's timer starts seconds after its create began,
-    and the kubelet refreshes the projected deadline on its next sync of the pod: longer
-    times there."""
+def timing(request: pytest.FixtureRequest) -> tuple[float, float, float, float, bool]:
+    """(ttl, extension, how long past its first TTL (from the create's return) it must still
+    answer, slack: seconds past an expiry the sandbox may take to end, whether its timer
+    outlives its sleep being signalled). A pod takes seconds to start and the kubelet
+    refreshes the projected deadline on its next sync of the pod: longer times there; and
+    the egress filter's container, whose processes a sandbox sees (a shared PID namespace),
+    may end with its sleep, and the pod with it."""
     if "kubernetes" in request.node.callspec.params["make_adapter"]:
-        return 10.0, 12.0, 9.0, 15.0
-    return 1.0, 1.5, 1.2, 4.0
+        return 10.0, 20.0, 2.0, 15.0, False
+    return 1.0, 2.5, 1.2, 4.0, True
 
 
 async def lost_at(box: oa.Sandbox, by: float) -> float:
@@ -66,19 +65,19 @@ async def lost_at(box: oa.Sandbox, by: float) -> float:
 
 @pytest.mark.parametrize("make_adapter", waiting_backends(), indirect=True)
 async def test_an_extended_sandbox_outlives_its_first_ttl_and_ends_at_the_extended_one(make_adapter, request) -> None:
-    ttl, extension, alive_after, slack = timing(request)
+    ttl, extension, alive_after, slack, _ = timing(request)
     adapter = make_adapter()
+    before = time.time()
     box = await adapter.create(oa.SandboxSpec(ttl=ttl, max_extension=extension + 3.5))
+    after = time.time()  # the sandbox's timer started in between: its first TTL ends by after + ttl
     try:
         assert isinstance(box, ExtendableTTL)
-        first = time.time() + ttl
         extended = await box.extend_ttl(extension)
-        assert extended == pytest.approx(first + extension, abs=0.5)
+        assert before + ttl + extension - 0.1 <= extended <= after + ttl + extension + 0.1
         with pytest.raises(TTLCapExceeded, match=f"max_extension={extension + 3.5:g}"):
             await box.extend_ttl(4)  # past the cap: refused whole, nothing changes
-        # well past the first TTL (rounded up to whole seconds as the timers do, and a pod's
-        # timer starting later than its create began): still there
-        await anyio.sleep(max(0.0, first + alive_after - time.time()))
+        # past the first TTL (rounded up to whole seconds, as the timers do): still there
+        await anyio.sleep(max(0.0, after + ttl + alive_after - time.time()))
         assert (await box.exec("echo alive", timeout=5)).text == "alive\n"
         # another controller's reap sees the extension and leaves it alone
         other = make_adapter()
@@ -91,15 +90,16 @@ async def test_an_extended_sandbox_outlives_its_first_ttl_and_ends_at_the_extend
         await box.close()
 
 
-@pytest.mark.parametrize("make_adapter", waiting_backends(), indirect=True)
+@pytest.mark.parametrize("make_adapter", waiting_backends(default=""), indirect=True)
 async def test_nothing_inside_a_sandbox_extends_its_life(make_adapter, request) -> None:
-    ttl, _, _, slack = timing(request)
+    ttl, _, _, slack, survives = timing(request)
     adapter = make_adapter()
     box = await adapter.create(oa.SandboxSpec(ttl=ttl, max_extension=60))
+    expires = time.time() + ttl
     try:
-        expires = time.time() + ttl
         tried = await box.exec(FROM_INSIDE, timeout=10)
-        assert tried.exit_code == 0, tried.error_text  # the timer shrugged it off
+        if survives:  # the timer shrugged it off: what follows is not an early end
+            assert tried.exit_code == 0, tried.error_text
         gone = await lost_at(box, expires + slack)
         assert gone <= expires + slack, "the sandbox outlived its TTL after what its commands did"
     finally:
