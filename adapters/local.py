@@ -82,7 +82,7 @@ DEADLINE_FILE = "deadline"
 # trapped signal), which a shell blocked reading commands does not do: that is why the TTL
 # lives here, not in the server. The timer ignores the signals it can (the sandbox's commands
 # could send them), and an extendable one re-checks the clock after every sleep, so a sleep
-# cut short sleeps again to the deadline.
+# cut short sleeps again to the deadline; a deadline that is not a number ends it.
 SUPERVISOR = r"""
 exec 3<&0 0</dev/null
 sh -s <&3 3<&- &
@@ -92,7 +92,7 @@ trap 'kill -USR1 $server 2>/dev/null' USR1
 (trap '' HUP INT QUIT TERM USR1 USR2 ALRM PIPE
  sleep "$1"
  if [ -n "$3" ]; then
-   while read -r d <"$3" && n=$(date +%s); do
+   while read -r d <"$3" && n=$(date +%s) && [ "$d" -gt "$n" ]; do
      if [ "$d" -gt "$4" ]; then d=$4; fi
      if [ "$d" -le "$n" ]; then break; fi
      sleep $((d - n))

@@ -49,10 +49,10 @@ kill -KILL -1
 # in $5 (epoch seconds, written by the controller into a host dir bound read-only at TTL_DIR:
 # nothing in the container can change it) is later, but never past $6, the hard cap (the TTL
 # plus spec.max_extension). It checks the clock after every nap: a nap cut short (its sleep
-# killed from inside) naps again to the deadline.
+# killed from inside) naps again to the deadline; a deadline that is not a number ends it.
 TTL_LOOP = """
 if [ -e "$_o_pid" ] && [ -n "$5" ]; then
-  while read -r _o_d <"$5" && _o_n=$(date +%s); do
+  while read -r _o_d <"$5" && _o_n=$(date +%s) && [ "$_o_d" -gt "$_o_n" ]; do
     if [ "$_o_d" -gt "$6" ]; then _o_d=$6; fi
     if [ "$_o_d" -le "$_o_n" ]; then break; fi
     _o_nap $((_o_d - _o_n))

@@ -43,12 +43,13 @@ DEFAULT_CONTAINER_ANNOTATION = "kubectl.kubernetes.io/default-container"
 # extendable sandbox's (spec.max_extension) then goes on while the deadline in `$4` is later
 # (epoch seconds: its pod's DEADLINE_ANNOTATION, which the kubelet projects into a read-only
 # downward API volume, so nothing in the pod can change it), never past `$5`, the hard cap
-# (activeDeadlineSeconds ends the pod there anyway). It checks the clock after every sleep:
-# a sleep cut short sleeps again to the deadline. Backquotes and expr, not `$(`: Kubernetes
-# reads `$(NAME)` in a command as a variable reference.
+# (activeDeadlineSeconds ends the pod there anyway). It checks the clock after every sleep: a
+# sleep cut short sleeps again to the deadline; a deadline that is not a number ends it.
+# Backquotes and expr, not `$(`: Kubernetes reads `$(NAME)` in a command as a variable
+# reference; `cat`, not `read`: the projected file has no final newline.
 TIMER = (
     'sleep "$1"; if [ -e "$3" ]; then if [ -z "$4" ]; then exec sleep "$2"; fi; sleep "$2"; '
-    'while read -r d <"$4" && n=`date +%s`; do if [ "$d" -gt "$5" ]; then d=$5; fi; '
+    'while d=`cat "$4"` && n=`date +%s` && [ "$d" -gt "$n" ]; do if [ "$d" -gt "$5" ]; then d=$5; fi; '
     'if [ "$d" -le "$n" ]; then break; fi; sleep `expr "$d" - "$n"`; done; fi'
 )
 DEADLINE_ANNOTATION = "orchard.deadline"  # an extendable sandbox's deadline, epoch seconds
