@@ -28,6 +28,7 @@ import contextlib
 import errno
 import functools
 import json
+import math
 import os
 import signal
 import subprocess
@@ -70,18 +71,34 @@ STREAM_START_TIMEOUT = 30.0  # starting a stream's process, until it holds its F
 # A snapshot outlives the sandbox it was taken from (a group's samples start from it later);
 # reap removes it at once when its controller is dead, else past this lifetime.
 SNAPSHOT_TTL = 24 * 3600.0
+# An extendable sandbox's deadline (epoch seconds) in its dir, which the sandbox sees read-only.
+DEADLINE_FILE = "deadline"
 
-# `$1` TTL seconds, `$2` "ns" when the sandbox has its own PID namespace. stdin is the
-# controller's pipe, passed to the server. Traps run while the supervisor waits (POSIX `wait`
-# returns on a trapped signal), which a shell blocked reading commands does not do: that is
-# why the TTL lives here, not in the server.
+# `$1` TTL seconds, `$2` "ns" when the sandbox has its own PID namespace; for a sandbox whose
+# TTL may be extended, `$3` the deadline file (epoch seconds, written by the controller on the
+# host: the sandbox sees its directory read-only) and `$4` the hard cap (epoch seconds: the
+# TTL plus spec.max_extension), past which no deadline holds. stdin is the controller's pipe,
+# passed to the server. Traps run while the supervisor waits (POSIX `wait` returns on a
+# trapped signal), which a shell blocked reading commands does not do: that is why the TTL
+# lives here, not in the server. The timer ignores the signals it can (the sandbox's commands
+# could send them), and an extendable one re-checks the clock after every sleep, so a sleep
+# cut short sleeps again to the deadline; a deadline that is not a number ends it.
 SUPERVISOR = r"""
 exec 3<&0 0</dev/null
 sh -s <&3 3<&- &
 server=$!
 exec 3<&-
 trap 'kill -USR1 $server 2>/dev/null' USR1
-(sleep "$1"; kill -KILL $server) </dev/null >/dev/null 2>&1 &
+(trap '' HUP INT QUIT TERM USR1 USR2 ALRM PIPE
+ sleep "$1"
+ if [ -n "$3" ]; then
+   while read -r d <"$3" && n=$(date +%s) && [ "$d" -gt "$n" ]; do
+     if [ "$d" -gt "$4" ]; then d=$4; fi
+     if [ "$d" -le "$n" ]; then break; fi
+     sleep $((d - n))
+   done
+ fi
+ kill -KILL $server) </dev/null >/dev/null 2>&1 &
 while :; do wait $server; kill -0 $server 2>/dev/null || break; done
 if [ "$2" = ns ]; then kill -KILL -1 2>/dev/null; fi
 """
@@ -356,6 +373,8 @@ class LocalAdapter:
         plan = iso.layout(self.root, base, network=spec.network == "on", writable_dirs=spec.writable_dirs)
         inner = iso.sandbox_argv(self.isolation, plan, self._probe.user_namespace)
         supervisor = ["sh", "-c", SUPERVISOR, "supervisor", str(int(spec.ttl) + 1), "ns" if self.namespaces else ""]
+        if spec.max_extension:
+            supervisor += [str(base / DEADLINE_FILE), str(math.ceil(expires_at + spec.max_extension))]
         argv = [
             *default_signals_argv(),
             *["sh", "-c", GATE, "gate", str(base), iso.LAUNCHER, self.isolation, *inner, *supervisor],
@@ -384,6 +403,8 @@ class LocalAdapter:
         cgroup = ""
         try:
             self._prepare_dirs(base, lease, plan, spec.writable_dirs)
+            if spec.max_extension:
+                _write_deadline(base, expires_at)
             if tree is not None:
                 if self.fork_method[0] == "overlay":  # two mkdirs and a mount: no thread hop for that
                     snaps.fork_into(tree, base, "overlay", self._owner())
@@ -450,6 +471,8 @@ class LocalAdapter:
             expires_at=expires_at,
             stream_opener=functools.partial(self._open_stream, base),
             network=NetworkSwitch(spec_network(spec.network), egress.enforce, refusal=self._network_refusal(spec)),
+            ttl_extender=functools.partial(self._extend, base, lease),
+            max_extension=spec.max_extension,
         )
         self._live[sandbox_id] = (sandbox, process)
         return sandbox
@@ -464,6 +487,15 @@ class LocalAdapter:
                 "create it with network='none' to switch its network"
             )
         return egress.namespace_refusal()
+
+    @staticmethod
+    async def _extend(base: Path, lease: dict, expires_at: float) -> None:
+        """Move a sandbox's expiry (ShellSandbox.extend_ttl): the deadline its timer re-reads
+        (SUPERVISOR), then the lease reap reads, so another controller's reap keeps it too."""
+        _write_deadline(base, expires_at)
+        lease["expires_at"] = expires_at
+        lease["labels"][names.EXPIRES] = str(int(expires_at))
+        _replace_file(base / "lease.json", json.dumps(lease))
 
     async def _open_stream(self, base: Path, sandbox: ShellSandbox, command: list[str]) -> anyio.abc.ByteStream:
         """Start ``command`` in the sandbox on two fresh FIFOs, its stdin and stdout, and
@@ -591,6 +623,19 @@ class LocalAdapter:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _write_deadline(base: Path, expires_at: float) -> None:
+    """The deadline an extendable sandbox's timer re-reads (SUPERVISOR), in whole seconds."""
+    _replace_file(base / DEADLINE_FILE, f"{math.ceil(expires_at)}\n")
+
+
+def _replace_file(path: Path, text: str) -> None:
+    """Write ``path`` whole, at once: a reader (the sandbox's timer, a reap) sees the old text
+    or the new one, never a part."""
+    staged = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    staged.write_text(text)
+    os.replace(staged, path)
 
 
 def _tail(log: BinaryIO, size: int = 400) -> str:

@@ -29,10 +29,12 @@ import msgspec
 from orchard_async.capabilities import (
     AdapterFacts,
     EgressRule,
+    ExtendableTTL,
     Facts,
     NetworkControl,
     NetworkPolicy,
     NetworkState,
+    check_extension,
     spec_network,
 )
 from orchard_async.errors import (
@@ -101,7 +103,8 @@ async def _no_enforcement(policy: NetworkPolicy) -> None:
 
 
 class SimSandbox:
-    capabilities = frozenset({NetworkControl})
+    capabilities = frozenset({NetworkControl, ExtendableTTL})
+    extended = 0.0  # seconds extend_ttl has added (set on the instance by the first one)
 
     def __init__(self, adapter: SimAdapter, sandbox_id: str, spec: SandboxSpec, rng: random.Random):
         self.id = sandbox_id
@@ -115,6 +118,7 @@ class SimSandbox:
         self.closed = False
         self._instant_exec = adapter.config.exec_latency == Latency()
         self.expires_at = time.monotonic() + spec.ttl  # a hung command without a timeout waits for this
+        self.max_extension = spec.max_extension
         # Its commands do not run, so its network is bookkeeping only: the engine's switching is what it shows.
         self._network = NetworkSwitch(spec_network(spec.network), _no_enforcement)
         self.network_changes: list[NetworkPolicy] = []
@@ -130,6 +134,17 @@ class SimSandbox:
 
     async def get_network(self) -> NetworkState:
         return self._network.state
+
+    async def extend_ttl(self, seconds: float) -> float:
+        """Move the expiry on (capabilities.ExtendableTTL): what a hung command waits for."""
+        now = time.monotonic()
+        if self.dead or self.closed or self.expires_at <= now:
+            raise SandboxLost(f"simulated sandbox {self.id} is gone: its TTL cannot be extended")
+        check_extension(self.id, seconds, self.extended, self.max_extension)
+        self.extended += seconds
+        self.expires_at += seconds
+        await asyncio.sleep(0)  # a backend call, as the other adapters make
+        return time.time() + self.expires_at - now
 
     async def _wait(self, latency: Latency) -> None:
         await _sleep(latency, self._rng)

@@ -20,7 +20,8 @@ Adapters: ``Snapshots`` (forks), ``Reattach`` (taking over sandboxes a gone cont
 Sandboxes: ``Ping`` (a liveness check that runs no command), ``FileRoot`` (where its paths are
 rooted), ``NetworkControl`` (its egress switched while it runs: ``set_network``, with the policy's
 shapes here: ``EgressRule``, ``NetworkPolicy``, ``NetworkState``), ``Exposes`` (a port as a
-loopback URL: ``sandbox.expose(port)``). Streams (``open_stream``,
+loopback URL: ``sandbox.expose(port)``), ``ExtendableTTL`` (its TTL moved on while it runs:
+``extend_ttl``, up to ``SandboxSpec.max_extension``). Streams (``open_stream``,
 ``connect``) are not optional: every sandbox has them, and one whose backend runs no processes
 refuses them with ``ConfigError`` (see ``protocols.Sandbox``).
 """
@@ -28,6 +29,7 @@ refuses them with ``ConfigError`` (see ``protocols.Sandbox``).
 from __future__ import annotations
 
 import ipaddress
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -250,5 +252,43 @@ class Exposes(Protocol):
     async def unexpose(self, port: int) -> bool: ...
 
 
+class TTLCapExceeded(ConfigError):
+    """An extension past what the sandbox's spec allows (``SandboxSpec.max_extension``, the
+    seconds its TTL may be extended by in all); the message names the cap and what is left."""
+
+
+@runtime_checkable
+class ExtendableTTL(Protocol):
+    """The sandbox's life extended while it runs (a rollout paused across a trainer's weight
+    sync: ``engine.control``). ``extend_ttl(seconds)`` moves its expiry ``seconds`` later and
+    returns the new expiry as wall-clock epoch seconds (``time.time()``'s scale), once the
+    backend holds it. Extensions add up to at most the spec's ``max_extension`` seconds: one
+    past it raises ``TTLCapExceeded`` (a ``ConfigError`` naming the cap) and changes nothing,
+    never a clamped extension. ``SandboxLost`` for a sandbox closed, lost or already past its
+    expiry; ``ConfigError`` for seconds that are not a positive finite number, or where this
+    sandbox's backend cannot extend it (the adapter says why). Nothing inside the sandbox can
+    extend it: what its self-destruct timer re-reads is out of the agent's reach, and the
+    timer never goes past the cap."""
+
+    async def extend_ttl(self, seconds: float) -> float: ...
+
+
+def check_extension(sandbox_id: str, seconds: float, extended: float, max_extension: float) -> None:
+    """Refuse an extension of ``seconds`` on top of ``extended`` already granted (ExtendableTTL):
+    ConfigError for a bad number, TTLCapExceeded past ``max_extension``."""
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not (math.isfinite(seconds) and seconds > 0)
+    ):
+        raise ConfigError(f"extend_ttl takes a positive, finite number of seconds, got {seconds!r}")
+    if extended + seconds > max_extension + 1e-6:
+        left = max(0.0, max_extension - extended)
+        raise TTLCapExceeded(
+            f"sandbox {sandbox_id}: extending its TTL by {seconds:g} s passes its cap, max_extension={max_extension:g} s "
+            f"in all ({left:g} s left); create it with a larger SandboxSpec.max_extension"
+        )
+
+
 ADAPTER_CAPABILITIES: tuple[type, ...] = (Snapshots, Reattach, Doctor, Facts)
-SANDBOX_CAPABILITIES: tuple[type, ...] = (Ping, FileRoot, NetworkControl, Exposes)
+SANDBOX_CAPABILITIES: tuple[type, ...] = (Ping, FileRoot, NetworkControl, Exposes, ExtendableTTL)

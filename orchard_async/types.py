@@ -112,6 +112,9 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     # Commands may switch to another user of the image (`su`, `setpriv`), as tasks with a
     # non-root agent user do: the sandbox's root keeps CAP_SETUID and CAP_SETGID, nothing more.
     switch_users: bool = False
+    # Seconds its TTL may be extended by, in all, while it runs (capabilities.ExtendableTTL);
+    # 0: not at all. A hard cap: kubernetes sets activeDeadlineSeconds to ttl + this.
+    max_extension: float = 0.0
 
     def __post_init__(self) -> None:
         # Every field is checked here, types included: msgspec validates types only when it
@@ -142,6 +145,10 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
         _check_writable_dirs(self.writable_dirs)
         if not isinstance(self.switch_users, bool):
             raise ConfigError(f"switch_users must be true or false, got {self.switch_users!r}")
+        if not (_is_number(self.max_extension) and math.isfinite(self.max_extension) and self.max_extension >= 0):
+            raise ConfigError(
+                f"max_extension must be a finite number of seconds (0 or more), got {self.max_extension!r}"
+            )
         if not isinstance(self.gpus, int) or isinstance(self.gpus, bool) or self.gpus < 0:
             raise ConfigError(f"gpus must be a whole number of GPUs (0 or more), got {self.gpus!r}")
 

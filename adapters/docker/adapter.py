@@ -21,7 +21,13 @@ from orchard_async.adapters.docker import guardian
 from orchard_async.adapters.docker.api import WHERE, AttachConnection, DockerApi
 from orchard_async.adapters.docker.attach import adoptable, find_sandboxes
 from orchard_async.adapters.docker.config import DockerConfig, hosts_dir
-from orchard_async.adapters.docker.container import container_config
+from orchard_async.adapters.docker.container import (
+    container_config,
+    reap_ttl_dirs,
+    remove_ttl_dir,
+    ttl_deadline,
+    write_deadline,
+)
 from orchard_async.adapters.docker.doctor import doctor
 from orchard_async.adapters.docker.fork import SNAPSHOT_REPO, Forks, check_snapshot_id
 from orchard_async.capabilities import AdapterFacts, Doctor, Facts, NetworkPolicy, Reattach, Snapshots, spec_network
@@ -84,6 +90,7 @@ class DockerAdapter(BackgroundOwner):
         self._unremoved: set[str] = set()  # destroyed, but the daemon did not confirm removal
         self._light_network = config.light_network  # off once the daemon refused our /etc/hosts bind
         self._hosts_dir: str | None = None  # holds the /etc/hosts of light-network sandboxes (config.hosts_dir)
+        self._binds_refused = False  # the daemon refused a bind of our files: no light network, no TTL extension
         # removes this adapter's never-started containers if the process dies (guardian.py)
         self._guardian: subprocess.Popen[bytes] | None = None
         self._guarded = False
@@ -112,14 +119,21 @@ class DockerAdapter(BackgroundOwner):
             name = f"orchard-{uuid.uuid4().hex[:16]}"
             expires_at = time.time() + spec.ttl
             labels = self._labels(spec, expires_at)
-            config = self._container_config(spec, image, labels)
+            ttl = self._ttl_dir(name, expires_at) if spec.max_extension and self._host_binds else None
+            config = self._container_config(spec, image, labels, ttl, expires_at + spec.max_extension)
             try:
                 container, split, watch = await self._start_container(name, config)
             except ConfigError as exc:
                 if not self._light_network_refused(config, exc):
+                    remove_ttl_dir(ttl)
                     raise
+                remove_ttl_dir(ttl)  # the daemon cannot bind our files: no deadline to extend either
+                ttl = None
                 config = self._container_config(spec, image, labels)  # the daemon's network "none"
                 container, split, watch = await self._start_container(name, config)
+            except BaseException:
+                remove_ttl_dir(ttl)
+                raise
             try:
                 client, relays = await self._open_shell(
                     container, self._workdir(spec), name, split, writable_dirs=spec.writable_dirs
@@ -127,11 +141,31 @@ class DockerAdapter(BackgroundOwner):
             except BaseException:
                 self._heartbeat.discard(name)
                 await self._remove(name)
+                remove_ttl_dir(ttl)
                 if watch is not None:
                     await watch.close()
                 raise
         network = spec_network(spec.network)
-        return self._sandbox(container, name, client, relays, labels, expires_at, network, watch)
+        return self._sandbox(
+            container, name, client, relays, labels, expires_at, network, watch, ttl, spec.max_extension
+        )
+
+    def _ttl_dir(self, name: str, expires_at: float) -> str:
+        """The host dir of an extendable sandbox's deadline (container.TTL_LOOP), the deadline in."""
+        if self._hosts_dir is None:
+            self._hosts_dir = hosts_dir()
+        path = os.path.join(self._hosts_dir, "ttl", name)
+        os.makedirs(path, mode=0o755)
+        os.chmod(path, 0o755)  # the image's user, whoever it is, reads it; only we write it
+        write_deadline(path, expires_at)
+        return path
+
+    def _ttl_refusal(self, ttl: str | None) -> str:
+        if ttl is not None:
+            return ""
+        if not self._host_binds:
+            return "the Docker daemon cannot bind this machine's files (it runs on another machine, or in a VM)"
+        return "it was created with max_extension=0 (SandboxSpec.max_extension), or taken over from another controller"
 
     def _sandbox(
         self,
@@ -143,6 +177,8 @@ class DockerAdapter(BackgroundOwner):
         expires_at: float,
         network: NetworkPolicy,
         watch: AttachConnection | None = None,
+        ttl: str | None = None,
+        max_extension: float = 0.0,
     ) -> ShellSandbox:
         async def container_pid() -> int:
             details = await self.api.call("inspect", container.show())
@@ -156,6 +192,7 @@ class DockerAdapter(BackgroundOwner):
             # Remove first: closing the stream first would make the container end itself
             # (exit_with_shell) and race our removal with AutoRemove's.
             await self._remove(name)
+            remove_ttl_dir(ttl)
             await client.close()
             await close_streams(relays)
             await egress.close()
@@ -165,8 +202,22 @@ class DockerAdapter(BackgroundOwner):
 
         opener = functools.partial(self._open_stream, container)
         switch = NetworkSwitch(network, egress.enforce, refusal=self._network_refusal())
+
+        async def extend(until: float) -> None:  # ShellSandbox.extend_ttl; the container's timer re-reads it
+            assert ttl is not None
+            write_deadline(ttl, until)
+
         sandbox = self._live[name] = container_sandbox(
-            name, client, labels, expires_at, teardown=teardown, open_stream=opener, network=switch
+            name,
+            client,
+            labels,
+            expires_at,
+            teardown=teardown,
+            open_stream=opener,
+            network=switch,
+            ttl_extender=extend,
+            max_extension=max_extension,
+            ttl_refusal=self._ttl_refusal(ttl),
         )
         return sandbox
 
@@ -202,7 +253,9 @@ class DockerAdapter(BackgroundOwner):
     def _workdir(self, spec: SandboxSpec) -> str:
         return spec.workdir or DEFAULT_WORKDIR
 
-    def _container_config(self, spec: SandboxSpec, image: str, labels: dict[str, str]) -> dict[str, Any]:
+    def _container_config(
+        self, spec: SandboxSpec, image: str, labels: dict[str, str], ttl: str | None = None, hard_cap: float = 0.0
+    ) -> dict[str, Any]:
         light = spec.network != "on" and self._light_network and self.api.same_host
         return container_config(
             self.config,
@@ -213,14 +266,22 @@ class DockerAdapter(BackgroundOwner):
             relays_in_main=self._relays_in_main,
             reattach_grace=self.reattach_grace,
             hosts_file=self._hosts_file() if light else None,
+            ttl_dir=ttl,
+            hard_cap=hard_cap,
         )
+
+    @property
+    def _host_binds(self) -> bool:
+        """Whether the daemon can bind files of this machine (it shares it, and did not refuse)."""
+        return self.api.same_host and self._binds_refused is False
 
     def _light_network_refused(self, config: dict[str, Any], exc: ConfigError) -> bool:
         """Whether the daemon refused the bind of our /etc/hosts (it runs where this file is not:
         another machine, a VM): light networking is then off for this adapter."""
-        if not config.get("NetworkDisabled") or self._hosts_dir is None or self._hosts_dir not in str(exc):
+        if not config.get("HostConfig", {}).get("Mounts") or self._hosts_dir is None or self._hosts_dir not in str(exc):
             return False
         self._light_network = False
+        self._binds_refused = True
         return True
 
     def _hosts_file(self) -> str:
@@ -421,8 +482,10 @@ class DockerAdapter(BackgroundOwner):
             alive = names.controller_alive(labels.get(names.CONTROLLER, ""))
             # exited or dead and never removed (e.g. the daemon restarted under it): of no use
             ended = state in ("exited", "dead")
+            # an extended TTL is in its deadline file, not in its labels (which cannot change)
+            extended_to = ttl_deadline(container["Mounts"] if "Mounts" in container else None)
             if name not in self._live and is_abandoned(
-                labels, ended=ended, controller_alive=alive, now=now, older_than=older_than
+                labels, ended=ended, controller_alive=alive, now=now, older_than=older_than, extended_to=extended_to
             ):
                 doomed.append(name)
         removed: list[str] = []
@@ -432,6 +495,8 @@ class DockerAdapter(BackgroundOwner):
                 removed.append(name)
 
         await concurrently(*(functools.partial(remove, name) for name in doomed))
+        listed = {container["Names"][0].lstrip("/") for container in containers}
+        await anyio.to_thread.run_sync(reap_ttl_dirs, self._hosts_dir or hosts_dir(), listed - set(removed))
         # after the containers: a fork keeps its snapshot image in use
         return sorted(removed) + await self.forks.reap(older_than)
 

@@ -4,7 +4,12 @@ process, limits, mounts, network), built from the adapter's options and the spec
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import shutil
+import time
+import uuid
 from typing import Any
 
 from orchard_async.adapters.docker.config import DockerConfig
@@ -40,6 +45,23 @@ fi
 kill -KILL -1
 """
 
+# An extendable sandbox's timer (spec.max_extension) goes on past the TTL while the deadline
+# in $5 (epoch seconds, written by the controller into a host dir bound read-only at TTL_DIR:
+# nothing in the container can change it) is later, but never past $6, the hard cap (the TTL
+# plus spec.max_extension). It checks the clock after every nap: a nap cut short (its sleep
+# killed from inside) naps again to the deadline; a deadline that is not a number ends it.
+TTL_LOOP = """
+if [ -e "$_o_pid" ] && [ -n "$5" ]; then
+  while read -r _o_d <"$5" && _o_n=$(date +%s) && [ "$_o_d" -gt "$_o_n" ]; do
+    if [ "$_o_d" -gt "$6" ]; then _o_d=$6; fi
+    if [ "$_o_d" -le "$_o_n" ]; then break; fi
+    _o_nap $((_o_d - _o_n))
+  done
+fi
+"""
+TTL_DIR = "/run/orchard-ttl"  # where an extendable sandbox sees its deadline's host dir, read-only
+DEADLINE_FILE = "deadline"
+
 # The container's main process (under docker-init): the self-destruct timer, in sh.
 #
 # * A controller killed between starting a container and attaching its shell leaves a
@@ -64,7 +86,7 @@ trap _o_relay USR1
 _o_nap() {{ sleep "$1" & _o_s=$!; while kill -0 "$_o_s" 2>/dev/null; do wait "$_o_s"; done; }}
 _o_nap "$1"
 if [ -e "$_o_pid" ]; then _o_nap "$2"; fi
-"""
+{TTL_LOOP}"""
 
 
 SWITCH_USER_CAPABILITIES = ("SETGID", "SETUID")
@@ -80,11 +102,15 @@ def container_config(
     relays_in_main: bool,
     reattach_grace: float,
     hosts_file: str | None,
+    ttl_dir: str | None = None,
+    hard_cap: float = 0.0,
 ) -> dict[str, Any]:
     """The create body of a sandbox's container. ``relays_in_main``: the output relays run in its
     main process (no exec for them); ``reattach_grace``: it outlives its controller that long
     (container_reattach); ``hosts_file``: no network of the daemon's at all (``light_network``),
-    this file bound read-only as /etc/hosts."""
+    this file bound read-only as /etc/hosts; ``ttl_dir``: the host dir of an extendable
+    sandbox's deadline, bound read-only at TTL_DIR, its timer never going past ``hard_cap``
+    (epoch seconds)."""
     host: dict[str, Any] = {
         "AutoRemove": True,  # the timer's end is the container's end
         "Init": True,  # reaps zombies of commands; forwards the end signal to the timer
@@ -108,14 +134,21 @@ def container_config(
     timer = ["sh", "-c", (RELAYS_IN_MAIN if relays_in_main else "") + TIMER, "orchard-timer"]
     watch_grace = str(math.ceil(reattach_grace)) if reattach_grace else "0"
     body: dict[str, Any] = {}
+    mounts = []
     if hosts_file:
         # runc makes the network namespace (lo only) without libnetwork; /etc/hosts is ours
         body["NetworkDisabled"] = True
-        host["Mounts"] = [{"Type": "bind", "Source": hosts_file, "Target": "/etc/hosts", "ReadOnly": True}]
+        mounts.append({"Type": "bind", "Source": hosts_file, "Target": "/etc/hosts", "ReadOnly": True})
+    deadline: list[str] = []
+    if ttl_dir:
+        mounts.append({"Type": "bind", "Source": ttl_dir, "Target": TTL_DIR, "ReadOnly": True})
+        deadline = [f"{TTL_DIR}/{DEADLINE_FILE}", str(math.ceil(hard_cap))]
+    if mounts:
+        host["Mounts"] = mounts
     return body | {
         "Image": image,
         "Entrypoint": container_reattach.adoptable_entry(timer, workdir) if reattach_grace else timer,
-        "Cmd": [*timer_args(spec.ttl, config.attach_grace), watch_grace],
+        "Cmd": [*timer_args(spec.ttl, config.attach_grace), watch_grace, *deadline],
         # the controller's stdin (CONTROLLER_WATCH), closed by the daemon when its attach goes
         "OpenStdin": True,
         "StdinOnce": True,
@@ -145,3 +178,41 @@ def _with_exec(options: str) -> str:
     if "noexec" not in words and "exec" not in words:
         words.append("exec")
     return ",".join(words)
+
+
+def write_deadline(ttl_dir: str, expires_at: float) -> None:
+    """Set an extendable sandbox's deadline (TTL_LOOP) in its host dir: whole seconds, replaced
+    at once (the dir, not the file, is bound: a rename shows through)."""
+    staged = os.path.join(ttl_dir, f".{uuid.uuid4().hex[:8]}")
+    with open(staged, "w") as fh:
+        fh.write(f"{math.ceil(expires_at)}\n")
+    os.chmod(staged, 0o644)
+    os.replace(staged, os.path.join(ttl_dir, DEADLINE_FILE))
+
+
+def remove_ttl_dir(ttl_dir: str | None) -> None:
+    if ttl_dir:
+        shutil.rmtree(ttl_dir, ignore_errors=True)
+
+
+def ttl_deadline(mounts: list[dict[str, Any]] | None) -> float:
+    """An extendable container's deadline, from its entry in the daemon's container list (its
+    TTL_DIR mount's source, on this machine): 0 when it has none or it cannot be read here."""
+    for mount in mounts or ():
+        if mount.get("Destination") == TTL_DIR:
+            with contextlib.suppress(OSError, ValueError):
+                with open(os.path.join(mount.get("Source") or "", DEADLINE_FILE)) as fh:
+                    return float(fh.read().strip())
+    return 0.0
+
+
+def reap_ttl_dirs(hosts: str, containers: set[str], min_age: float = 60.0) -> None:
+    """Remove the deadline dirs of containers that are gone (their controller was killed before
+    it removed them); a young one may be of a container still being created."""
+    root = os.path.join(hosts, "ttl")
+    with contextlib.suppress(OSError):
+        for name in os.listdir(root):
+            path = os.path.join(root, name)
+            with contextlib.suppress(OSError):
+                if name not in containers and time.time() - os.stat(path).st_mtime > min_age:
+                    shutil.rmtree(path, ignore_errors=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import re
 import socket
@@ -33,6 +34,7 @@ from orchard_async.adapters.kubernetes.hollow import (
     hollow_verdict,
 )
 from orchard_async.adapters.kubernetes.manifests import (
+    DEADLINE_ANNOTATION,
     GPU_RESOURCE,
     PodSettings,
     allow_egress_policy,
@@ -61,7 +63,7 @@ from orchard_async.capabilities import (
     Snapshots,
     spec_network,
 )
-from orchard_async.errors import ConfigError, CreateFailed, OrchardError, SandboxLost
+from orchard_async.errors import BackendUnavailable, ConfigError, CreateFailed, OrchardError, SandboxLost
 from orchard_async.images import ImageMissing, missing_image_hint
 from orchard_async.kit import container_reattach, container_shell
 from orchard_async.kit import labels as names
@@ -317,7 +319,9 @@ class KubernetesAdapter(BackgroundOwner):
             return self._control_plane_sandbox(name, labels, expires_at, allow)
         client, relays = shell
         filtered = bool(self.pod_settings.egress_image)
-        sandbox = self._sandbox(name, client, relays, labels, expires_at, allow, spec_network(spec.network), filtered)
+        sandbox = self._sandbox(
+            name, client, relays, labels, expires_at, allow, spec_network(spec.network), filtered, spec.max_extension
+        )
         self._pod_images[name] = image
         if archive is not None:
             try:
@@ -341,8 +345,10 @@ class KubernetesAdapter(BackgroundOwner):
         allow: bool,
         network: NetworkPolicy,
         filtered: bool,
+        max_extension: float = 0.0,
     ) -> ShellSandbox:
-        """``filtered``: the pod has the egress filter's sidecar (egress.py)."""
+        """``filtered``: the pod has the egress filter's sidecar (egress.py); ``max_extension``:
+        its TTL may be extended that far (its pod has the deadline volume: manifests.TIMER)."""
         policy_made = [allow]  # set_network may make the pod's own policy later
 
         async def teardown() -> None:
@@ -373,6 +379,30 @@ class KubernetesAdapter(BackgroundOwner):
             else "with manage_network_policies=false and no egress filter in its pod (egress_filter) the adapter "
             "cannot switch a sandbox's network"
         )
+
+        async def extend(until: float) -> None:
+            # The annotation is the deadline the pod's timer re-reads (projected read-only into
+            # it); the label is what reap reads.
+            patch = {
+                "metadata": {
+                    "annotations": {DEADLINE_ANNOTATION: str(math.ceil(until))},
+                    "labels": {names.EXPIRES: str(int(until))},
+                }
+            }
+            try:
+                await self.api.request(
+                    "PATCH",
+                    self.api.path("pods", name),
+                    what=f"pod {name} deadline",
+                    body=patch,
+                    content_type="application/merge-patch+json",
+                )
+            except ApiError as exc:
+                if exc.status == 404:
+                    raise SandboxLost(f"sandbox {name} is gone: its pod no longer exists") from None
+                raise BackendUnavailable(f"could not extend pod {name}'s deadline: {exc}") from None
+            labels[names.EXPIRES] = str(int(until))
+
         opener = functools.partial(self._open_stream, PodRef(self.namespace, name))
         sandbox = self._live[name] = container_shell.container_sandbox(
             name,
@@ -382,6 +412,12 @@ class KubernetesAdapter(BackgroundOwner):
             teardown=teardown,
             open_stream=opener,
             network=NetworkSwitch(network, enforce, refusal=refusal),
+            ttl_extender=extend,
+            max_extension=max_extension,
+            ttl_refusal=""
+            if max_extension
+            else "it was created with max_extension=0 (SandboxSpec.max_extension), "
+            "or taken over from another controller",
         )
         return sandbox
 

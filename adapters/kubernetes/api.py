@@ -197,6 +197,7 @@ class KubeApi:
         query: list[tuple[str, str]] | None = None,
         body: Any = None,
         timeout: float | None = None,
+        content_type: str = "application/json",
     ) -> aiohttp.ClientResponse:
         """One raw request (auth from the configuration); the caller reads and releases."""
         await self.start()
@@ -205,7 +206,7 @@ class KubeApi:
             path,
             method,
             query_params=query or [],
-            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            header_params={"Accept": "application/json", "Content-Type": content_type},
             body=body,
             auth_settings=["BearerToken"],
             _preload_content=False,
@@ -221,6 +222,7 @@ class KubeApi:
         query: list[tuple[str, str]] | None = None,
         body: Any = None,
         retry_for: float | None = None,
+        content_type: str = "application/json",
     ) -> dict[str, Any]:
         """A JSON request under the API gate, each attempt under ``api_timeout``, retried with
         exponential backoff and jitter on 429 (after its Retry-After), 5xx and connection
@@ -242,7 +244,7 @@ class KubeApi:
                     verb = f"api_{method}"
                     self.stats[verb] = self.stats.get(verb, 0) + 1
                     with anyio.fail_after(self.api_timeout):
-                        response = await self.open(method, path, query=query, body=body)
+                        response = await self.open(method, path, query=query, body=body, content_type=content_type)
                         try:
                             if response.status >= 300:
                                 raise await api_error(response)

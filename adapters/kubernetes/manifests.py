@@ -39,8 +39,22 @@ GPU_RESOURCE = "nvidia.com/gpu"  # what NVIDIA's device plugin offers on a node
 DEFAULT_CONTAINER_ANNOTATION = "kubectl.kubernetes.io/default-container"
 
 # The pod's main process: the self-destruct timer. `$1` the attach grace, `$2` the rest of
-# the TTL (waited only if a shell attached), `$3` the file the shell writes its pid to.
-TIMER = 'sleep "$1"; if [ -e "$3" ]; then exec sleep "$2"; fi'
+# the TTL (waited only if a shell attached), `$3` the file the shell writes its pid to. An
+# extendable sandbox's (spec.max_extension) then goes on while the deadline in `$4` is later
+# (epoch seconds: its pod's DEADLINE_ANNOTATION, which the kubelet projects into a read-only
+# downward API volume, so nothing in the pod can change it), never past `$5`, the hard cap
+# (activeDeadlineSeconds ends the pod there anyway). It checks the clock after every sleep: a
+# sleep cut short sleeps again to the deadline; a deadline that is not a number ends it.
+# Backquotes and expr, not `$(`: Kubernetes reads `$(NAME)` in a command as a variable
+# reference; `cat`, not `read`: the projected file has no final newline.
+TIMER = (
+    'sleep "$1"; if [ -e "$3" ]; then if [ -z "$4" ]; then exec sleep "$2"; fi; sleep "$2"; '
+    'while d=`cat "$4"` && n=`date +%s` && [ "$d" -gt "$n" ]; do if [ "$d" -gt "$5" ]; then d=$5; fi; '
+    'if [ "$d" -le "$n" ]; then break; fi; sleep `expr "$d" - "$n"`; done; fi'
+)
+DEADLINE_ANNOTATION = "orchard.deadline"  # an extendable sandbox's deadline, epoch seconds
+TTL_DIR = "/run/orchard-ttl"  # where its timer reads it (a downward API volume)
+DEADLINE_FILE = "deadline"
 
 
 class PodSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -76,8 +90,10 @@ def sandbox_labels(
     return {**spec.labels, **lease, names.SANDBOX: name}
 
 
-def timer_command(ttl: int, settings: PodSettings, workdir: str) -> list[str]:
-    timer = ["sh", "-c", TIMER, "orchard-timer", *timer_args(ttl, settings.attach_grace)]
+def timer_command(ttl: int, settings: PodSettings, workdir: str, hard_cap: int = 0) -> list[str]:
+    """The timer's argv; with ``hard_cap`` (epoch seconds), an extendable sandbox's."""
+    deadline = [f"{TTL_DIR}/{DEADLINE_FILE}", str(hard_cap)] if hard_cap else []
+    timer = ["sh", "-c", TIMER, "orchard-timer", *timer_args(ttl, settings.attach_grace), *deadline]
     return adoptable_entry(timer, workdir) if settings.reattach_grace else timer
 
 
@@ -111,7 +127,12 @@ def pod_manifest(
     annotation for reap, with the owner unshortened. ``relay`` (port, secret): the pod also
     runs the relay (relay.py) that accepts the secret (the spec carries only its digest)."""
     ttl = max(1, math.ceil(spec.ttl))
-    command = timer_command(ttl, settings, spec.workdir or DEFAULT_WORKDIR)
+    # The hard cap of an extendable sandbox's life: the kubelet ends its pod there whatever
+    # its timer does (activeDeadlineSeconds can only be lowered once the pod exists).
+    lifetime = ttl + math.ceil(spec.max_extension)
+    expires = int(labels.get(names.EXPIRES, "0") or 0)
+    hard_cap = expires + math.ceil(spec.max_extension) + 1 if spec.max_extension else 0
+    command = timer_command(ttl, settings, spec.workdir or DEFAULT_WORKDIR, hard_cap)
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
@@ -138,7 +159,7 @@ def pod_manifest(
         container["resources"] = {"requests": quantities, "limits": dict(quantities)}
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "activeDeadlineSeconds": ttl,
+        "activeDeadlineSeconds": lifetime,
         "terminationGracePeriodSeconds": 1,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -149,7 +170,7 @@ def pod_manifest(
     if settings.egress_image:
         # first: its postStart hook installs the filter before the sandbox container starts (egress.py)
         egress_pull = "Never" if built_here(settings.egress_image) else "IfNotPresent"
-        egress = egress_container(settings.egress_image, egress_pull, spec_network(spec.network), ttl)
+        egress = egress_container(settings.egress_image, egress_pull, spec_network(spec.network), lifetime)
         if {"cpu", "memory"} <= set(quantities):
             # every container's requests = limits, or a pod sized to be Guaranteed is only Burstable
             egress["resources"] = {"requests": dict(EGRESS_RESOURCES), "limits": dict(EGRESS_RESOURCES)}
@@ -163,6 +184,22 @@ def pod_manifest(
         for index, path in enumerate(sorted(set(spec.writable_dirs))):  # as the workdir: writable on a read-only root
             container["volumeMounts"].append({"name": f"dir-{index}", "mountPath": path})
             pod_spec["volumes"].append({"name": f"dir-{index}", "emptyDir": {}})
+    if spec.max_extension:
+        annotations[DEADLINE_ANNOTATION] = str(expires + 1)  # labels round down; the timer waits it out whole
+        container.setdefault("volumeMounts", []).append({"name": "ttl", "mountPath": TTL_DIR, "readOnly": True})
+        pod_spec.setdefault("volumes", []).append(
+            {
+                "name": "ttl",
+                "downwardAPI": {
+                    "items": [
+                        {
+                            "path": DEADLINE_FILE,
+                            "fieldRef": {"fieldPath": f"metadata.annotations['{DEADLINE_ANNOTATION}']"},
+                        }
+                    ]
+                },
+            }
+        )
     optional = {
         "nodeSelector": settings.node_selector,
         "tolerations": settings.tolerations,

@@ -32,15 +32,20 @@ rollout ends when its work drains, and growing a group after that is an error.
 has stopped; an episode in setup or scoring stops at its next boundary, one about to start
 does not start. ``resume(weight_version)`` lets them go on. The paused time does not count
 against an episode's deadline (its agent phase's deadline moves on by it), and its sandbox
-lives through it: the agent's sandbox is made with ``pause_allowance`` seconds more TTL
-(adapters have no call to extend a live sandbox's TTL), and an episode paused longer than its
-allowance ends ``aborted`` at resume rather than meet a sandbox that expired under it. Every
-step is tagged with the weight version in force when its policy call began
-(``Step.weight_version``).
+lives through it. A sandbox that can (``capabilities.ExtendableTTL``: sim, local, docker,
+kubernetes) has its TTL extended by the time paused: every ``EXTEND_EVERY`` seconds while
+paused and once more at resume, each an ``Op("extend", ...)`` in the trajectory's ops, up to
+``max_pause`` seconds per episode (its spec's ``max_extension``, the hard cap: kubernetes'
+``activeDeadlineSeconds``). Beyond that, and on a sandbox that cannot be extended, the agent's
+sandbox is made with ``pause_allowance`` seconds more TTL, and an episode paused longer than
+what its extensions and that allowance cover ends ``aborted`` at resume rather than meet a
+sandbox that expired under it. Every step is tagged with the weight version in force when its
+policy call began (``Step.weight_version``).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -48,10 +53,17 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from orchard_async.engine.plan import Episode
-from orchard_async.errors import ConfigError
+from orchard_async.capabilities import ExtendableTTL
+from orchard_async.engine.plan import TTL_MARGIN, Episode
+from orchard_async.engine.recording import RecordingSandbox
+from orchard_async.errors import ConfigError, InfraError
+from orchard_async.records.trajectory import Op
 
 DEFAULT_PAUSE_ALLOWANCE = 600.0  # seconds of pausing a sandbox's TTL is sized for
+DEFAULT_MAX_PAUSE = 3600.0  # seconds of pausing an extendable sandbox's TTL may be extended for
+# A paused episode's sandbox is extended this often: well within the TTL_MARGIN it has to spare
+# past the agent's deadline, so it never expires between two extensions.
+EXTEND_EVERY = TTL_MARGIN / 4
 
 
 @dataclass
@@ -72,11 +84,13 @@ class RolloutControl:
     """A trainer's handle on one rollout (see the module docstring). ``weight_version``: the
     version the episodes start under; ``hold``: keep the rollout open for ``grow`` until
     ``close`` (False: it ends when its work drains); ``pause_allowance``: seconds of pausing
-    each agent sandbox's TTL is sized for."""
+    each agent sandbox's TTL is sized for; ``max_pause``: seconds of pausing an extendable
+    sandbox's TTL may be extended for, per episode (its spec's ``max_extension``)."""
 
     weight_version: str = ""
     hold: bool = False
     pause_allowance: float = DEFAULT_PAUSE_ALLOWANCE
+    max_pause: float = DEFAULT_MAX_PAUSE
     _running: dict[str, _Running] = field(default_factory=dict, repr=False)
     _aborted: set[str] = field(default_factory=set, repr=False)
     _grown: deque[Episode] = field(default_factory=deque, repr=False)
@@ -93,6 +107,8 @@ class RolloutControl:
     def __post_init__(self) -> None:
         if self.pause_allowance < 0:
             raise ConfigError(f"pause_allowance must be 0 or more seconds, got {self.pause_allowance}")
+        if not (0 <= self.max_pause < math.inf):
+            raise ConfigError(f"max_pause must be a finite number of seconds (0 or more), got {self.max_pause}")
         self._resumed.set()
 
     # -- the trainer's calls -------------------------------------------------------------------
@@ -215,9 +231,9 @@ class RolloutControl:
     def end(self) -> None:
         self._ended = True
 
-    async def turn_boundary(self, episode_id: str) -> tuple[float, bool]:
+    async def turn_boundary(self, episode_id: str, sandbox: RecordingSandbox | None = None) -> tuple[float, bool]:
         """Where an episode waits while paused: (seconds it waited, whether its pause outran its
-        sandbox's TTL allowance)."""
+        sandbox's TTL: what extensions of ``sandbox``, the agent's, and the allowance cover)."""
         if not self._paused:
             return 0.0, False
         running = self._running.get(episode_id)
@@ -226,12 +242,22 @@ class RolloutControl:
         mark = time.monotonic()
         running.paused = True
         self._wake()
+        extension = (
+            _Extension(sandbox, mark) if sandbox is not None and isinstance(sandbox.inner, ExtendableTTL) else None
+        )
         try:
-            await self._resumed.wait()
+            if extension is None:
+                await self._resumed.wait()
+            else:
+                async with anyio.create_task_group() as keeper:
+                    keeper.start_soon(extension.keep)
+                    await self._resumed.wait()
+                    keeper.cancel_scope.cancel()
         finally:
             running.paused = False
         waited = time.monotonic() - mark
-        running.pause_budget -= waited
+        covered = await extension.finish() if extension is not None else 0.0
+        running.pause_budget -= waited - covered
         return waited, running.pause_budget < 0
 
     def _wake(self) -> None:
@@ -240,3 +266,42 @@ class RolloutControl:
 
     async def _wait_change(self) -> None:
         await self._changed.wait()
+
+
+class _Extension:
+    """A paused episode's sandbox, its TTL extended by the time paused (ExtendableTTL): every
+    EXTEND_EVERY seconds while paused, and the rest at resume. An extension refused for good
+    (its cap, a backend that cannot) ends the extending: the pause allowance covers the rest."""
+
+    def __init__(self, sandbox: RecordingSandbox, mark: float):
+        self.sandbox = sandbox
+        self.mark = mark  # monotonic time the pause began
+        self.covered = 0.0  # seconds of the pause extended so far
+        self.refused = False
+
+    async def keep(self) -> None:
+        while not self.refused:
+            await anyio.sleep(EXTEND_EVERY)
+            await self._extend()
+
+    async def finish(self) -> float:
+        await self._extend()
+        return self.covered
+
+    async def _extend(self) -> None:
+        seconds = time.monotonic() - self.mark - self.covered
+        if self.refused or seconds <= 0:
+            return
+        sandbox, start = self.sandbox, time.monotonic()
+        try:
+            # Shielded: an extension the backend applied is one counted, even when the
+            # resume cancels the keeper in the middle of it.
+            with anyio.CancelScope(shield=True):
+                await sandbox.inner.extend_ttl(seconds)  # type: ignore[attr-defined]
+        except (ConfigError, InfraError) as exc:  # ConfigError: its cap, or a backend that cannot
+            self.refused = self.refused or isinstance(exc, ConfigError)
+            outcome = type(exc).__name__
+        else:
+            self.covered += seconds
+            outcome = f"+{seconds:.3f}s"
+        sandbox.ops.append(Op("extend", start - sandbox.t0, time.monotonic() - start, outcome))

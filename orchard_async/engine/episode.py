@@ -83,7 +83,10 @@ async def run_attempt(
     started_at = time.time()
     ops: list[Op] = []
     timings = {"create": 0.0, "setup": 0.0, "agent": 0.0, "exec": 0.0, "score": 0.0, "destroy": 0.0}
-    spec = agent_spec(episode, attempt, control.pause_allowance if control is not None else 0.0)
+    if control is None:
+        spec = agent_spec(episode, attempt)
+    else:
+        spec = agent_spec(episode, attempt, control.pause_allowance, control.max_pause)
     outcome = AgentOutcome()
     reward = Reward(value=0.0, success=False)
 
@@ -203,7 +206,7 @@ async def run_agent(
                 if control is not None:
                     if control.paused:  # the time paused is not the agent's: its deadline waits too
                         phase_deadline, agent_phase.deadline = agent_phase.deadline, math.inf
-                        paused, overran = await control.turn_boundary(episode.episode_id)
+                        paused, overran = await control.turn_boundary(episode.episode_id, sandbox)
                         deadline += paused
                         agent_phase.deadline = phase_deadline + paused
                         if overran:  # its sandbox's TTL no longer covers the rest: abort it

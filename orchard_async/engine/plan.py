@@ -84,14 +84,15 @@ def episode_count(tasks: Sequence[Task], n: int | None, group_size: int) -> int:
 # -- the specs an episode asks for -----------------------------------------------------------
 
 
-def agent_spec(episode: Episode, attempt: int, pause_allowance: float = 0.0) -> SandboxSpec:
+def agent_spec(episode: Episode, attempt: int, pause_allowance: float = 0.0, max_pause: float = 0.0) -> SandboxSpec:
     """The agent's sandbox for one attempt: the task's spec, living ``TTL_MARGIN`` past the
-    task's deadline (and ``pause_allowance`` more, for a rollout a trainer may pause:
-    ``engine.control``), labelled with the episode and the attempt."""
+    task's deadline (for a rollout a trainer may pause, ``engine.control``: ``pause_allowance``
+    more, and extendable by up to ``max_pause``), labelled with the episode and the attempt."""
     task = episode.task
     return msgspec.structs.replace(
         task.spec,
         ttl=task.deadline + TTL_MARGIN + pause_allowance,
+        max_extension=max_pause or task.spec.max_extension,
         labels={
             **task.spec.labels,
             names.EPISODE: names.episode_label(episode.episode_id),

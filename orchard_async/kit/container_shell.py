@@ -190,10 +190,14 @@ def container_sandbox(
     teardown: Callable[[], Awaitable[None]],
     open_stream: StreamOpener,
     network: NetworkSwitch | None = None,
+    ttl_extender: Callable[[float], Awaitable[None]] | None = None,
+    max_extension: float = 0.0,
+    ttl_refusal: str = "",
 ) -> ShellSandbox:
     """A container's sandbox: the shell client at the container's root, closed by
     ``teardown``, its streams opened by ``open_stream`` (an exec per stream), its egress
-    switched by ``network``."""
+    switched by ``network``, its expiry moved by ``ttl_extender`` (up to ``max_extension``
+    seconds in all; ``ttl_refusal``: why it cannot be)."""
     return ShellSandbox(
         id=name,
         client=client,
@@ -203,6 +207,9 @@ def container_sandbox(
         expires_at=expires_at,
         stream_opener=open_stream,
         network=network,
+        ttl_extender=ttl_extender,
+        max_extension=max_extension,
+        ttl_refusal=ttl_refusal,
     )
 
 
@@ -341,13 +348,20 @@ async def start_shell(
 
 
 def is_abandoned(
-    labels: dict[str, str], *, ended: bool, controller_alive: bool | None, now: float, older_than: float
+    labels: dict[str, str],
+    *,
+    ended: bool,
+    controller_alive: bool | None,
+    now: float,
+    older_than: float,
+    extended_to: float = 0.0,
 ) -> bool:
     """Whether ``reap`` removes a sandbox: it ended and was not removed (of no use to anyone),
-    its TTL passed ``older_than`` seconds ago, or its controller is known to be dead (a
-    controller this host cannot see, None, leaves it to the expiry; a sandbox with a reattach
-    grace waits for a new controller, and ends itself when none comes)."""
-    if ended or expiry(labels) + older_than < now:
+    its TTL (its labels', or ``extended_to`` when an extension moved it later) passed
+    ``older_than`` seconds ago, or its controller is known to be dead (a controller this host
+    cannot see, None, leaves it to the expiry; a sandbox with a reattach grace waits for a new
+    controller, and ends itself when none comes)."""
+    if ended or max(expiry(labels), extended_to) + older_than < now:
         return True
     # one made to outlive its controller ends itself when nobody attaches within its grace
     return controller_alive is False and REATTACH not in labels

@@ -16,7 +16,16 @@ from typing import Any
 
 import anyio
 
-from orchard_async.capabilities import EgressRule, Exposes, FileRoot, NetworkControl, NetworkState, Ping
+from orchard_async.capabilities import (
+    EgressRule,
+    Exposes,
+    ExtendableTTL,
+    FileRoot,
+    NetworkControl,
+    NetworkState,
+    Ping,
+    check_extension,
+)
 from orchard_async.errors import ConfigError, PathOutsideSandbox, SandboxLost
 from orchard_async.kit import streams
 from orchard_async.kit.egress import NetworkSwitch
@@ -47,10 +56,12 @@ class ShellSandbox:
     ``stream_opener`` is the adapter's way to start a command in the sandbox with its stdin
     and stdout attached (see ``orchard_async.kit.streams``); without one, ``open_stream`` is a
     ConfigError. ``network`` switches its egress (``kit.egress``); without one, ``set_network``
-    is a ConfigError.
+    is a ConfigError. ``ttl_extender`` moves the backend's expiry of the sandbox to the epoch
+    seconds it is given (``extend_ttl``, up to ``max_extension`` seconds in all); without one,
+    or with ``ttl_refusal`` (why it cannot here), ``extend_ttl`` is a ConfigError.
     """
 
-    capabilities = frozenset({Ping, FileRoot, NetworkControl, Exposes})
+    capabilities = frozenset({Ping, FileRoot, NetworkControl, Exposes, ExtendableTTL})
 
     def __init__(
         self,
@@ -63,6 +74,9 @@ class ShellSandbox:
         expires_at: float,
         stream_opener: streams.StreamOpener | None = None,
         network: NetworkSwitch | None = None,
+        ttl_extender: Callable[[float], Awaitable[None]] | None = None,
+        max_extension: float = 0.0,
+        ttl_refusal: str = "",
     ):
         self.id = id
         self.workdir = client.workdir
@@ -73,6 +87,11 @@ class ShellSandbox:
         self._on_close = on_close
         self._stream_opener = stream_opener
         self._network = network
+        self._ttl_extender = ttl_extender
+        self._ttl_refusal = ttl_refusal
+        self.max_extension = max_extension
+        self.extended = 0.0  # seconds extend_ttl has added so far
+        self._ttl_lock: anyio.Lock | None = None  # made on the first extension (the loop's)
         self._sessions = 0
         self._exposures = Exposures(self)
         self.closed = False
@@ -222,6 +241,26 @@ class ShellSandbox:
     @property
     def remaining(self) -> float:
         return self.expires_at - time.time()
+
+    async def extend_ttl(self, seconds: float) -> float:
+        """Move the expiry ``seconds`` later (capabilities.ExtendableTTL); the new expiry."""
+        if self.closed or self._client.lost or self.remaining <= 0:
+            state = "closed" if self.closed else "lost" if self._client.lost else "past its TTL"
+            raise SandboxLost(f"sandbox {self.id} is {state}: its TTL cannot be extended")
+        check_extension(self.id, seconds, self.extended, self.max_extension)
+        if self._ttl_extender is None or self._ttl_refusal:
+            raise ConfigError(
+                f"sandbox {self.id}'s TTL cannot be extended here: {self._ttl_refusal or 'its adapter has no way to'}"
+            )
+        # One at a time: two racing writes of the backend's expiry could land out of order.
+        self._ttl_lock = self._ttl_lock or anyio.Lock()
+        async with self._ttl_lock:
+            check_extension(self.id, seconds, self.extended, self.max_extension)
+            expires_at = self.expires_at + seconds
+            await self._ttl_extender(expires_at)
+            self.extended += seconds
+            self.expires_at = expires_at
+        return expires_at
 
     async def close(self) -> None:
         if self.closed:

@@ -643,7 +643,7 @@ async def test_rbac_role_is_enough(make_adapter: Callable[..., KubernetesAdapter
     )
     restricted = make_adapter(namespace=namespace, kubeconfig=str(kubeconfig), context="restricted")
     boxes = [
-        await restricted.create(oa.SandboxSpec(ttl=120)),
+        await restricted.create(oa.SandboxSpec(ttl=120, max_extension=60)),
         await restricted.create(oa.SandboxSpec(ttl=120, network="on")),
     ]
     try:
@@ -655,6 +655,7 @@ async def test_rbac_role_is_enough(make_adapter: Callable[..., KubernetesAdapter
         assert restricted.egress_filter == "on", restricted.egress_note
         assert (await boxes[0].set_network("enabled")).revision == 1
         assert (await boxes[1].set_network("restricted")).mode == "restricted"
+        assert await boxes[0].extend_ttl(30) > time.time() + 120  # pods: patch is allowed
     finally:
         for box in boxes:
             await box.close()

@@ -395,3 +395,24 @@ def test_a_pod_with_a_reattach_grace_records_its_timer_in_words_kubernetes_keeps
     assert "timer.pid" not in " ".join(
         plain._pod_manifest("pod-b", spec, "img", {})["spec"]["containers"][0]["command"]
     )
+
+
+def test_an_extendable_pod_has_its_hard_cap_as_its_deadline_and_its_deadline_out_of_its_reach() -> None:
+    """max_extension: activeDeadlineSeconds is the TTL plus it (the hard cap, which the kubelet
+    enforces whatever the timer does); the deadline the timer re-reads is an annotation projected
+    read-only into the sandbox's container; a plain spec's pod is as before."""
+    adapter = KubernetesAdapter(namespace="ns")
+    spec = oa.SandboxSpec(ttl=300, max_extension=600)
+    labels = adapter._labels(spec, 1e9, "pod-a")
+    pod = adapter._pod_manifest("pod-a", spec, "img", labels)
+    (container,) = pod["spec"]["containers"]
+    assert pod["spec"]["activeDeadlineSeconds"] == 900
+    assert pod["metadata"]["annotations"]["orchard.deadline"] == str(10**9 + 1)
+    assert {"name": "ttl", "mountPath": "/run/orchard-ttl", "readOnly": True} in container["volumeMounts"]
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "ttl"]
+    assert volume["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"] == "metadata.annotations['orchard.deadline']"
+    assert container["command"][-2:] == ["/run/orchard-ttl/deadline", str(10**9 + 601)]
+    assert not any("$$" in part or "$(" in part for part in container["command"])
+    plain = adapter._pod_manifest("pod-b", oa.SandboxSpec(ttl=300), "img", adapter._labels(spec, 1e9, "pod-b"))
+    assert plain["spec"]["activeDeadlineSeconds"] == 300 and "volumes" not in plain["spec"]
+    assert "orchard.deadline" not in plain["metadata"]["annotations"]

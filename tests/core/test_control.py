@@ -18,6 +18,8 @@ import pytest
 import orchard_async as oa
 from orchard_async.adapters.local import LocalAdapter
 from orchard_async.adapters.sim import SimAdapter, SimConfig
+from orchard_async.capabilities import ExtendableTTL, TTLCapExceeded
+from orchard_async.engine import control as control_module
 from orchard_async.engine.control import RolloutControl
 from orchard_async.engine.plan import TTL_MARGIN
 from orchard_async.records.export import rl_records, sft_records
@@ -237,6 +239,11 @@ async def test_growth_without_hold_and_bad_requests_are_refused() -> None:
         other.grow("sleepy/g0", 0)
     with pytest.raises(oa.ConfigError, match="pause_allowance"):
         RolloutControl(pause_allowance=-1)
+    for bad in (-1, float("inf")):
+        with pytest.raises(oa.ConfigError, match="max_pause"):
+            RolloutControl(max_pause=bad)
+        with pytest.raises(oa.ConfigError, match="max_extension"):
+            oa.SandboxSpec(max_extension=bad)
 
 
 # -- pause across a weight sync --------------------------------------------------------------
@@ -304,11 +311,33 @@ async def test_pause_holds_every_episode_at_a_turn_boundary_across_a_weight_sync
     assert all(spec.ttl == StepsTask().deadline + TTL_MARGIN + 30 for spec in adapter.specs)
 
 
-async def test_a_pause_longer_than_the_allowance_aborts_at_resume() -> None:
-    control = RolloutControl(weight_version="v0", pause_allowance=0.1)
+class NotExtendable:
+    """The sim adapter, its sandboxes without ``extend_ttl`` (as an adapter that cannot)."""
+
+    def __init__(self) -> None:
+        self.inner = SimAdapter(SimConfig())
+        self.name = "sim"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def create(self, spec: oa.SandboxSpec) -> Any:
+        sandbox = await self.inner.create(spec)
+
+        class Plain:
+            def __getattr__(self, name: str) -> Any:
+                if name == "extend_ttl":
+                    raise AttributeError(name)
+                return getattr(sandbox, name)
+
+        return Plain()
+
+
+async def paused_rollout(adapter: Any, control: RolloutControl, pause: float) -> list[oa.Trajectory]:
+    """Two episodes of StepsTask, paused for ``pause`` seconds after their first turns."""
     policy = SlowSteps()
     results: list[oa.Trajectory] = []
-    stream = oa.rollout([StepsTask(deadline=30)], policy, SimAdapter(SimConfig()), n=2, control=control)
+    stream = oa.rollout([StepsTask(deadline=30)], policy, adapter, n=2, control=control)
     async with contextlib.aclosing(stream), anyio.create_task_group() as group:
 
         async def consume() -> None:
@@ -318,7 +347,59 @@ async def test_a_pause_longer_than_the_allowance_aborts_at_resume() -> None:
         group.start_soon(consume)
         await wait_for(lambda: policy.calls >= 2)
         await control.pause()
-        await anyio.sleep(0.3)
+        await anyio.sleep(pause)
         control.resume("v1")
         await wait_for(lambda: len(results) == 2)
+    return results
+
+
+async def test_a_pause_longer_than_the_allowance_aborts_at_resume_where_the_ttl_cannot_be_extended() -> None:
+    control = RolloutControl(weight_version="v0", pause_allowance=0.1)
+    results = await paused_rollout(NotExtendable(), control, 0.3)
     assert [t.end_reason for t in results] == [oa.EndReason.ABORTED] * 2
+    assert not any(op.name == "extend" for t in results for op in t.ops)
+
+
+async def test_a_pause_longer_than_the_allowance_resumes_on_an_extendable_sandbox(monkeypatch) -> None:
+    monkeypatch.setattr(control_module, "EXTEND_EVERY", 0.1)  # extended while paused, not only at resume
+    adapter = Counting(SimAdapter(SimConfig()))
+    control = RolloutControl(weight_version="v0", pause_allowance=0.1, max_pause=60)
+    results = await paused_rollout(adapter, control, 0.35)
+    assert all(spec.max_extension == 60 for spec in adapter.specs)
+    for t in results:
+        assert t.end_reason == oa.EndReason.SUBMITTED, (t.end_reason, t.error)
+        assert {step.weight_version for step in t.steps} == {"v0", "v1"}
+        extends = [op for op in t.ops if op.name == "extend"]
+        assert len(extends) >= 3, extends  # ~3 while paused, one at resume
+        extended = sum(float(op.outcome.strip("+s")) for op in extends)
+        assert 0.35 <= extended < 1.0, extends
+
+
+async def test_a_pause_past_the_extension_cap_falls_back_to_the_allowance() -> None:
+    # The cap refuses the extension; the allowance (0.6 s) still covers the 0.3 s pause.
+    control = RolloutControl(weight_version="v0", pause_allowance=0.6, max_pause=0.1)
+    results = await paused_rollout(SimAdapter(SimConfig()), control, 0.3)
+    for t in results:
+        assert t.end_reason == oa.EndReason.SUBMITTED, (t.end_reason, t.error)
+        assert [op.outcome for op in t.ops if op.name == "extend"] == ["TTLCapExceeded"]
+    # Past both, it aborts.
+    control = RolloutControl(weight_version="v0", pause_allowance=0.1, max_pause=0.1)
+    results = await paused_rollout(SimAdapter(SimConfig()), control, 0.3)
+    assert [t.end_reason for t in results] == [oa.EndReason.ABORTED] * 2
+
+
+async def test_a_sim_sandbox_extends_its_ttl_within_its_cap() -> None:
+    async with SimAdapter(SimConfig()) as adapter:
+        box = await adapter.create(oa.SandboxSpec(ttl=5, max_extension=10))
+        assert isinstance(box, ExtendableTTL)
+        first = await box.extend_ttl(4)
+        assert abs(first - (time.time() + 9)) < 0.5
+        assert await box.extend_ttl(6) == pytest.approx(first + 6, abs=0.05)
+        with pytest.raises(TTLCapExceeded, match="max_extension=10"):
+            await box.extend_ttl(0.5)
+        for bad in (0, -1, float("inf"), float("nan")):
+            with pytest.raises(oa.ConfigError, match="positive, finite"):
+                await box.extend_ttl(bad)
+        await box.close()
+        with pytest.raises(oa.SandboxLost):
+            await box.extend_ttl(1)
