@@ -83,7 +83,7 @@ def test_fixture_set_loads_with_its_settings():
     multi = tasks["multi-step"]  # the first step's instruction is the episode's; each step gets its own
     assert multi.instruction == multi.step_instruction(0) and "Create `/app/list.txt`" in multi.instruction
     assert "Append" in multi.step_instruction(1) and "Append" not in multi.instruction
-    assert (multi.step_turns, multi.max_steps, multi.step_timeout(1)) == (50, 100, 60.0)
+    assert (multi.step_turns, multi.max_steps, multi.step_timeout(1)) == (50, 100, 240.0)
 
 
 def test_bad_folders_are_one_line_each_and_the_rest_load():

@@ -155,7 +155,7 @@ def test_mini_swe_agent_solves_a_multi_step_task_on_docker() -> None:
     tasks = load(ids=["multi-step"], image_map={"ubuntu:24.04": MINI_SWE_AGENT_IMAGE.tag})
     found, server = run_harness(tasks, mini_solver, "docker", harness="mini-swe-agent")
     t = found["multi-step"]
-    assert (t.reward, t.end_reason) == (1.0, "submitted"), (t.error, t.info, t.steps[-1].action.raw)
+    assert (t.reward, t.end_reason) == (1.0, "submitted"), (t.end_reason, t.error, t.info, t.steps[-1:])
     assert t.info["steps"] == {"create": {"reward": 1.0}, "extend": {"reward": 1.0}}
     assert len(server.requests) == 4 and len(t.steps) == 6  # two calls a step, the step's end, the submit
     calls = [msgspec.json.decode(t.steps[i].action.raw, type=ModelCall) for i in (0, 1, 3, 4)]
