@@ -172,6 +172,9 @@ def pod_verdict(pod: dict[str, Any] | PodState) -> tuple[str, str]:
     if egress.terminated is not None:
         ended = egress.terminated
         if ended.exitCode == 0:  # its watch ended: the sandbox container's processes were gone (or never came)
+            waiting = state.waiting
+            if waiting is not None and waiting.reason:  # never came: why (its image, say) is the sandbox's own
+                return "failed", f"{waiting.reason}: {waiting.message or ''}".rstrip(": ")
             return "failed", "the sandbox container's processes ended before the pod was ready"
         return "failed", f"{EGRESS_FAILED}{ended.reason}: {ended.message or ''} (exit code {ended.exitCode})"
     if phase in ("Failed", "Succeeded"):

@@ -119,10 +119,10 @@ def test_the_gateway_and_image_names_as_the_node_says_them() -> None:
 
 
 def test_a_pod_whose_filter_does_not_run_is_never_ready() -> None:
-    def pod(phase: str, filter_state: dict) -> dict:
+    def pod(phase: str, filter_state: dict, sandbox_state: dict | None = None) -> dict:
         statuses = [
             {"name": egress.EGRESS_CONTAINER, "state": filter_state},
-            {"name": "sandbox", "state": {"running": {}}},
+            {"name": "sandbox", "state": sandbox_state or {"running": {}}},
         ]
         return {"status": {"phase": phase, "containerStatuses": statuses}}
 
@@ -136,6 +136,11 @@ def test_a_pod_whose_filter_does_not_run_is_never_ready() -> None:
     watched_out = pod("Running", {"terminated": {"reason": "Completed", "exitCode": 0}})
     verdict, why = watch.pod_verdict(watched_out)
     assert verdict == "failed" and not why.startswith(watch.EGRESS_FAILED) and "sandbox container" in why
+    # ... because the sandbox's image never came (its pull still backing off): that is the reason given
+    never_pulled = pod(
+        "Pending", {"terminated": {"exitCode": 0}}, {"waiting": {"reason": "ImagePullBackOff", "message": "m"}}
+    )
+    assert watch.pod_verdict(never_pulled) == ("failed", "ImagePullBackOff: m")
     assert watch.pod_verdict(pod("Running", {"waiting": {"reason": "ContainerCreating"}}))[0] == "pending"
 
 
