@@ -81,8 +81,9 @@ DEADLINE_FILE = "deadline"
 # passed to the server. Traps run while the supervisor waits (POSIX `wait` returns on a
 # trapped signal), which a shell blocked reading commands does not do: that is why the TTL
 # lives here, not in the server. The timer ignores the signals it can (the sandbox's commands
-# could send them), and an extendable one re-checks the clock after every sleep, so a sleep
-# cut short sleeps again to the deadline; a deadline that is not a number ends it.
+# could send them), and re-checks the clock after every sleep, so a sleep cut short sleeps
+# again to the deadline (Harbor's verifier kills every process the agent left, the timer's
+# sleep among them: that must not end the sandbox); a deadline that is not a number ends it.
 SUPERVISOR = r"""
 exec 3<&0 0</dev/null
 sh -s <&3 3<&- &
@@ -90,7 +91,8 @@ server=$!
 exec 3<&-
 trap 'kill -USR1 $server 2>/dev/null' USR1
 (trap '' HUP INT QUIT TERM USR1 USR2 ALRM PIPE
- sleep "$1"
+ end=$(($(date +%s) + $1))
+ while n=$(date +%s) && [ "$n" -lt "$end" ]; do sleep $((end - n)); done
  if [ -n "$3" ]; then
    while read -r d <"$3" && n=$(date +%s) && [ "$d" -gt "$n" ]; do
      if [ "$d" -gt "$4" ]; then d=$4; fi
