@@ -76,6 +76,9 @@ DEADLINE_FILE = "deadline"
 # * It sleeps in the background: a shell runs traps only between commands, and `wait`
 #   returns at once for a trapped signal. A background list's stdin is /dev/null unless
 #   redirected: the watch gets the container's stdin through fd 3.
+# * It waits by the clock (_o_wait): a sleep cut short (killed from inside, as Harbor's
+#   shared verifier kills every process the agent left, the timer's later sleeps among
+#   them) sleeps again to the same end. An image without `date` gets one plain sleep.
 TIMER = f"""
 _o_pid=$3
 exec 3<&0 0</dev/null
@@ -84,8 +87,13 @@ exec 3<&-
 _o_relay() {{ if read -r _o_p <"$_o_pid"; then kill -USR1 "$_o_p"; fi; }}
 trap _o_relay USR1
 _o_nap() {{ sleep "$1" & _o_s=$!; while kill -0 "$_o_s" 2>/dev/null; do wait "$_o_s"; done; }}
-_o_nap "$1"
-if [ -e "$_o_pid" ]; then _o_nap "$2"; fi
+_o_wait() {{
+  _o_e=$(date +%s 2>/dev/null) || {{ _o_nap "$1"; return; }}
+  _o_e=$((_o_e + $1))
+  while _o_n=$(date +%s) && [ "$_o_n" -lt "$_o_e" ]; do _o_nap $((_o_e - _o_n)); done
+}}
+_o_wait "$1"
+if [ -e "$_o_pid" ]; then _o_wait "$2"; fi
 {TTL_LOOP}"""
 
 
