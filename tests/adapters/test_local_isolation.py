@@ -204,8 +204,9 @@ def pids_cgroup_of(pid: int) -> str:
 
 
 def launcher_pids(base: str) -> list[int]:
-    """The launcher is the sandbox's host-side parent: it carries the marker, outside the cgroup."""
-    return [pid for pid in _sandbox_processes().get(base, []) if "launcher" in Path(f"/proc/{pid}/cmdline").read_text()]
+    """The launcher is the sandbox's host-side parent: it carries the marker, outside the cgroup
+    (a process gone since the scan, a command's own say, reads as "")."""
+    return [pid for pid in _sandbox_processes().get(base, []) if "launcher" in read(f"/proc/{pid}/cmdline")]
 
 
 @pytest.fixture
