@@ -107,8 +107,8 @@ class FixedLatencyEngine:
         self.reply_ids = [*tokenizer(REPLY)["input_ids"], tokenizer.eos_token_id]
         self.logprobs = [-0.5] * len(self.reply_ids)
         self.replied: dict[int, float] = {}  # task id -> when its last reply went out
-        self.first_asked: dict[int, float] = {}  # task id -> when it first asked
-        self.reply_times: list[float] = []
+        self.last_asked: dict[int, float] = {}  # task id -> when it last asked
+        self.periods: list[float] = []  # the time between an episode's consecutive requests
         self.turnarounds: list[float] = []
 
     async def _answer(self) -> None:
@@ -123,22 +123,20 @@ class FixedLatencyEngine:
         last = self.replied.pop(task, None)
         if last is not None:
             self.turnarounds.append(asked - last)
-        else:
-            self.first_asked[task] = asked
+            self.periods.append(asked - self.last_asked[task])
+        self.last_asked[task] = asked
         await anyio.sleep(self.latency)
-        self.replied[task] = replied = time.perf_counter()
-        self.reply_times.append(replied)
+        self.replied[task] = time.perf_counter()
 
-    def steady_steps_per_s(self) -> float | None:
-        """Steps/s while every episode was in flight: from the last episode's first request to
-        the first episode's last reply (None when no such window): the rate the sampler sees
-        once the rollout has ramped up, without each episode's start and end around it."""
-        if not self.first_asked or not self.replied:
+    def steady_of_ideal(self) -> float | None:
+        """The engine's latency over the mean time between an episode's consecutive requests
+        (None before any episode asked twice): the share of the ideal rate an episode keeps
+        once it runs, without each episode's start and end (its create, setup and first
+        prompt; its scoring and close) that a run's steps/s also pays. 1 when the
+        environment's turnaround and the loop's lateness in resuming an episode cost nothing."""
+        if not self.periods:
             return None
-        start, end = max(self.first_asked.values()), min(self.replied.values())
-        if end <= start:
-            return None
-        return sum(1 for t in self.reply_times if start < t <= end) / (end - start)
+        return self.latency / (sum(self.periods) / len(self.periods))
 
     async def generate(self, input_ids: Sequence[int], sampling: Sampling) -> Generation:
         await self._answer()
@@ -191,7 +189,7 @@ async def _level(
         leaked = len(await adapter.list_owned())
     ideal = concurrency / latency
     steps_per_s = steps_done / wall
-    steady = engine.steady_steps_per_s()
+    steady = engine.steady_of_ideal()
     percentiles = ms_percentiles(engine.turnarounds)
     row = Row(
         subject=path,
@@ -211,9 +209,9 @@ async def _level(
             "engine_latency_ms": latency * 1000,
             "ideal_steps_per_s": ideal,
             "of_ideal": round(steps_per_s / ideal, 3),
-            # the same while every episode was in flight: without the ramp (each episode's start,
-            # one after another on one loop) and the tail (each one's scoring and close)
-            "steady_of_ideal": None if steady is None else round(steady / ideal, 3),
+            # the same for an episode once it runs: without the ramp (each episode's start, one
+            # after another on one loop) and the tail (each one's scoring and close)
+            "steady_of_ideal": None if steady is None else round(steady, 3),
             # this process's CPU per step (the environment, the rollout and the fake engine): what the
             # ideal rate needs of one core is ideal_steps_per_s * cpu_us_per_step / 1e6, whatever the load
             "cpu_us_per_step": round(cpu / max(1, steps_done) * 1e6, 1),
@@ -239,7 +237,8 @@ async def run_turnaround(
     outcome.comparisons = compare_rows(outcome.rows, "tokens", "messages")
     outcome.notes.append(
         "turnaround: the engine's reply to the same episode's next request (p50/p99 ms); of_ideal: steps/s "
-        "over concurrency / engine latency (steady_of_ideal: the same while every episode was in flight); "
+        "over concurrency / engine latency (steady_of_ideal: the engine's latency "
+        "over the mean time between an episode's consecutive requests); "
         "cpu_us_per_step: this process's CPU per step (load-independent); "
         "comparisons: tokens against messages (ops ratio < 1: tokens slower)"
     )

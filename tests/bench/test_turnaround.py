@@ -4,6 +4,7 @@ reports hold together."""
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 
@@ -47,16 +48,15 @@ def test_turnaround_refuses_a_latency_that_is_not_positive(bench) -> None:
     assert main(["bench", "turnaround", "--latency", "0"]) == 2
 
 
-def test_the_steady_rate_counts_the_replies_while_every_episode_was_in_flight() -> None:
+async def test_the_steady_share_is_the_latency_over_an_episodes_mean_request_period() -> None:
     from orchard_async.bench.turnaround import ByteTokenizer, FixedLatencyEngine
 
-    engine = FixedLatencyEngine(0.1, ByteTokenizer())
-    assert engine.steady_steps_per_s() is None  # nothing ran
-    # episode 1 asks at 0.0 and replies at 0.1, 0.2, 0.3; episode 2 asks at 0.05, replies at 0.15, 0.25
-    engine.first_asked = {1: 0.0, 2: 0.05}
-    engine.reply_times = [0.1, 0.15, 0.2, 0.25, 0.3]
-    engine.replied = {1: 0.3, 2: 0.25}
-    # from 0.05 (both in flight) to 0.25 (the first one done): the replies at 0.1, 0.15, 0.2, 0.25
-    assert engine.steady_steps_per_s() == pytest.approx(4 / 0.2)
-    engine.replied = {1: 0.3, 2: 0.04}  # one ended before the other began: no such window
-    assert engine.steady_steps_per_s() is None
+    engine = FixedLatencyEngine(0.05, ByteTokenizer())
+    assert engine.steady_of_ideal() is None  # nothing ran
+    for _ in range(3):
+        await engine._answer()
+        await anyio.sleep(0.05)  # the environment's turn: as long as the engine's
+    # each request came one latency plus one turn after the last: half the ideal (a loaded
+    # machine only stretches the periods)
+    assert 0.02 < engine.steady_of_ideal() <= 0.5 + 1e-9
+    assert len(engine.periods) == 2
