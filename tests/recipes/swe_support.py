@@ -146,6 +146,18 @@ def assistant_turns(request: dict[str, Any]) -> int:
 # -- rollouts on a private root ---------------------------------------------------------------
 
 
+def failed_steps(trajectory: oa.Trajectory) -> list[str]:
+    """The commands of an episode that did not exit 0, and the GUI actions the driver refused."""
+    failed = [
+        f"step {step.index} exit {step.exit_code}: {step.action.command[:120]!r} -> {step.observation[-160:]!r}"
+        for step in trajectory.steps
+        if step.action.kind == "exec" and step.exit_code != 0
+    ]
+    if trajectory.info.get("action_errors"):
+        failed.append(f"{trajectory.info['action_errors']} action(s) the browser driver refused")
+    return failed
+
+
 @dataclass
 class RunResult:
     trajectories: list[oa.Trajectory]

@@ -16,7 +16,7 @@ from orchard_async.adapters.local import LocalAdapter
 from orchard_async.recipes import claw
 from orchard_async.recipes.claw import grading, services
 from orchard_async.recipes.claw.sandbox import claw_server, claw_tools
-from tests.recipes.swe_support import RunResult, ScriptPolicy, run_rollout
+from tests.recipes.swe_support import RunResult, ScriptPolicy, failed_steps, run_rollout
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +42,9 @@ def test_oracle_passes_every_task_and_leaves_nothing(builtin_runs, tasks) -> Non
     for task_id, t in by_task.items():
         assert (t.status, t.reward, t.success) == ("finished", 1.0, True), (task_id, t.error, t.info)
         assert len(t.info["audit"]) == t.info["tool_calls"], task_id  # the audit travels with the reward, for view
+    # and every step of it succeeded (test_task_text.py: a 100% score can hide a step that failed)
+    failed = {task_id: failed_steps(t) for task_id, t in by_task.items() if failed_steps(t)}
+    assert not failed, failed
     assert run.leaked == [] and run.left_on_disk == []
 
 

@@ -6,7 +6,8 @@ A 100% oracle score hides a cut task: YAML ends an unquoted scalar at `` #``, so
 ``claw answer "Posted in #ops ..."`` became an unterminated quote that failed in the shell
 while its episode still scored 1.0 (no check read the answer). So this file checks the task
 files themselves (no comment after an unquoted value, every prompt ends its last sentence)
-and runs every recipe's oracle on the local adapter, failing on any step that exits non-zero.
+and runs every recipe's oracle on the local adapter, failing on any step that exits non-zero
+(Claw's in test_claw_recipe.py, whose oracle run of the bundle checks its steps too).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from orchard_async.recipes import claw, gui, swe, toy
 from orchard_async.recipes.claw.task import BUILTIN_DIR as CLAW_DIR
 from orchard_async.recipes.claw.task import comments_after_text
 from tests.conftest import backend_missing
-from tests.recipes.swe_support import RunResult, run_rollout
+from tests.recipes.swe_support import RunResult, failed_steps, run_rollout
 from tests.recipes.test_gui_browser import _chromium
 
 CLAW_FILES = sorted(CLAW_DIR.glob("*.yaml"))
@@ -97,21 +98,7 @@ def test_a_user_task_whose_text_yaml_cut_is_refused_in_one_line(tmp_path: Path) 
 # -- every recipe's oracle, with every step checked ---------------------------------------------
 
 
-def failed_steps(trajectory: oa.Trajectory) -> list[str]:
-    """The commands of an episode that did not exit 0, and the GUI actions the driver refused."""
-    failed = [
-        f"step {step.index} exit {step.exit_code}: {step.action.command[:120]!r} -> {step.observation[-160:]!r}"
-        for step in trajectory.steps
-        if step.action.kind == "exec" and step.exit_code != 0
-    ]
-    if trajectory.info.get("action_errors"):
-        failed.append(f"{trajectory.info['action_errors']} action(s) the browser driver refused")
-    return failed
-
-
 def oracle_tasks(recipe: str) -> list[Any]:
-    if recipe == "claw":
-        return claw.load_tasks("builtin", user_base_url="")
     if recipe == "gui":
         return gui.load_tasks("builtin") + gui.load_tasks("deepshop:builtin")
     return {"swe": swe, "toy": toy}[recipe].load_tasks("builtin")
@@ -119,13 +106,14 @@ def oracle_tasks(recipe: str) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def oracle_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
-    """The oracle over every bundled task of the shell recipes, on the local adapter, at once."""
+    """The oracle over every bundled task of the shell recipes, on the local adapter, at once
+    (Claw's: test_claw_recipe.py's oracle run, the same checks, one run of the bundle)."""
     root = tmp_path_factory.mktemp("oracles")
     runs: dict[str, RunResult] = {}
-    concurrency = {"claw": 8, "swe": 4, "toy": 4}
+    concurrency = {"swe": 4, "toy": 4}
 
     async def one(recipe: str) -> None:
-        module = {"claw": claw, "swe": swe, "toy": toy}[recipe]
+        module = {"swe": swe, "toy": toy}[recipe]
         tasks = oracle_tasks(recipe)
         runs[recipe] = await run_rollout(
             tasks, module.make_policy("oracle"), root / recipe, concurrency=concurrency[recipe]
@@ -151,7 +139,7 @@ def assert_clean(run: RunResult, tasks: list[Any]) -> None:
     assert run.leaked == [] and run.left_on_disk == []
 
 
-@pytest.mark.parametrize("recipe", ["claw", "swe", "toy"])
+@pytest.mark.parametrize("recipe", ["swe", "toy"])
 def test_every_oracle_step_succeeds(oracle_runs: dict[str, RunResult], recipe: str) -> None:
     assert_clean(oracle_runs[recipe], oracle_tasks(recipe))
 
