@@ -71,6 +71,7 @@ def test_a_separate_verifier_grades_each_step_with_the_artifacts_it_ended_with(t
     # each step is graded on the artifacts it ended with: step create's list, before step
     # extend replaced it (graded on the final state, create would fail and stop the rest)
     found = run_sync(load(folder), harbor.Stepwise(ByStep()), "local")["multi-separate"]
+    assert "steps" in found.info, (found.end_reason, found.error)
     assert found.info["steps"] == {"create": {"reward": 1.0}, "extend": {"reward": 0.0}}, found.info
     assert found.reward == 0.5
 
