@@ -73,8 +73,10 @@ MAX_STEPS = 50
 WRITABLE = (cfg.LOGS, cfg.TESTS, cfg.SOLUTION)  # Harbor's absolute paths every sandbox must have
 
 # Every process in the sandbox as "pid:starttime", so a reused pid is not taken for an old one.
+# A process gone between the glob and its read is skipped, and must not make the listing fail:
+# a loop's status is its last command's, and the last process listed may be one that is ending.
 LIST_PROCESSES = (
-    r"""for d in /proc/[0-9]*; do p=${d#/proc/}; s=$(cut -d' ' -f22 "$d/stat" 2>/dev/null) && echo "$p:$s"; done"""
+    r"""for d in /proc/[0-9]*; do p=${d#/proc/}; s=$(cut -d' ' -f22 "$d/stat" 2>/dev/null) && echo "$p:$s"; done; :"""
 )
 # Kills every process not in the baseline (written into the script: the agent, root in many
 # images, could edit a file in the sandbox) and not this script's own ancestry, until a pass

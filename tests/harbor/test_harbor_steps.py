@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import orchard_async as oa
 from orchard_async.recipes import harbor
+from orchard_async.recipes.harbor.task import LIST_PROCESSES
 from tests.harbor.support import TASKS, ScriptPolicy, load, run_sync
 
 
@@ -86,3 +89,16 @@ class ByStep:
             return oa.Action(kind="submit", command="submit")
         text = "one" if observation.instruction.startswith("Create") else "two"
         return oa.Action(command=observation.task.agent_command(f"echo {text} > /app/list.txt"))
+
+
+def test_the_process_listing_succeeds_when_a_listed_process_is_gone_by_its_read() -> None:
+    """What a step's end records as the sandbox's own processes: a process that ended between
+    the listing's glob and its read (here the last one, a pid that cannot exist) is left out,
+    and the listing still succeeds (it failed the step's end, and the episode, under load)."""
+    script = LIST_PROCESSES.replace("/proc/[0-9]*", "/proc/[0-9]* /proc/999999999")
+    assert script != LIST_PROCESSES
+    listed = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30, check=False)
+    assert listed.returncode == 0, listed.stderr
+    started = open(f"/proc/{os.getpid()}/stat").read().rsplit(")", 1)[1].split()[19]  # field 22
+    assert f"{os.getpid()}:{started}" in listed.stdout.split()
+    assert not any(line.startswith("999999999:") for line in listed.stdout.split())
