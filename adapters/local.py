@@ -60,7 +60,7 @@ from orchard_async.kit.egress import NamespaceEgress, NetworkSwitch
 from orchard_async.kit.sandbox import ShellSandbox
 from orchard_async.kit.shell import ShellClient, make_output_pipes, quote
 from orchard_async.kit.streams import PipeStream
-from orchard_async.protocols import Sandbox
+from orchard_async.protocols import TIMER_NAME, Sandbox
 from orchard_async.types import DEFAULT_OUTPUT_CAP, SandboxSpec
 
 __all__ = ["SANDBOX_ENV", "LocalAdapter", "_sandbox_processes", "default_root", "isolation_report", "reap_local"]
@@ -374,7 +374,7 @@ class LocalAdapter:
         tree = snaps.tree_of(self.root, spec.snapshot) if spec.snapshot else None
         plan = iso.layout(self.root, base, network=spec.network == "on", writable_dirs=spec.writable_dirs)
         inner = iso.sandbox_argv(self.isolation, plan, self._probe.user_namespace)
-        supervisor = ["sh", "-c", SUPERVISOR, "supervisor", str(int(spec.ttl) + 1), "ns" if self.namespaces else ""]
+        supervisor = ["sh", "-c", SUPERVISOR, TIMER_NAME, str(int(spec.ttl) + 1), "ns" if self.namespaces else ""]
         if spec.max_extension:
             supervisor += [str(base / DEADLINE_FILE), str(math.ceil(expires_at + spec.max_extension))]
         argv = [

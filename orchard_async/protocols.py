@@ -56,6 +56,10 @@ if TYPE_CHECKING:
     from orchard_async.task import Observation, Reward
 
 DEFAULT_EXEC_TIMEOUT = 600.0  # seconds: a command's limit when the caller names none (see above)
+# A shell adapter's self-destruct timer (its TTL) is a process inside the sandbox with this word
+# as an argument of its argv (its shell's $0), and every process it starts is its child: what
+# a task that ends "every process the agent left" (Harbor's shared verifier) must spare.
+TIMER_NAME = "orchard-timer"
 
 
 # -- backends -----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from orchard_async.adapters.docker.config import DockerConfig
 from orchard_async.adapters.docker.fork import snapshot_tmpfs
 from orchard_async.kit import container_reattach
 from orchard_async.kit.container_shell import CTL_DIR, RELAYS_IN_MAIN, timer_args
+from orchard_async.protocols import TIMER_NAME
 from orchard_async.types import SandboxSpec
 
 # Processes the adapter itself runs in every container, added to spec.pids so that the
@@ -139,7 +140,7 @@ def container_config(
         host["Memory"] = host["MemorySwap"] = spec.memory_bytes
     if spec.gpus:  # what `docker run --gpus N` asks for: any driver that offers the gpu capability
         host["DeviceRequests"] = [{"Driver": "", "Count": spec.gpus, "DeviceIDs": None, "Capabilities": [["gpu"]]}]
-    timer = ["sh", "-c", (RELAYS_IN_MAIN if relays_in_main else "") + TIMER, "orchard-timer"]
+    timer = ["sh", "-c", (RELAYS_IN_MAIN if relays_in_main else "") + TIMER, TIMER_NAME]
     watch_grace = str(math.ceil(reattach_grace)) if reattach_grace else "0"
     body: dict[str, Any] = {}
     mounts = []

@@ -29,6 +29,7 @@ from orchard_async.images import build_command
 from orchard_async.kit import labels as names
 from orchard_async.kit.container_reattach import adoptable_entry
 from orchard_async.kit.container_shell import CTL_DIR, DEFAULT_WORKDIR, timer_args
+from orchard_async.protocols import TIMER_NAME
 from orchard_async.types import SandboxSpec
 
 CONTAINER = "sandbox"  # the sandbox container's name in its pod
@@ -93,7 +94,7 @@ def sandbox_labels(
 def timer_command(ttl: int, settings: PodSettings, workdir: str, hard_cap: int = 0) -> list[str]:
     """The timer's argv; with ``hard_cap`` (epoch seconds), an extendable sandbox's."""
     deadline = [f"{TTL_DIR}/{DEADLINE_FILE}", str(hard_cap)] if hard_cap else []
-    timer = ["sh", "-c", TIMER, "orchard-timer", *timer_args(ttl, settings.attach_grace), *deadline]
+    timer = ["sh", "-c", TIMER, TIMER_NAME, *timer_args(ttl, settings.attach_grace), *deadline]
     return adoptable_entry(timer, workdir) if settings.reattach_grace else timer
 
 

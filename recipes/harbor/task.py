@@ -62,6 +62,7 @@ from orchard_async import (
     recipe_option,
 )
 from orchard_async.capabilities import NetworkControl, network_policy
+from orchard_async.protocols import TIMER_NAME
 from orchard_async.recipes.harbor import config as cfg
 from orchard_async.recipes.harbor import images
 from orchard_async.recipes.harbor.config import Step, TaskConfig
@@ -72,18 +73,23 @@ SCORE_MARGIN = 60.0  # on top of the verifier's timeout: killing, copying tests,
 MAX_STEPS = 50
 WRITABLE = (cfg.LOGS, cfg.TESTS, cfg.SOLUTION)  # Harbor's absolute paths every sandbox must have
 
-# Every process in the sandbox as "pid:starttime", so a reused pid is not taken for an old one.
-# A process gone between the glob and its read is skipped, and must not make the listing fail:
-# a loop's status is its last command's, and the last process listed may be one that is ending.
-LIST_PROCESSES = (
-    r"""for d in /proc/[0-9]*; do p=${d#/proc/}; s=$(cut -d' ' -f22 "$d/stat" 2>/dev/null) && echo "$p:$s"; done; :"""
-)
+# Every process in the sandbox as "pid:starttime", so a reused pid is not taken for an old one,
+# and the adapter's TTL timers (TIMER_NAME in their argv; never PID 1, which adopts every
+# orphan) once more as "timer=pid:starttime". Taken before the agent acts, so the agent cannot
+# pass a process of its own off as a timer. A process gone between the glob and its read is
+# skipped, and must not make the listing fail: a loop's status is its last command's, and the
+# last process listed may be one that is ending.
+LIST_PROCESSES = rf"""for d in /proc/[0-9]*; do p=${{d#/proc/}}; s=$(cut -d' ' -f22 "$d/stat" 2>/dev/null) || continue
+echo "$p:$s"; [ "$p" != 1 ] && tr '\0' '\n' <"$d/cmdline" 2>/dev/null | grep -qx {TIMER_NAME} && echo "timer=$p:$s"
+done; :"""
 # Kills every process not in the baseline (written into the script: the agent, root in many
-# images, could edit a file in the sandbox) and not this script's own ancestry, until a pass
-# finds none (a process that forks is caught by the next pass). Only processes of this
-# script's own cgroup, the sandbox's: a pod's other containers share its PID namespace (the
-# kubernetes adapter's egress filter), and the agent cannot leave its cgroup (cgroupfs is
-# read-only to it).
+# images, could edit a file in the sandbox), not a child of a timer in it (the timer's later
+# sleeps: a sandbox whose timer is killed ends, or, where the timer outlives its sleep, the
+# passes below never run out) and not this script's own ancestry, until a pass finds none (a
+# process that forks is caught by the next pass). The agent cannot make a process a timer's
+# child: an orphan goes to PID 1. Only processes of this script's own cgroup, the sandbox's: a
+# pod's other containers share its PID namespace (the kubernetes adapter's egress filter), and
+# the agent cannot leave its cgroup (cgroupfs is read-only to it).
 KILL_OTHERS = r"""
 keep=" $KEEP "
 cgroup() { g=; while read -r line; do g="$g$line;"; done < "$1"; }  # every line: cgroup v1 has one a hierarchy
@@ -100,6 +106,8 @@ while [ $n -lt 50 ]; do
     cgroup "$d/cgroup" 2>/dev/null && [ "$g" = "$own" ] || continue
     s=$(cut -d' ' -f22 "$d/stat" 2>/dev/null) || continue
     case "$keep" in *" $p:$s "*) continue;; esac
+    pp=$(sed -n 's/^PPid:[[:space:]]*//p' "$d/status" 2>/dev/null) && ps=$(cut -d' ' -f22 "/proc/$pp/stat" 2>/dev/null) &&
+      case "$keep" in *" timer=$pp:$ps "*) continue;; esac
     kill -KILL "$p" 2>/dev/null && found=$((found+1))
   done
   [ $found = 0 ] && exit 0

@@ -35,7 +35,8 @@ def test_a_step_ends_when_its_turns_run_out_and_min_reward_stops_the_rest() -> N
     forever = Forever()
     found = run_sync(load(ids=["multi-step"], max_steps=3), harbor.Stepwise(forever), "local")
     t = found["multi-step"]
-    assert t.end_reason == "submitted" and t.reward == 0.0 and t.info["steps"] == {"create": {"reward": 0.0}}
+    assert (t.end_reason, t.reward) == ("submitted", 0.0), t.error
+    assert t.info["steps"] == {"create": {"reward": 0.0}}
     assert forever.seen == [(0, "Create"), (1, "Create")]  # two turns, then the step's end took the third
     end = json.loads(t.steps[2].action.raw)
     assert t.steps[2].action.kind == "submit" and (end["ended"], end["stopped"]) == ("out of turns", True)
