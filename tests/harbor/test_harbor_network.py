@@ -44,6 +44,8 @@ def test_allowlist_reaches_the_allowed_server_only(adapter, tmp_path):
         tasks = load(tmp_path)
         oracle = run_sync(tasks, harbor.make_policy("oracle"), adapter)
         empty = run_sync(load(tmp_path, ids=["allowed"]), harbor.make_policy("empty"), adapter)
+    for trajectory in oracle.values():  # a step ran (else why the episode ended)
+        assert trajectory.steps, (trajectory.task_id, trajectory.end_reason, trajectory.error)
     assert oracle["allowed"].reward == 1.0, oracle["allowed"].steps[0].observation[-500:]
     assert oracle["elsewhere"].reward == 0.0 and "urlopen" in oracle["elsewhere"].steps[0].observation
     assert empty["allowed"].reward == 0.0
@@ -65,5 +67,6 @@ def test_the_no_network_fixture_reaches_the_server_when_online(adapter, tmp_path
         allow = f'[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["{urlsplit(url).hostname}"]\n'
         toml.write_text(toml.read_text().replace("[agent]\n", allow))
         trajectory = run_sync(load(tmp_path), harbor.make_policy("oracle"), adapter)["no-network-online"]
+    assert trajectory.steps, (trajectory.end_reason, trajectory.error)
     assert "allowlisted-payload" in trajectory.steps[0].observation, trajectory.steps[0].observation[-500:]
     assert trajectory.reward == 0.0 and trajectory.end_reason == "submitted", trajectory.error
