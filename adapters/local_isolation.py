@@ -61,14 +61,20 @@ NOT_WRITABLE = ("/proc", "/dev", "/sys")
 # becomes the sandbox, waits for it, then removes what the sandbox leaves behind. It stays
 # outside the cgroup so it can remove it. Without a PID namespace, the processes that carry
 # the sandbox's marker are killed by hand (a process that dropped the marker escapes that:
-# isolation "none" is no boundary).
+# isolation "none" is no boundary), pass after pass until one finds none: a process killed
+# in a pass may be one whose parent starts another before its own turn comes (the TTL
+# timer, whose sleep killed first is slept again).
 LAUNCHER = r"""
 base=$1 cg=$2 mode=$3; shift 3
 if [ -n "$cg" ]; then (echo 0 >"$cg/cgroup.procs" && exec "$@"); else (exec "$@"); fi
 rc=$?
 if [ "$mode" = none ]; then
-  for f in $(grep -lzx "ORCHARD_SANDBOX=$base" /proc/[0-9]*/environ 2>/dev/null); do
-    p=${f#/proc/}; p=${p%/environ}; if [ "$p" != $$ ]; then kill -KILL "$p" 2>/dev/null; fi
+  n=0 found=1
+  while [ -n "$found" ] && [ $n -lt 50 ]; do
+    found= n=$((n+1))
+    for f in $(grep -lzx "ORCHARD_SANDBOX=$base" /proc/[0-9]*/environ 2>/dev/null); do
+      p=${f#/proc/}; p=${p%/environ}; if [ "$p" != $$ ]; then kill -KILL "$p" 2>/dev/null && found=1; fi
+    done
   done
 fi
 if [ -d "$base/upper" ]; then umount -l -- "$base/work" 2>/dev/null; fi  # a fork's overlay (local_snapshot)
