@@ -82,8 +82,8 @@ DEADLINE_FILE = "deadline"
 # trapped signal), which a shell blocked reading commands does not do: that is why the TTL
 # lives here, not in the server. The timer ignores the signals it can (the sandbox's commands
 # could send them), and re-checks the clock after every sleep, so a sleep cut short sleeps
-# again to the deadline (Harbor's verifier kills every process the agent left, the timer's
-# sleep among them: that must not end the sandbox); a deadline that is not a number ends it.
+# again to the deadline (a command may kill any process it sees: that must not end the
+# sandbox early); a deadline that is not a number ends it.
 SUPERVISOR = r"""
 exec 3<&0 0</dev/null
 sh -s <&3 3<&- &

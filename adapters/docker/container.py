@@ -77,9 +77,8 @@ DEADLINE_FILE = "deadline"
 # * It sleeps in the background: a shell runs traps only between commands, and `wait`
 #   returns at once for a trapped signal. A background list's stdin is /dev/null unless
 #   redirected: the watch gets the container's stdin through fd 3.
-# * It waits by the clock (_o_wait): a sleep cut short (killed from inside, as Harbor's
-#   shared verifier kills every process the agent left, the timer's later sleeps among
-#   them) sleeps again to the same end. An image without `date` gets one plain sleep.
+# * It waits by the clock (_o_wait): a sleep cut short (a command may kill any process it
+#   sees) sleeps again to the same end. An image without `date` gets one plain sleep.
 TIMER = f"""
 _o_pid=$3
 exec 3<&0 0</dev/null

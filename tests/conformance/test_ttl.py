@@ -93,9 +93,9 @@ async def test_an_extended_sandbox_outlives_its_first_ttl_and_ends_at_the_extend
 @pytest.mark.parametrize("max_extension", [0, 60], ids=["fixed", "extendable"])
 @pytest.mark.parametrize("make_adapter", waiting_backends(default=""), indirect=True)
 async def test_nothing_inside_a_sandbox_extends_its_life(make_adapter, max_extension, request) -> None:
-    """Nor shortens it, where the timer outlives its sleep: Harbor's shared verifier kills every
-    process the agent left, the timer's sleep among them (a TTL of a few seconds: the signals
-    must land well before it, on a loaded machine too)."""
+    """Nor shortens it, where the timer outlives its sleep: a command may kill any process it
+    sees (a TTL of a few seconds: the signals must land well before it, on a loaded machine
+    too)."""
     ttl, _, _, slack, survives = timing(request)
     ttl = max(ttl, 4.0)
     adapter = make_adapter()
