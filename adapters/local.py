@@ -91,8 +91,8 @@ server=$!
 exec 3<&-
 trap 'kill -USR1 $server 2>/dev/null' USR1
 (trap '' HUP INT QUIT TERM USR1 USR2 ALRM PIPE
- end=$(($(date +%s) + $1))
- while n=$(date +%s) && [ "$n" -lt "$end" ]; do sleep $((end - n)); done
+ n=$(date +%s); end=$((n + $1))
+ while [ "$n" -lt "$end" ]; do sleep $((end - n)); n=$(date +%s) || break; done
  if [ -n "$3" ]; then
    while read -r d <"$3" && n=$(date +%s) && [ "$d" -gt "$n" ]; do
      if [ "$d" -gt "$4" ]; then d=$4; fi

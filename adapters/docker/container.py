@@ -88,9 +88,9 @@ _o_relay() {{ if read -r _o_p <"$_o_pid"; then kill -USR1 "$_o_p"; fi; }}
 trap _o_relay USR1
 _o_nap() {{ sleep "$1" & _o_s=$!; while kill -0 "$_o_s" 2>/dev/null; do wait "$_o_s"; done; }}
 _o_wait() {{
-  _o_e=$(date +%s 2>/dev/null) || {{ _o_nap "$1"; return; }}
-  _o_e=$((_o_e + $1))
-  while _o_n=$(date +%s) && [ "$_o_n" -lt "$_o_e" ]; do _o_nap $((_o_e - _o_n)); done
+  _o_n=$(date +%s 2>/dev/null) || {{ _o_nap "$1"; return; }}
+  _o_e=$((_o_n + $1))
+  while [ "$_o_n" -lt "$_o_e" ]; do _o_nap $((_o_e - _o_n)); _o_n=$(date +%s) || return; done
 }}
 _o_wait "$1"
 if [ -e "$_o_pid" ]; then _o_wait "$2"; fi
