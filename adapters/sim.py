@@ -13,6 +13,7 @@ anything else succeeds with empty output. Files live in a dict per sandbox. Stre
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import itertools
 import posixpath
@@ -119,9 +120,14 @@ class SimSandbox:
         self._instant_exec = adapter.config.exec_latency == Latency()
         self.expires_at = time.monotonic() + spec.ttl  # a hung command without a timeout waits for this
         self.max_extension = spec.max_extension
-        # Its commands do not run, so its network is bookkeeping only: the engine's switching is what it shows.
-        self._network = NetworkSwitch(spec_network(spec.network), _no_enforcement)
+        self._network_mode = spec.network
         self.network_changes: list[NetworkPolicy] = []
+
+    @functools.cached_property
+    def _network(self) -> NetworkSwitch:
+        # Its commands do not run, so its network is bookkeeping only: the engine's switching is
+        # what it shows. Made when first asked for: most sandboxes never are.
+        return NetworkSwitch(spec_network(self._network_mode), _no_enforcement)
 
     async def set_network(
         self, mode: str, allow: Sequence[EgressRule | Mapping[str, Any]] = (), *, revision: int | None = None

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 from orchard_async import Action, Observation, Trajectory, get_adapter, rollout
 from orchard_async.bench.report import Row, compare_rows, ms_percentiles
@@ -108,6 +109,7 @@ class FixedLatencyEngine:
         self.logprobs = [-0.5] * len(self.reply_ids)
         self.replied: dict[int, float] = {}  # task id -> when its last reply went out
         self.last_asked: dict[int, float] = {}  # task id -> when it last asked
+        self.first_asks: list[float] = []  # when each episode first asked, in order
         self.periods: list[float] = []  # the time between an episode's consecutive requests
         self.turnarounds: list[float] = []
 
@@ -124,6 +126,8 @@ class FixedLatencyEngine:
         if last is not None:
             self.turnarounds.append(asked - last)
             self.periods.append(asked - self.last_asked[task])
+        elif task not in self.last_asked:
+            self.first_asks.append(asked)
         self.last_asked[task] = asked
         await anyio.sleep(self.latency)
         self.replied[task] = time.perf_counter()
@@ -161,6 +165,53 @@ class MessagePolicy:
     async def act(self, observation: Observation) -> Action:
         messages = bench_messages(episode_so_far(observation.episode_id, observation.instruction, observation.history))
         return bash_reply(await self.engine.chat(messages))
+
+
+async def _engine_floor(concurrency: int, steps: int, latency: float) -> Row:
+    """The same engine, number of episodes and steps, and event loop, with no environment:
+    ``concurrency`` tasks, spawned as the rollout spawns its workers, each asking the engine
+    ``steps`` times back to back. What an environment that cost nothing would get on this
+    loop: the ideal's ``concurrency / latency`` is out of its reach (a timer wakes the loop up
+    to a millisecond late, and each task costs its spawn)."""
+    engine = FixedLatencyEngine(latency, ByteTokenizer())
+
+    async def episode() -> None:
+        for _ in range(steps):
+            await engine.chat([])
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as group:
+        for _ in range(concurrency):
+            group.start_soon(episode)
+            await anyio.lowlevel.checkpoint()
+    wall = time.perf_counter() - started
+    steps_done = concurrency * steps
+    return Row(
+        subject="floor:engine",
+        concurrency=concurrency,
+        episodes=concurrency,
+        steps=steps_done,
+        steps_per_s=round(steps_done / wall, 1),
+        ops_per_s=round(steps_done / wall, 1),
+        wall_s=round(wall, 3),
+        extra={
+            "engine_latency_ms": latency * 1000,
+            "ideal_steps_per_s": concurrency / latency,
+            "of_ideal": round(steps_done / wall / (concurrency / latency), 3),
+            **_ramp(engine, started),
+        },
+    )
+
+
+def _ramp(engine: FixedLatencyEngine, started: float) -> dict[str, float]:
+    """When the first episode first asked the engine, and when the last one did (ms from the
+    start): the engine idles until the first, and the last one's end bounds the run."""
+    if not engine.first_asks:
+        return {}
+    return {
+        "first_request_ms": round((engine.first_asks[0] - started) * 1000, 2),
+        "all_asked_ms": round((engine.first_asks[-1] - started) * 1000, 2),
+    }
 
 
 async def _level(
@@ -215,6 +266,7 @@ async def _level(
             # this process's CPU per step (the environment, the rollout and the fake engine): what the
             # ideal rate needs of one core is ideal_steps_per_s * cpu_us_per_step / 1e6, whatever the load
             "cpu_us_per_step": round(cpu / max(1, steps_done) * 1e6, 1),
+            **_ramp(engine, started),
         },
     )
     return row, leaked
@@ -230,15 +282,20 @@ async def run_turnaround(
 ) -> Outcome:
     outcome = Outcome(leaked=0)
     for level in concurrency:
+        floor = await _engine_floor(level, steps, latency)
+        outcome.rows.append(floor)
         for path in ("messages", "tokens"):  # the same level, one after the other, in one run
             row, leaked = await _level(path, level, steps, latency, adapter_name, adapter_options or {})
+            row.extra["of_floor"] = round((row.steps_per_s or 0) / (floor.steps_per_s or 1), 3)
             outcome.rows.append(row)
             outcome.leaked = (outcome.leaked or 0) + leaked
     outcome.comparisons = compare_rows(outcome.rows, "tokens", "messages")
     outcome.notes.append(
         "turnaround: the engine's reply to the same episode's next request (p50/p99 ms); of_ideal: steps/s "
         "over concurrency / engine latency (steady_of_ideal: the engine's latency "
-        "over the mean time between an episode's consecutive requests); "
+        "over the mean time between an episode's consecutive requests); floor:engine: the same engine, "
+        "episodes and steps with no environment (of_floor: a path's steps/s over the floor's); "
+        "first_request_ms / all_asked_ms: when the first and the last episode first asked the engine; "
         "cpu_us_per_step: this process's CPU per step (load-independent); "
         "comparisons: tokens against messages (ops ratio < 1: tokens slower)"
     )

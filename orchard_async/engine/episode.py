@@ -25,7 +25,7 @@ from orchard_async.engine.plan import Episode, agent_spec, forked_spec, graded_a
 from orchard_async.engine.pool import Pool
 from orchard_async.engine.recording import RecordingSandbox
 from orchard_async.errors import ConfigError, ContextExhausted, InfraError, SandboxLost, VerifierError
-from orchard_async.protocols import GradedApart, Policy, Task
+from orchard_async.protocols import GradedApart, Policy, Sandbox, Task
 from orchard_async.records.trajectory import EndReason, Op, Step, Trajectory
 from orchard_async.task import Observation, Reward
 from orchard_async.types import ExecResult, ExitReason, SandboxSpec
@@ -63,6 +63,28 @@ class AgentOutcome:
     exec: float = 0.0  # seconds the commands took
 
 
+@dataclass(slots=True)
+class _Closer:
+    """Closes an attempt's agent sandbox once: after its scoring, or before a grade in a
+    fresh sandbox (``score``'s ``close_agent``), whichever comes first. (An object, not a
+    closure: a closure's cells are more objects per episode in flight for the collector to walk.)"""
+
+    pool: Pool
+    raw: Sandbox
+    ops: list[Op]
+    t0: float
+    timings: dict[str, float]
+    closed: bool = False
+
+    async def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            mark = time.monotonic()
+            await self.pool.close_sandbox(self.raw)
+            self.timings["destroy"] += time.monotonic() - mark
+            self.ops.append(Op("destroy", mark - self.t0, time.monotonic() - mark))
+
+
 async def run_attempt(
     episode: Episode,
     policy: Policy,
@@ -90,8 +112,9 @@ async def run_attempt(
     outcome = AgentOutcome()
     reward = Reward(value=0.0, success=False)
 
-    fork, shared = None, SharedSetup()
+    fork = None
     if groups is not None:
+        shared = SharedSetup()
         fork = await groups.start(episode, spec, ops, t0, shared)
         timings["create"], timings["setup"], timings["destroy"] = shared.create, shared.setup, shared.destroy
         waited = time.monotonic() - t0 - shared.create - shared.setup - shared.destroy
@@ -104,17 +127,7 @@ async def run_attempt(
     ops.append(Op("create", start - t0, time.monotonic() - start, "fork" if fork else "ok"))
     t_agent = time.monotonic() if fork else t0  # the group's shared setup is not this sample's budget
     sandbox = RecordingSandbox(raw, ops, t0)
-    agent_closed = False
-
-    async def close_agent_sandbox() -> None:
-        nonlocal agent_closed
-        if not agent_closed:
-            agent_closed = True
-            mark = time.monotonic()
-            await pool.close_sandbox(raw)
-            timings["destroy"] += time.monotonic() - mark
-            ops.append(Op("destroy", mark - t0, time.monotonic() - mark))
-
+    closer = _Closer(pool, raw, ops, t0, timings)
     try:
         outcome = await run_agent(
             episode,
@@ -131,7 +144,7 @@ async def run_attempt(
         if outcome.end_reason.scored:
             mark = time.monotonic()
             try:
-                reward = await score(task, sandbox, pool=pool, spec=spec, close_agent=close_agent_sandbox)
+                reward = await score(task, sandbox, pool=pool, spec=spec, close_agent=closer.close)
             finally:
                 timings["score"] = time.monotonic() - mark - timings["destroy"]
     except InfraError:
@@ -139,7 +152,7 @@ async def run_attempt(
     except Exception as exc:  # scoring failed for a reason of the task's own, outside its verifier
         outcome.end_reason, outcome.error = EndReason.TASK_ERROR, f"{type(exc).__name__}: {exc}"
     finally:
-        await close_agent_sandbox()
+        await closer.close()
     timings["total"] = time.monotonic() - t0
     return Trajectory(
         episode_id=episode.episode_id,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import msgspec
 
 from orchard_async.engine.control import RolloutControl
@@ -46,6 +47,11 @@ from orchard_async.records.trajectory import (
 )
 
 RETRY_BACKOFF = 0.2  # seconds before the first retry; doubles each time
+# Workers spawned before the spawner yields to let them start their episodes. Spawning all
+# first held a large rollout's first model request back until every worker existed (~20 ms
+# at 1,024 on anyio 4.16); a yield after each spawn costs a loop iteration each. 8 and 32
+# were the best of 1, 8, 32, 128 and never (`bench turnaround`, docs/performance.md).
+SPAWN_BATCH = 32
 
 
 async def run_with_retries(
@@ -227,8 +233,10 @@ async def rollout(
             workers_wanted = concurrency if control is not None else min(concurrency, len(episodes))
             try:
                 async with anyio.create_task_group() as group:
-                    for _ in range(workers_wanted):
+                    for spawned in range(1, workers_wanted + 1):
                         group.start_soon(worker, groups)
+                        if spawned % SPAWN_BATCH == 0:
+                            await anyio.lowlevel.checkpoint()
             finally:
                 if control is not None:
                     control.end()

@@ -24,13 +24,24 @@ def test_turnaround_runs_both_paths_at_every_level(bench, adapter: str) -> None:
     )
     assert data["leaked"] == 0
     assert [(row["subject"], row["concurrency"]) for row in data["rows"]] == [
+        ("floor:engine", 1),
         ("messages", 1),
         ("tokens", 1),
+        ("floor:engine", 4),
         ("messages", 4),
         ("tokens", 4),
     ]
-    for row in data["rows"]:
+    floors = {row["concurrency"]: row for row in data["rows"] if row["subject"] == "floor:engine"}
+    for floor in floors.values():  # the engine alone: its steps, never faster than its latency allows
+        assert floor["episodes"] == floor["concurrency"] and floor["steps"] == 3 * floor["concurrency"]
+        assert 0 < floor["extra"]["of_ideal"] <= 1.0
+        assert 0 <= floor["extra"]["first_request_ms"] <= floor["extra"]["all_asked_ms"]
+    for row in (row for row in data["rows"] if row["subject"] != "floor:engine"):
         assert row["episodes"] == row["concurrency"] and row["steps"] == 3 * row["concurrency"]
+        assert row["extra"]["of_floor"] == pytest.approx(
+            row["steps_per_s"] / floors[row["concurrency"]]["steps_per_s"], abs=1e-3
+        )
+        assert 0 < row["extra"]["first_request_ms"] <= row["extra"]["all_asked_ms"] < row["wall_s"] * 1000
         assert row["ops"] == 2 * row["concurrency"]  # a turnaround between each two requests of an episode
         assert 0 < row["p50_ms"] <= row["p99_ms"]
         assert 0 < row["extra"]["of_ideal"] <= 1.0  # never faster than the engine allows
