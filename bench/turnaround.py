@@ -22,13 +22,14 @@ of concurrency / latency; token recording <= 5% of the message path's steps/s.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 
 from orchard_async import Action, Observation, Trajectory, get_adapter, rollout
 from orchard_async.bench.report import Row, compare_rows, ms_percentiles
@@ -169,8 +170,7 @@ class MessagePolicy:
 
 async def _engine_floor(concurrency: int, steps: int, latency: float) -> Row:
     """The same engine, number of episodes and steps, and event loop, with no environment:
-    ``concurrency`` tasks, spawned as the rollout spawns its workers, each asking the engine
-    ``steps`` times back to back. What an environment that cost nothing would get on this
+    ``concurrency`` tasks, each asking the engine ``steps`` times back to back. What an environment that cost nothing would get on this
     loop: the ideal's ``concurrency / latency`` is out of its reach (a timer wakes the loop up
     to a millisecond late, and each task costs its spawn)."""
     engine = FixedLatencyEngine(latency, ByteTokenizer())
@@ -180,10 +180,10 @@ async def _engine_floor(concurrency: int, steps: int, latency: float) -> Row:
             await engine.chat([])
 
     started = time.perf_counter()
-    async with anyio.create_task_group() as group:
-        for _ in range(concurrency):
-            group.start_soon(episode)
-            await anyio.lowlevel.checkpoint()
+    with collector_pauses() as pauses:
+        async with anyio.create_task_group() as group:
+            for _ in range(concurrency):
+                group.start_soon(episode)
     wall = time.perf_counter() - started
     steps_done = concurrency * steps
     return Row(
@@ -199,8 +199,35 @@ async def _engine_floor(concurrency: int, steps: int, latency: float) -> Row:
             "ideal_steps_per_s": concurrency / latency,
             "of_ideal": round(steps_done / wall / (concurrency / latency), 3),
             **_ramp(engine, started),
+            **_pauses(pauses),
         },
     )
+
+
+@contextlib.contextmanager
+def collector_pauses() -> Iterator[list[float]]:
+    """The garbage collector's pauses (seconds each) while the block runs: on one event loop
+    they stop every episode, and at 1,024 episodes a young collection walks tens of thousands
+    of objects in flight (docs/performance.md)."""
+    pauses: list[float] = []
+    began = 0.0
+
+    def on_collection(phase: str, info: dict[str, int]) -> None:
+        nonlocal began
+        if phase == "start":
+            began = time.perf_counter()
+        else:
+            pauses.append(time.perf_counter() - began)
+
+    gc.callbacks.append(on_collection)
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(on_collection)
+
+
+def _pauses(pauses: list[float]) -> dict[str, float]:
+    return {"gc_pauses": len(pauses), "gc_pause_ms": round(sum(pauses) * 1000, 1)}
 
 
 def _ramp(engine: FixedLatencyEngine, started: float) -> dict[str, float]:
@@ -228,13 +255,14 @@ async def _level(
     done = steps_done = 0
     async with get_adapter(adapter_name, **adapter_options) as adapter:
         started, cpu_started = time.perf_counter(), time.process_time()
-        async for trajectory in rollout(tasks, policy, adapter, concurrency=concurrency, warm=0):
-            done += 1
-            steps_done += len(trajectory.steps)
-            if trajectory.status != "finished":
-                raise RuntimeError(f"turnaround: an episode failed ({trajectory.end_reason}): {trajectory.error}")
-            if path == "tokens" and any(step.action.tokens is None for step in trajectory.steps):
-                raise RuntimeError("turnaround: a token episode has a step without its tokens")
+        with collector_pauses() as pauses:
+            async for trajectory in rollout(tasks, policy, adapter, concurrency=concurrency, warm=0):
+                done += 1
+                steps_done += len(trajectory.steps)
+                if trajectory.status != "finished":
+                    raise RuntimeError(f"turnaround: an episode failed ({trajectory.end_reason}): {trajectory.error}")
+                if path == "tokens" and any(step.action.tokens is None for step in trajectory.steps):
+                    raise RuntimeError("turnaround: a token episode has a step without its tokens")
         wall = time.perf_counter() - started
         cpu = time.process_time() - cpu_started
         leaked = len(await adapter.list_owned())
@@ -267,6 +295,7 @@ async def _level(
             # ideal rate needs of one core is ideal_steps_per_s * cpu_us_per_step / 1e6, whatever the load
             "cpu_us_per_step": round(cpu / max(1, steps_done) * 1e6, 1),
             **_ramp(engine, started),
+            **_pauses(pauses),
         },
     )
     return row, leaked
@@ -296,6 +325,7 @@ async def run_turnaround(
         "over the mean time between an episode's consecutive requests); floor:engine: the same engine, "
         "episodes and steps with no environment (of_floor: a path's steps/s over the floor's); "
         "first_request_ms / all_asked_ms: when the first and the last episode first asked the engine; "
+        "gc_pauses / gc_pause_ms: the collector's pauses during the level; "
         "cpu_us_per_step: this process's CPU per step (load-independent); "
         "comparisons: tokens against messages (ops ratio < 1: tokens slower)"
     )

@@ -36,6 +36,7 @@ def test_turnaround_runs_both_paths_at_every_level(bench, adapter: str) -> None:
         assert floor["episodes"] == floor["concurrency"] and floor["steps"] == 3 * floor["concurrency"]
         assert 0 < floor["extra"]["of_ideal"] <= 1.0
         assert 0 <= floor["extra"]["first_request_ms"] <= floor["extra"]["all_asked_ms"]
+        assert floor["extra"]["gc_pauses"] >= 0 and floor["extra"]["gc_pause_ms"] >= 0
     for row in (row for row in data["rows"] if row["subject"] != "floor:engine"):
         assert row["episodes"] == row["concurrency"] and row["steps"] == 3 * row["concurrency"]
         assert row["extra"]["of_floor"] == pytest.approx(
