@@ -170,9 +170,10 @@ class MessagePolicy:
 
 async def _engine_floor(concurrency: int, steps: int, latency: float) -> Row:
     """The same engine, number of episodes and steps, and event loop, with no environment:
-    ``concurrency`` tasks, each asking the engine ``steps`` times back to back. What an environment that cost nothing would get on this
-    loop: the ideal's ``concurrency / latency`` is out of its reach (a timer wakes the loop up
-    to a millisecond late, and each task costs its spawn)."""
+    ``concurrency`` tasks, each asking the engine ``steps`` times back to back. What an
+    environment that cost nothing would get on this loop: the ideal's ``concurrency / latency``
+    is out of its reach (a timer wakes the loop up to a millisecond late, and each task costs
+    its spawn)."""
     engine = FixedLatencyEngine(latency, ByteTokenizer())
 
     async def episode() -> None:

@@ -2,11 +2,11 @@
 
 An episode in flight holds about 60 objects the collector tracks (its coroutines' frames, cancel
 scopes, timer handles, the sandbox's and the task's records; 72 before 2026-12-05's cuts), so
-1,024 of them are ~62,000 live objects. CPython's default first threshold (700 allocations) starts a young collection
-every few steps of such a rollout, and every tenth of those an older one, each walking the
-whole in-flight set and finding nothing: these episodes make almost no cycles. On the sim
-adapter at 1,024 episodes that was a fifth of the process's CPU and pauses of 20-50 ms on
-the one event loop (`bench turnaround`, docs/performance.md).
+1,024 of them are ~62,000 live objects. CPython's default first threshold (700 allocations)
+starts a young collection every few steps of such a rollout, and every tenth of those an older
+one, each walking the whole in-flight set and finding nothing: these episodes make almost no
+cycles. On the sim adapter at 1,024 episodes that was a fifth of the process's CPU and pauses
+of 20-50 ms on the one event loop (`bench turnaround`, docs/performance.md).
 
 ``tune_for_rollouts`` is what the CLI calls once at start; an embedding trainer may call it
 too (the collector is the process's, so it is the application's choice, never done behind a

@@ -64,7 +64,7 @@ class AgentOutcome:
 
 
 @dataclass(slots=True)
-class _Closer:
+class _AgentSandboxCloser:
     """Closes an attempt's agent sandbox once: after its scoring, or before a grade in a
     fresh sandbox (``score``'s ``close_agent``), whichever comes first. (An object, not a
     closure: a closure's cells are more objects per episode in flight for the collector to walk.)"""
@@ -127,7 +127,7 @@ async def run_attempt(
     ops.append(Op("create", start - t0, time.monotonic() - start, "fork" if fork else "ok"))
     t_agent = time.monotonic() if fork else t0  # the group's shared setup is not this sample's budget
     sandbox = RecordingSandbox(raw, ops, t0)
-    closer = _Closer(pool, raw, ops, t0, timings)
+    closer = _AgentSandboxCloser(pool, raw, ops, t0, timings)
     try:
         outcome = await run_agent(
             episode,
