@@ -43,7 +43,7 @@ def test_oracle_passes_every_task_and_leaves_nothing(builtin_runs, tasks) -> Non
         assert (t.status, t.reward, t.success) == ("finished", 1.0, True), (task_id, t.error, t.info)
         assert len(t.info["audit"]) == t.info["tool_calls"], task_id  # the audit travels with the reward, for view
     # and every step of it succeeded (test_task_text.py: a 100% score can hide a step that failed)
-    failed = {task_id: failed_steps(t) for task_id, t in by_task.items() if failed_steps(t)}
+    failed = {task_id: steps for task_id, t in by_task.items() if (steps := failed_steps(t))}
     assert not failed, failed
     assert run.leaked == [] and run.left_on_disk == []
 
