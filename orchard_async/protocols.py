@@ -235,7 +235,13 @@ class Policy(Protocol):
     model policy's HTTP client). Whoever made the policy calls it once when done with it
     (the CLI does, after the run); the rollout engine never does, since one policy serves
     every episode. (A policy written when this was ``aclose`` is still closed by the CLI,
-    with a DeprecationWarning.)"""
+    with a DeprecationWarning.)
+
+    Optional: ``def episode_ended(self, episode_id: str) -> None``, for a policy that keeps
+    something per episode (a harness run's calls, screenshots, a token context). The engine
+    calls it once an attempt at the episode is over, however it ended (a submit, its step
+    budget, its deadline, an error, an abort), so that state goes with the episode instead
+    of staying for the rest of the run. It must not raise and should not block."""
 
     name: str
 

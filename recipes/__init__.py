@@ -34,6 +34,12 @@ class NoisyOracle:
         chosen = self.oracle if self.solves(observation.episode_id) else self.failing
         return await chosen.act(observation)
 
+    def episode_ended(self, episode_id: str) -> None:
+        for policy in (self.oracle, self.failing):
+            ended = getattr(policy, "episode_ended", None)
+            if ended is not None:
+                ended(episode_id)
+
 
 def noisy_oracle(name: str, oracle: Policy, failing: Policy) -> NoisyOracle | None:
     """The policy ``name`` asks for when it is ``noisy-oracle:P[:SEED]`` (None for any other

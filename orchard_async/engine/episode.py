@@ -152,6 +152,9 @@ async def run_attempt(
     except Exception as exc:  # scoring failed for a reason of the task's own, outside its verifier
         outcome.end_reason, outcome.error = EndReason.TASK_ERROR, f"{type(exc).__name__}: {exc}"
     finally:
+        ended = getattr(policy, "episode_ended", None)  # optional (protocols.Policy)
+        if ended is not None:
+            ended(episode.episode_id)
         await closer.close()
     timings["total"] = time.monotonic() - t0
     return Trajectory(

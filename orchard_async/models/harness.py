@@ -151,9 +151,14 @@ class SandboxHarness:
                 usage=call.usage,
                 tokens=run.tokens[observation.step] if run.tokens else None,
             )
-        del self.runs[observation.episode_id]
+        self.episode_ended(observation.episode_id)
         summary = {"harness": self.command, "exit_code": run.exit_code, "reason": run.reason, "output": run.output}
         return Action(kind="submit", raw=json.dumps(summary))
+
+    def episode_ended(self, episode_id: str) -> None:
+        """The episode ended (protocols.Policy; the engine calls it however it ended): its
+        harness run's calls, replayed as its steps, are not needed again."""
+        self.runs.pop(episode_id, None)
 
     async def run(self, observation: Observation) -> HarnessRun:
         """The harness once, start to end, in the episode's sandbox; its calls as recorded."""

@@ -62,7 +62,7 @@ class GuiOpenAIPolicy:
 
     async def act(self, observation: Observation) -> Action:
         if answered(observation):
-            self._images.pop(observation.episode_id, None)
+            self.episode_ended(observation.episode_id)
             return Action(kind="submit", command="submit", raw='{"action": "submit"}')
         messages = await self.build_messages(observation)
         completion = await self.client.complete(messages, time_left=observation.remaining or None)
@@ -73,6 +73,11 @@ class GuiOpenAIPolicy:
         except actions.ActionParseError as exc:
             return Action(kind="invalid", raw=completion.content, error=str(exc), usage=completion.usage)
         return actions.to_action(action, raw=completion.content, usage=completion.usage)
+
+    def episode_ended(self, episode_id: str) -> None:
+        """The episode ended (protocols.Policy; the engine calls it however it ended): its
+        screenshots' encodings are not needed again."""
+        self._images.pop(episode_id, None)
 
     async def build_messages(self, observation: Observation) -> list[dict[str, Any]]:
         """The conversation so far, with the last K screenshots as image parts."""

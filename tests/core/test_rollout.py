@@ -145,6 +145,58 @@ async def test_policy_errors_are_not_retried() -> None:
     assert not adapter.live
 
 
+async def test_a_policy_is_told_when_each_episode_ends_however_it_ends() -> None:
+    """A policy that keeps something per episode (a token context, screenshots, a harness
+    run) is told once each attempt is over, so the run does not keep it: here episodes end
+    by their step budget, their deadline, the policy's own error and a submit, and some
+    sandboxes die mid-way (the attempt is retried in a fresh one)."""
+
+    @dataclass
+    class Ending(CountTask):
+        ends: str = "submit"
+        max_steps: int = 4
+        deadline: float = 0.4
+        score_timeout: float = 0.1
+
+    class Keeping:
+        name = "keeping"
+
+        def __init__(self) -> None:
+            self.kept: dict[str, int] = {}
+            self.acted: set[str] = set()
+            self.ended: Counter[str] = Counter()
+
+        async def act(self, observation: oa.Observation) -> oa.Action:
+            self.kept[observation.episode_id] = observation.step
+            self.acted.add(observation.episode_id)
+            ends = observation.task.ends  # type: ignore[attr-defined]
+            if ends == "error" and observation.step == 1:
+                raise RuntimeError("the model broke")
+            if ends == "deadline":
+                await anyio.sleep(1)
+            if ends == "submit" and observation.step == 2:
+                return oa.Action(kind="submit")
+            return oa.Action(command=f"echo {observation.step}")
+
+        def episode_ended(self, episode_id: str) -> None:
+            self.ended[episode_id] += 1
+            self.kept.pop(episode_id, None)
+
+    endings = ("max_steps", "deadline", "error", "submit")
+    policy = Keeping()
+    adapter = SimAdapter(SimConfig(seed=3, death_rate=0.05))
+    results = await drain([Ending(f"t-{end}", ends=end) for end in endings], policy, adapter, n=40, concurrency=40)
+    assert_accounted(results, 40)
+    reasons = Counter(t.end_reason for t in results)
+    assert {"max_steps", "deadline", "policy_error", "submitted"} <= set(reasons), reasons
+    assert any(t.retries for t in results), "some sandboxes should have died mid-way"
+    assert not policy.kept, f"{len(policy.kept)} episodes' state outlived them"
+    assert set(policy.ended) == policy.acted
+    for t in results:  # once per attempt that reached the policy, never more
+        assert 1 <= policy.ended[t.episode_id] <= 1 + len(t.retries)
+    assert not adapter.live
+
+
 async def test_replies_that_are_not_actions_end_the_episode_at_the_tasks_limit() -> None:
     """Invalid replies are steps the policy is told about; the task's parse_failure_limit of
     them in a row ends the episode as parse_failures, scored, never retried. A valid action

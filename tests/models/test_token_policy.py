@@ -88,6 +88,19 @@ async def test_toy_episodes_extend_their_prompt_every_turn(tmp_path: Path) -> No
     assert record["group_id"].endswith(trajectory.group_id) and record["weight_versions"] == ["v1"] * len(turns)
 
 
+async def test_an_episode_leaves_nothing_in_the_policy_however_it_ends(tmp_path: Path) -> None:
+    """What the policy keeps to save a turn's work (the conversation, the prompt's ids) goes
+    when the episode ends, whether or not it submitted: here each one runs out of steps."""
+    from orchard_async.recipes import toy
+
+    tokenizer = CharTokenizer()
+    engine = FakeTokenEngine(tokenizer, lambda prompt, turn: "```bash\ntrue\n```")
+    policy = token_policy("toy", engine, tokenizer=tokenizer, environ={})
+    trajectories, _ = await run(policy, toy.builtin_tasks(1), tmp_path)
+    assert len(trajectories) == 5 and {t.end_reason for t in trajectories} == {"max_steps"}
+    assert not policy._conversations and not policy._prompts and policy._prompt_ids == 0
+
+
 def observation(steps: list[Any], step: int) -> Observation:
     class Task:
         id = "t"

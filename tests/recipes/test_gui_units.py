@@ -256,6 +256,10 @@ def test_the_model_sees_text_for_each_step_and_at_most_k_screenshots():
     assert images[-1]["image_url"]["url"].startswith("data:image/png;base64,")
     omitted = [m for m in messages if isinstance(m["content"], str) and "screenshot omitted" in m["content"]]
     assert len(omitted) == 3
+    # the encodings are kept for the episode's next turns, and go when the engine says it ended
+    assert list(policy._images) == ["ep-1"]
+    policy.episode_ended("ep-1")
+    assert policy._images == {}
 
 
 # -- the sites' guarded endpoints --------------------------------------------------------------

@@ -307,8 +307,9 @@ class TokenPolicy:
             self._prompt_ids -= len(dropped)
         return record, prompt
 
-    def _forget(self, episode_id: str) -> None:
-        """The episode ends: what was kept to save its next turn's work is not needed again."""
+    def episode_ended(self, episode_id: str) -> None:
+        """The episode ended (protocols.Policy; the engine calls it however it ended): what
+        was kept to save its next turn's work is not needed again."""
         self._conversations.pop(episode_id, None)
         kept = self._prompts.pop(episode_id, None)
         if kept is not None:
@@ -345,7 +346,7 @@ class TokenPolicy:
         text = self.decode(generation.token_ids)
         action = self.parse_reply(text)
         if action.kind == "submit":
-            self._forget(observation.episode_id)
+            self.episode_ended(observation.episode_id)
         action.raw = text
         record.token_ids = generation.token_ids
         record.logprobs = generation.logprobs
