@@ -181,6 +181,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--steps", type=_positive, default=10, help="steps per episode (default 10)")
     p.add_argument("--latency", type=float, default=0.1, help="the fake engine's seconds per generation (default 0.1)")
+    p.add_argument(
+        "--waves",
+        type=_positive,
+        default=4,
+        help="the sustained run's episodes per concurrent slot: waves x concurrency episodes, "
+        "concurrency in flight throughout (default 4; 1: one wave only)",
+    )
 
     p = sub.add_parser(
         "service", help="exec through `orchard-async serve` vs in-process, and the remote adapter; create rates"
@@ -282,7 +289,12 @@ async def _dispatch(args: argparse.Namespace, adapter: str, options: dict):  # n
         if not args.latency > 0:
             raise ConfigError(f"--latency must be a positive number of seconds, got {args.latency}")
         return await run_turnaround(
-            adapter, concurrency=args.concurrency, steps=args.steps, latency=args.latency, adapter_options=options
+            adapter,
+            concurrency=args.concurrency,
+            steps=args.steps,
+            latency=args.latency,
+            waves=args.waves,
+            adapter_options=options,
         )
     if scenario == "chaos":
         from orchard_async.bench.chaos import chaos_kill, chaos_sim

@@ -178,7 +178,12 @@ def _turnaround(plt: Any, result: Result) -> Any:
         levels = [r.concurrency for r in rows]
         latency.plot(levels, [r.p50_ms for r in rows], style, label=f"{subject} p50")
         latency.plot(levels, [r.p99_ms for r in rows], style, alpha=0.5, label=f"{subject} p99")
-        share.plot(levels, [100 * (r.extra or {}).get("of_ideal", 0.0) for r in rows], style, label=subject)
+        share.plot(
+            levels, [100 * (r.extra or {}).get("of_ideal", 0.0) for r in rows], style, label=f"{subject}, one wave"
+        )
+        sustained = [(r.extra or {}).get("sustained_of_ideal") for r in rows]
+        if None not in sustained:  # a run with --waves 1 has none
+            share.plot(levels, [100 * v for v in sustained], style, alpha=0.5, label=f"{subject}, sustained")
     latency.set(xscale="log", yscale="log", xlabel="concurrent episodes", ylabel="turnaround (ms)")
     latency.set_title("model reply -> next generate request")
     share.axhline(90, color="tab:red", ls=":", label="target 90%")

@@ -12,8 +12,17 @@ engine that answers every request after a fixed latency, twice in one run:
 Measured per level and path: the environment's turnaround, from the engine's reply to the
 same episode's next request (p50/p99: parsing, the step, the command on the adapter, the
 next prompt), and the rollout's steps/s against the ideal of ``concurrency / latency`` (an
-environment that costs nothing). ``comparisons`` hold tokens against messages: the cost of
-recording tokens.
+environment that costs nothing), twice:
+
+* one wave (``of_ideal``): N episodes that all start at once and end together, as a
+  synchronous trainer's batch. Its run also pays each episode's start (create, setup, first
+  prompt) back to back on one loop before the last one asks, and every end in the last period;
+* sustained (``sustained_of_ideal``): ``waves`` x N episodes with N in flight throughout, a
+  new one started as one ends, as an asynchronous trainer keeps its sampler fed: the rate
+  ``concurrency / latency`` is, by Little's law, a steady state's, and this run amortises the
+  one start and one end over ``waves`` waves while still paying every episode's own.
+
+``comparisons`` hold tokens against messages: the cost of recording tokens.
 
 Targets (issue 24): p50 <= 1 ms on sim at 1,024 concurrent episodes; throughput within 10%
 of concurrency / latency; token recording <= 5% of the message path's steps/s.
@@ -168,16 +177,16 @@ class MessagePolicy:
         return bash_reply(await self.engine.chat(messages))
 
 
-async def _engine_floor(concurrency: int, steps: int, latency: float) -> Row:
+async def _engine_floor(concurrency: int, steps: int, latency: float, waves: int = 1) -> Row:
     """The same engine, number of episodes and steps, and event loop, with no environment:
-    ``concurrency`` tasks, each asking the engine ``steps`` times back to back. What an
-    environment that cost nothing would get on this loop: the ideal's ``concurrency / latency``
-    is out of its reach (a timer wakes the loop up to a millisecond late, and each task costs
-    its spawn)."""
+    ``concurrency`` tasks, each asking the engine ``steps`` times back to back for each of
+    its ``waves`` episodes. What an environment that cost nothing would get on this loop: the
+    ideal's ``concurrency / latency`` is out of its reach (a timer wakes the loop up to a
+    millisecond late, and each task costs its spawn)."""
     engine = FixedLatencyEngine(latency, ByteTokenizer())
 
     async def episode() -> None:
-        for _ in range(steps):
+        for _ in range(steps * waves):
             await engine.chat([])
 
     started = time.perf_counter()
@@ -186,11 +195,11 @@ async def _engine_floor(concurrency: int, steps: int, latency: float) -> Row:
             for _ in range(concurrency):
                 group.start_soon(episode)
     wall = time.perf_counter() - started
-    steps_done = concurrency * steps
+    steps_done = concurrency * steps * waves
     return Row(
         subject="floor:engine",
         concurrency=concurrency,
-        episodes=concurrency,
+        episodes=concurrency * waves,
         steps=steps_done,
         steps_per_s=round(steps_done / wall, 1),
         ops_per_s=round(steps_done / wall, 1),
@@ -243,7 +252,13 @@ def _ramp(engine: FixedLatencyEngine, started: float) -> dict[str, float]:
 
 
 async def _level(
-    path: str, concurrency: int, steps: int, latency: float, adapter_name: str, adapter_options: dict[str, Any]
+    path: str,
+    concurrency: int,
+    steps: int,
+    latency: float,
+    adapter_name: str,
+    adapter_options: dict[str, Any],
+    waves: int = 1,
 ) -> tuple[Row, int]:
     tokenizer = ByteTokenizer()
     engine = FixedLatencyEngine(latency, tokenizer)
@@ -252,7 +267,7 @@ async def _level(
         if path == "tokens"
         else MessagePolicy(engine)
     )
-    tasks: list[Any] = steps_tasks(concurrency, steps=steps)
+    tasks: list[Any] = steps_tasks(concurrency * waves, steps=steps)
     done = steps_done = 0
     async with get_adapter(adapter_name, **adapter_options) as adapter:
         started, cpu_started = time.perf_counter(), time.process_time()
@@ -308,21 +323,36 @@ async def run_turnaround(
     concurrency: list[int],
     steps: int = 10,
     latency: float = 0.1,
+    waves: int = 4,
     adapter_options: dict[str, Any] | None = None,
 ) -> Outcome:
+    """Each level's floor and both paths, one wave each, then (``waves`` > 1) each again
+    sustained over ``waves`` x ``concurrency`` episodes, its share of the ideal added to the
+    one-wave row as ``sustained_of_ideal``."""
     outcome = Outcome(leaked=0)
+    options = adapter_options or {}
     for level in concurrency:
         floor = await _engine_floor(level, steps, latency)
         outcome.rows.append(floor)
         for path in ("messages", "tokens"):  # the same level, one after the other, in one run
-            row, leaked = await _level(path, level, steps, latency, adapter_name, adapter_options or {})
+            row, leaked = await _level(path, level, steps, latency, adapter_name, options)
             row.extra["of_floor"] = round((row.steps_per_s or 0) / (floor.steps_per_s or 1), 3)
             outcome.rows.append(row)
             outcome.leaked = (outcome.leaked or 0) + leaked
+        if waves > 1:
+            sustained = [await _engine_floor(level, steps, latency, waves)]
+            for path in ("messages", "tokens"):
+                row, leaked = await _level(path, level, steps, latency, adapter_name, options, waves)
+                sustained.append(row)
+                outcome.leaked = (outcome.leaked or 0) + leaked
+            for one_wave, run in zip(outcome.rows[-3:], sustained, strict=True):
+                one_wave.extra["sustained_episodes"] = run.episodes
+                one_wave.extra["sustained_of_ideal"] = run.extra["of_ideal"]
     outcome.comparisons = compare_rows(outcome.rows, "tokens", "messages")
     outcome.notes.append(
         "turnaround: the engine's reply to the same episode's next request (p50/p99 ms); of_ideal: steps/s "
-        "over concurrency / engine latency (steady_of_ideal: the engine's latency "
+        "over concurrency / engine latency, one wave of episodes that start at once; sustained_of_ideal: the same "
+        "over sustained_episodes with `concurrency` in flight throughout (steady_of_ideal: the engine's latency "
         "over the mean time between an episode's consecutive requests); floor:engine: the same engine, "
         "episodes and steps with no environment (of_floor: a path's steps/s over the floor's); "
         "first_request_ms / all_asked_ms: when the first and the last episode first asked the engine; "

@@ -20,6 +20,8 @@ def test_turnaround_runs_both_paths_at_every_level(bench, adapter: str) -> None:
         "3",
         "--latency",
         "0.01",
+        "--waves",
+        "2",
         plot=adapter == "sim",
     )
     assert data["leaked"] == 0
@@ -37,6 +39,9 @@ def test_turnaround_runs_both_paths_at_every_level(bench, adapter: str) -> None:
         assert 0 < floor["extra"]["of_ideal"] <= 1.0
         assert 0 <= floor["extra"]["first_request_ms"] <= floor["extra"]["all_asked_ms"]
         assert floor["extra"]["gc_pauses"] >= 0 and floor["extra"]["gc_pause_ms"] >= 0
+    for row in data["rows"]:  # each subject again, sustained: two waves of episodes per slot
+        assert row["extra"]["sustained_episodes"] == 2 * row["concurrency"]
+        assert 0 < row["extra"]["sustained_of_ideal"] <= 1.0
     for row in (row for row in data["rows"] if row["subject"] != "floor:engine"):
         assert row["episodes"] == row["concurrency"] and row["steps"] == 3 * row["concurrency"]
         assert row["extra"]["of_floor"] == pytest.approx(
