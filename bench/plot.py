@@ -181,8 +181,8 @@ def _turnaround(plt: Any, result: Result) -> Any:
         share.plot(
             levels, [100 * (r.extra or {}).get("of_ideal", 0.0) for r in rows], style, label=f"{subject}, one wave"
         )
-        sustained = [(r.extra or {}).get("sustained_of_ideal") for r in rows]
-        if None not in sustained:  # a run with --waves 1 has none
+        sustained = [v for r in rows if (v := (r.extra or {}).get("sustained_of_ideal")) is not None]
+        if len(sustained) == len(rows):  # a run with --waves 1 has none
             share.plot(levels, [100 * v for v in sustained], style, alpha=0.5, label=f"{subject}, sustained")
     latency.set(xscale="log", yscale="log", xlabel="concurrent episodes", ylabel="turnaround (ms)")
     latency.set_title("model reply -> next generate request")
