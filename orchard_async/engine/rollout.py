@@ -220,10 +220,7 @@ async def rollout(
             )
             if groups is not None:
                 await groups.finish(episode)
-            try:
-                send.send_nowait(trajectory)  # no loop pass when the buffer has room, as it mostly has
-            except anyio.WouldBlock:  # a consumer behind by a whole buffer: wait for it, as before
-                await send.send(trajectory)
+            await send.send(trajectory)  # its checkpoint: a cancelled run stops here, before a closed stream
 
     async def workers() -> None:
         # Groups of tasks that opt in are set up once and forked (groups.py); their
