@@ -248,6 +248,14 @@ class Policy(Protocol):
     async def act(self, observation: Observation) -> Action: ...
 
 
+def tell_episode_ended(policy: object, episode_id: str) -> None:
+    """Call ``policy``'s optional ``episode_ended`` (see ``Policy``), if it has one: what the
+    engine does once an attempt is over, and what a policy that wraps others does for them."""
+    ended = getattr(policy, "episode_ended", None)
+    if ended is not None:
+        ended(episode_id)
+
+
 # -- recipes -----------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 
 from orchard_async import Action, ConfigError, Observation, Policy
+from orchard_async.protocols import tell_episode_ended
 
 NOISY_ORACLE = "noisy-oracle"
 
@@ -35,10 +36,8 @@ class NoisyOracle:
         return await chosen.act(observation)
 
     def episode_ended(self, episode_id: str) -> None:
-        for policy in (self.oracle, self.failing):
-            ended = getattr(policy, "episode_ended", None)
-            if ended is not None:
-                ended(episode_id)
+        tell_episode_ended(self.oracle, episode_id)
+        tell_episode_ended(self.failing, episode_id)
 
 
 def noisy_oracle(name: str, oracle: Policy, failing: Policy) -> NoisyOracle | None:

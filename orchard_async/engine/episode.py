@@ -25,7 +25,7 @@ from orchard_async.engine.plan import Episode, agent_spec, forked_spec, graded_a
 from orchard_async.engine.pool import Pool
 from orchard_async.engine.recording import RecordingSandbox
 from orchard_async.errors import ConfigError, ContextExhausted, InfraError, SandboxLost, VerifierError
-from orchard_async.protocols import GradedApart, Policy, Sandbox, Task
+from orchard_async.protocols import GradedApart, Policy, Sandbox, Task, tell_episode_ended
 from orchard_async.records.trajectory import EndReason, Op, Step, Trajectory
 from orchard_async.task import Observation, Reward
 from orchard_async.types import ExecResult, ExitReason, SandboxSpec
@@ -152,9 +152,7 @@ async def run_attempt(
     except Exception as exc:  # scoring failed for a reason of the task's own, outside its verifier
         outcome.end_reason, outcome.error = EndReason.TASK_ERROR, f"{type(exc).__name__}: {exc}"
     finally:
-        ended = getattr(policy, "episode_ended", None)  # optional (protocols.Policy)
-        if ended is not None:
-            ended(episode.episode_id)
+        tell_episode_ended(policy, episode.episode_id)
         await closer.close()
     timings["total"] = time.monotonic() - t0
     return Trajectory(

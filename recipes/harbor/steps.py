@@ -20,6 +20,7 @@ import json
 import time
 
 from orchard_async import Action, Observation, Policy
+from orchard_async.protocols import tell_episode_ended
 from orchard_async.recipes.harbor.task import HarborTask
 
 AGENT_NOTE_CHARS = 2000  # of the wrapped policy's last action kept in a step's boundary
@@ -65,6 +66,9 @@ class Stepwise:
         if report["stopped"]:
             return Action(kind="submit", command="submit", raw=raw)
         return Action(command=f": step {report['step']} ended, step {report['next']} begins", raw=raw)
+
+    def episode_ended(self, episode_id: str) -> None:
+        tell_episode_ended(self.policy, episode_id)
 
     async def close(self) -> None:
         close = getattr(self.policy, "close", None)

@@ -25,10 +25,14 @@ class Forever:
 
     def __init__(self) -> None:
         self.seen: list[tuple[int, str]] = []
+        self.ended: list[str] = []
 
     async def act(self, observation: oa.Observation) -> oa.Action:
         self.seen.append((observation.step, observation.instruction.split()[0]))
         return oa.Action(command="true")
+
+    def episode_ended(self, episode_id: str) -> None:
+        self.ended.append(episode_id)
 
 
 def test_a_step_ends_when_its_turns_run_out_and_min_reward_stops_the_rest() -> None:
@@ -40,6 +44,7 @@ def test_a_step_ends_when_its_turns_run_out_and_min_reward_stops_the_rest() -> N
     assert forever.seen == [(0, "Create"), (1, "Create")]  # two turns, then the step's end took the third
     end = json.loads(t.steps[2].action.raw)
     assert t.steps[2].action.kind == "submit" and (end["ended"], end["stopped"]) == ("out of turns", True)
+    assert forever.ended == [t.episode_id]  # the wrapper passes the episode's end on to the policy it wraps
 
 
 def test_a_step_never_reached_counts_zero() -> None:
