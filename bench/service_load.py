@@ -26,6 +26,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -59,7 +60,7 @@ class Load:
         self.killed = anyio.Event()
         self.restart_s: float | None = None
         self.backend_after_kill: dict | None = None  # sandboxes in the backend just after the kill
-        self.backend_after_restart: dict | None = None  # and once the restarted service answers
+        self.backend_before_restart: dict | None = None  # and when the service starts again
         self.answers_after_restart: collections.Counter[str] = collections.Counter()
 
     async def episode(self, adapter: oa.Adapter, number: int) -> None:
@@ -111,9 +112,10 @@ class Load:
         self.backend_after_kill = await anyio.to_thread.run_sync(backend_leaks, self.service.name, self.root)
         print(f"kill -9 at {self.right} commands, {len(self.ids_at_kill)} sandboxes live", file=sys.stderr)
         await anyio.sleep(self.args.down_for)
+        # Counted before the start: once the restarted service answers, the clients create again.
+        self.backend_before_restart = await anyio.to_thread.run_sync(backend_leaks, self.service.name, self.root)
         self.service.start()
         self.restart_s = await self.service.ready()
-        self.backend_after_restart = await anyio.to_thread.run_sync(backend_leaks, self.service.name, self.root)
         await self.ask_after_restart()
 
     async def ask_after_restart(self) -> None:
@@ -242,11 +244,13 @@ async def run_load(args: argparse.Namespace) -> dict[str, Any]:
         "live_at_kill": len(load.ids_at_kill),
         "restart_to_healthy_s": None if load.restart_s is None else round(load.restart_s, 2),
         "backend_just_after_kill": load.backend_after_kill,
-        "backend_when_restarted": load.backend_after_restart,
+        "backend_before_restart": load.backend_before_restart,
         "answers_after_restart": dict(load.answers_after_restart),
+        "found_at_restart": sum(int(n) for n in re.findall(r"re-adopting (\d+) sandboxes", log)),
         "reaped_at_restart": log.count("left by a run that is gone"),
         "readopted_at_restart": log.count("re-adopted key="),
         "lost_at_restart": log.count("could not re-adopt"),
+        "removed_at_restart": len(re.findall(r"removing \S+: key ", log)),
         "leaks_service_running": while_running,
         "leaks_after_stop": after_stop,
         "service_exit_code": stopped_rc,

@@ -186,9 +186,9 @@ async def _attach_retrying(adapter: Reattach, sandbox_id: str) -> Any:
 
 async def _remove(adapter: Reattach, sandbox_id: str, why: str) -> None:
     """A sandbox of this service that no key can reach: attach to it to end it."""
+    log.info("removing %s: %s", sandbox_id, why)
     try:
         sandbox = await adapter.attach(sandbox_id)
     except (InfraError, OrchardError, OSError):
         return  # ended already, or ends itself after its reattach grace
-    log.info("removing %s: %s", sandbox_id, why)
     await sandbox.close()
