@@ -188,6 +188,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the sustained run's episodes per concurrent slot: waves x concurrency episodes, "
         "concurrency in flight throughout (default 4; 1: one wave only)",
     )
+    p.add_argument(
+        "--processes",
+        type=_positive,
+        default=1,
+        help="run the episodes in this many worker processes (orchard_async.ProcessRollout), "
+        "one event loop each (default 1: the rollout on this process's loop)",
+    )
 
     p = sub.add_parser(
         "service", help="exec through `orchard-async serve` vs in-process, and the remote adapter; create rates"
@@ -294,6 +301,7 @@ async def _dispatch(args: argparse.Namespace, adapter: str, options: dict):  # n
             steps=args.steps,
             latency=args.latency,
             waves=args.waves,
+            processes=args.processes,
             adapter_options=options,
         )
     if scenario == "chaos":

@@ -39,8 +39,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import anyio
+import msgspec
 
-from orchard_async import Action, Observation, Trajectory, get_adapter, rollout
+from orchard_async import Action, Observation, ProcessRollout, Trajectory, Workload, get_adapter, rollout
 from orchard_async.bench.report import Row, compare_rows, ms_percentiles
 from orchard_async.bench.scenario import Outcome
 from orchard_async.bench.tasks import steps_tasks
@@ -106,6 +107,17 @@ class ByteTokenizer:
         return "".join(out)
 
 
+def steady_share(latency: float, periods: Sequence[float]) -> float | None:
+    """The engine's latency over the mean time between an episode's consecutive requests
+    (None before any episode asked twice): the share of the ideal rate an episode keeps
+    once it runs, without each episode's start and end (its create, setup and first
+    prompt; its scoring and close) that a run's steps/s also pays. 1 when the
+    environment's turnaround and the loop's lateness in resuming an episode cost nothing."""
+    if not periods:
+        return None
+    return latency / (sum(periods) / len(periods))
+
+
 class FixedLatencyEngine:
     """Answers after ``latency`` seconds, always with ``REPLY``; records, per episode (the
     asking task), when each reply went out and how long until the next request came."""
@@ -122,6 +134,7 @@ class FixedLatencyEngine:
         self.first_asks: list[float] = []  # when each episode first asked, in order
         self.periods: list[float] = []  # the time between an episode's consecutive requests
         self.turnarounds: list[float] = []
+        self.cpu_at_first_ask = time.process_time()  # this process's CPU clock when the first request came
 
     async def _answer(self) -> None:
         # the asking episode's task: asyncio's own lookup, a dict read (anyio's get_current_task
@@ -131,26 +144,21 @@ class FixedLatencyEngine:
             task = id(asyncio.current_task())
         except RuntimeError:  # not on asyncio
             task = anyio.get_current_task().id
-        asked = time.perf_counter()
+        asked = time.monotonic()
         last = self.replied.pop(task, None)
         if last is not None:
             self.turnarounds.append(asked - last)
             self.periods.append(asked - self.last_asked[task])
         elif task not in self.last_asked:
+            if not self.first_asks:
+                self.cpu_at_first_ask = time.process_time()
             self.first_asks.append(asked)
         self.last_asked[task] = asked
         await anyio.sleep(self.latency)
-        self.replied[task] = time.perf_counter()
+        self.replied[task] = time.monotonic()
 
     def steady_of_ideal(self) -> float | None:
-        """The engine's latency over the mean time between an episode's consecutive requests
-        (None before any episode asked twice): the share of the ideal rate an episode keeps
-        once it runs, without each episode's start and end (its create, setup and first
-        prompt; its scoring and close) that a run's steps/s also pays. 1 when the
-        environment's turnaround and the loop's lateness in resuming an episode cost nothing."""
-        if not self.periods:
-            return None
-        return self.latency / (sum(self.periods) / len(self.periods))
+        return steady_share(self.latency, self.periods)
 
     async def generate(self, input_ids: Sequence[int], sampling: Sampling) -> Generation:
         await self._answer()
@@ -189,12 +197,12 @@ async def _engine_floor(concurrency: int, steps: int, latency: float, waves: int
         for _ in range(steps * waves):
             await engine.chat([])
 
-    started = time.perf_counter()
+    started = time.monotonic()
     with collector_pauses() as pauses:
         async with anyio.create_task_group() as group:
             for _ in range(concurrency):
                 group.start_soon(episode)
-    wall = time.perf_counter() - started
+    wall = time.monotonic() - started
     steps_done = concurrency * steps * waves
     return Row(
         subject="floor:engine",
@@ -208,7 +216,7 @@ async def _engine_floor(concurrency: int, steps: int, latency: float, waves: int
             "engine_latency_ms": latency * 1000,
             "ideal_steps_per_s": concurrency / latency,
             "of_ideal": round(steps_done / wall / (concurrency / latency), 3),
-            **_ramp(engine, started),
+            **_ramp(engine.first_asks, started),
             **_pauses(pauses),
         },
     )
@@ -240,15 +248,61 @@ def _pauses(pauses: list[float]) -> dict[str, float]:
     return {"gc_pauses": len(pauses), "gc_pause_ms": round(sum(pauses) * 1000, 1)}
 
 
-def _ramp(engine: FixedLatencyEngine, started: float) -> dict[str, float]:
+def _ramp(first_asks: Sequence[float], started: float) -> dict[str, float]:
     """When the first episode first asked the engine, and when the last one did (ms from the
     start): the engine idles until the first, and the last one's end bounds the run."""
-    if not engine.first_asks:
+    if not first_asks:
         return {}
     return {
-        "first_request_ms": round((engine.first_asks[0] - started) * 1000, 2),
-        "all_asked_ms": round((engine.first_asks[-1] - started) * 1000, 2),
+        "first_request_ms": round((first_asks[0] - started) * 1000, 2),
+        "all_asked_ms": round((first_asks[-1] - started) * 1000, 2),
     }
+
+
+class Records(msgspec.Struct, kw_only=True):
+    """What one process's engine recorded over a level, and its CPU: a worker's report."""
+
+    turnarounds: list[float]
+    periods: list[float]
+    first_asks: list[float]  # time.monotonic()
+    cpu_s: float
+    gc_pauses: list[float]
+
+
+def _policy(path: str, engine: FixedLatencyEngine, tokenizer: ByteTokenizer) -> Any:
+    if path == "tokens":
+        return TokenPolicy(engine, tokenizer, bench_messages, sampling=Sampling(max_tokens=64))
+    return MessagePolicy(engine)
+
+
+def workload(
+    path: str, episodes: int, steps: int, latency: float, adapter: str, adapter_options: dict[str, Any]
+) -> Workload:
+    """A ``--processes`` worker's share of a level (``ProcessRollout``'s build): its own fake
+    engine, the path's policy and the adapter; its report is the engine's ``Records``."""
+    tokenizer = ByteTokenizer()
+    engine = FixedLatencyEngine(latency, tokenizer)
+    pauses = contextlib.ExitStack().enter_context(collector_pauses())  # for the worker's lifetime
+
+    def report() -> dict[str, Any]:
+        records = Records(
+            turnarounds=engine.turnarounds,
+            periods=engine.periods,
+            first_asks=engine.first_asks,
+            cpu_s=time.process_time() - engine.cpu_at_first_ask,
+            gc_pauses=pauses,
+        )
+        return msgspec.to_builtins(records)
+
+    tasks = steps_tasks(episodes, steps=steps)
+    return Workload(tasks, _policy(path, engine, tokenizer), get_adapter(adapter, **adapter_options), report=report)
+
+
+def _check(trajectory: Trajectory, path: str) -> None:
+    if trajectory.status != "finished":
+        raise RuntimeError(f"turnaround: an episode failed ({trajectory.end_reason}): {trajectory.error}")
+    if path == "tokens" and any(step.action.tokens is None for step in trajectory.steps):
+        raise RuntimeError("turnaround: a token episode has a step without its tokens")
 
 
 async def _level(
@@ -262,34 +316,88 @@ async def _level(
 ) -> tuple[Row, int]:
     tokenizer = ByteTokenizer()
     engine = FixedLatencyEngine(latency, tokenizer)
-    policy: Any = (
-        TokenPolicy(engine, tokenizer, bench_messages, sampling=Sampling(max_tokens=64))
-        if path == "tokens"
-        else MessagePolicy(engine)
-    )
+    policy = _policy(path, engine, tokenizer)
     tasks: list[Any] = steps_tasks(concurrency * waves, steps=steps)
     done = steps_done = 0
     async with get_adapter(adapter_name, **adapter_options) as adapter:
-        started, cpu_started = time.perf_counter(), time.process_time()
+        started, cpu_started = time.monotonic(), time.process_time()
         with collector_pauses() as pauses:
             async for trajectory in rollout(tasks, policy, adapter, concurrency=concurrency, warm=0):
+                _check(trajectory, path)
                 done += 1
                 steps_done += len(trajectory.steps)
-                if trajectory.status != "finished":
-                    raise RuntimeError(f"turnaround: an episode failed ({trajectory.end_reason}): {trajectory.error}")
-                if path == "tokens" and any(step.action.tokens is None for step in trajectory.steps):
-                    raise RuntimeError("turnaround: a token episode has a step without its tokens")
-        wall = time.perf_counter() - started
+        wall = time.monotonic() - started
         cpu = time.process_time() - cpu_started
         leaked = len(await adapter.list_owned())
+    records = Records(
+        turnarounds=engine.turnarounds,
+        periods=engine.periods,
+        first_asks=engine.first_asks,
+        cpu_s=cpu,
+        gc_pauses=pauses,
+    )
+    return _row(path, concurrency, latency, done, steps_done, wall, started, [records]), leaked
+
+
+async def _level_in_processes(
+    path: str,
+    concurrency: int,
+    steps: int,
+    latency: float,
+    adapter_name: str,
+    adapter_options: dict[str, Any],
+    waves: int,
+    processes: int,
+) -> tuple[Row, int]:
+    """``_level`` as ``processes`` worker processes (``ProcessRollout``), each with its share
+    of the episodes and its own engine; the run's time is from when they all started."""
+    options = {
+        "path": path,
+        "episodes": concurrency * waves,
+        "steps": steps,
+        "latency": latency,
+        "adapter": adapter_name,
+        "adapter_options": adapter_options,
+    }
+    run = ProcessRollout(
+        "orchard_async.bench.turnaround:workload", options, processes=processes, concurrency=concurrency, warm=0
+    )
+    done = steps_done = 0
+    cpu_started = time.process_time()
+    async for trajectory in run:
+        _check(trajectory, path)
+        done += 1
+        steps_done += len(trajectory.steps)
+    ended = time.monotonic()
+    assert run.started is not None
+    records = [msgspec.convert(report, Records) for report in run.reports]
+    parent = Records(turnarounds=[], periods=[], first_asks=[], cpu_s=time.process_time() - cpu_started, gc_pauses=[])
+    row = _row(path, concurrency, latency, done, steps_done, ended - run.started, run.started, [*records, parent])
+    row.extra["processes"] = processes
+    return row, 0  # each worker closed its own adapter; a sandbox it left would be its run's error
+
+
+def _row(
+    path: str,
+    concurrency: int,
+    latency: float,
+    done: int,
+    steps_done: int,
+    wall: float,
+    started: float,
+    records: list[Records],
+) -> Row:
     ideal = concurrency / latency
     steps_per_s = steps_done / wall
-    steady = engine.steady_of_ideal()
-    percentiles = ms_percentiles(engine.turnarounds)
-    row = Row(
+    turnarounds = [t for r in records for t in r.turnarounds]
+    periods = [t for r in records for t in r.periods]
+    first_asks = sorted(t for r in records for t in r.first_asks)
+    percentiles = ms_percentiles(turnarounds)
+    steady = steady_share(latency, periods)
+    return Row(
         subject=path,
         concurrency=concurrency,
-        ops=len(engine.turnarounds),
+        ops=len(turnarounds),
         episodes=done,
         steps=steps_done,
         steps_per_s=round(steps_per_s, 1),
@@ -307,14 +415,14 @@ async def _level(
             # the same for an episode once it runs: without the ramp (each episode's start, one
             # after another on one loop) and the tail (each one's scoring and close)
             "steady_of_ideal": None if steady is None else round(steady, 3),
-            # this process's CPU per step (the environment, the rollout and the fake engine): what the
-            # ideal rate needs of one core is ideal_steps_per_s * cpu_us_per_step / 1e6, whatever the load
-            "cpu_us_per_step": round(cpu / max(1, steps_done) * 1e6, 1),
-            **_ramp(engine, started),
-            **_pauses(pauses),
+            # the CPU per step of this process and its workers (the environment, the rollout and
+            # the fake engine): what the ideal rate needs of the cores is ideal_steps_per_s *
+            # cpu_us_per_step / 1e6, whatever the load
+            "cpu_us_per_step": round(sum(r.cpu_s for r in records) / max(1, steps_done) * 1e6, 1),
+            **_ramp(first_asks, started),
+            **_pauses([p for r in records for p in r.gc_pauses]),
         },
     )
-    return row, leaked
 
 
 async def run_turnaround(
@@ -324,25 +432,36 @@ async def run_turnaround(
     steps: int = 10,
     latency: float = 0.1,
     waves: int = 4,
+    processes: int = 1,
     adapter_options: dict[str, Any] | None = None,
 ) -> Outcome:
     """Each level's floor and both paths, one wave each, then (``waves`` > 1) each again
     sustained over ``waves`` x ``concurrency`` episodes, its share of the ideal added to the
-    one-wave row as ``sustained_of_ideal``."""
+    one-wave row as ``sustained_of_ideal``. With ``processes`` > 1 the paths run as a
+    ``ProcessRollout`` of that many workers (at most one per episode); the floor stays one
+    loop's, so a row run in workers has no ``of_floor``."""
     outcome = Outcome(leaked=0)
     options = adapter_options or {}
+
+    async def measure(path: str, level: int, waves: int = 1) -> tuple[Row, int]:
+        workers = min(processes, level)
+        if workers > 1:
+            return await _level_in_processes(path, level, steps, latency, adapter_name, options, waves, workers)
+        return await _level(path, level, steps, latency, adapter_name, options, waves)
+
     for level in concurrency:
         floor = await _engine_floor(level, steps, latency)
         outcome.rows.append(floor)
         for path in ("messages", "tokens"):  # the same level, one after the other, in one run
-            row, leaked = await _level(path, level, steps, latency, adapter_name, options)
-            row.extra["of_floor"] = round((row.steps_per_s or 0) / (floor.steps_per_s or 1), 3)
+            row, leaked = await measure(path, level)
+            if "processes" not in row.extra:
+                row.extra["of_floor"] = round((row.steps_per_s or 0) / (floor.steps_per_s or 1), 3)
             outcome.rows.append(row)
             outcome.leaked = (outcome.leaked or 0) + leaked
         if waves > 1:
             sustained = [await _engine_floor(level, steps, latency, waves)]
             for path in ("messages", "tokens"):
-                row, leaked = await _level(path, level, steps, latency, adapter_name, options, waves)
+                row, leaked = await measure(path, level, waves)
                 sustained.append(row)
                 outcome.leaked = (outcome.leaked or 0) + leaked
             for one_wave, run in zip(outcome.rows[-3:], sustained, strict=True):

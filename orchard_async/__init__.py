@@ -9,6 +9,7 @@ from orchard_async.engine.collector import tune_for_rollouts
 from orchard_async.engine.episode import render
 from orchard_async.engine.plan import Episode, plan
 from orchard_async.engine.pool import Pool
+from orchard_async.engine.processes import ProcessRollout, Workload
 from orchard_async.engine.rollout import collect, rollout
 from orchard_async.errors import (
     AdapterUnavailable,
@@ -93,6 +94,7 @@ __all__ = [
     "PhaseNetworks",
     "Policy",
     "Pool",
+    "ProcessRollout",
     "Recipe",
     "RecipeOptions",
     "Retry",
@@ -109,6 +111,7 @@ __all__ = [
     "Trajectory",
     "TrajectoryWriter",
     "VerifierError",
+    "Workload",
     "check_output_file",
     "check_trajectory_file",
     "collect",
