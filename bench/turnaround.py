@@ -294,7 +294,7 @@ def workload(
         )
         return msgspec.to_builtins(records)
 
-    tasks = steps_tasks(episodes, steps=steps)
+    tasks: list[Any] = steps_tasks(episodes, steps=steps)  # StepsTask: a Task by shape (max_steps a property)
     return Workload(tasks, _policy(path, engine, tokenizer), get_adapter(adapter, **adapter_options), report=report)
 
 

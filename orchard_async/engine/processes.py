@@ -290,8 +290,19 @@ def _read_exactly(source: BinaryIO, size: int) -> bytes:
     return data
 
 
+_this_worker: tuple[int, int] | None = None
+
+
+def this_worker() -> tuple[int, int] | None:
+    """In a worker of a ``ProcessRollout`` (its build included): (its index, the number of
+    workers), e.g. to pick one of several engine servers; None elsewhere."""
+    return _this_worker
+
+
 async def work(assignment: Assignment, source: BinaryIO, out: FrameWriter) -> None:
     """One worker's run (``main``, in the worker process)."""
+    global _this_worker
+    _this_worker = (assignment.worker, assignment.workers)
     build = pkgutil.resolve_name(assignment.build)
     workload = build(**assignment.options)
     if inspect.isawaitable(workload):
@@ -306,6 +317,7 @@ async def work(assignment: Assignment, source: BinaryIO, out: FrameWriter) -> No
         skip = set(assignment.skip)
         others = [ep.episode_id for ep in episodes if ep.episode_id not in mine]
         await out.send(READY, msgspec.msgpack.encode(len(mine - skip)))
+        await anyio.wait_readable(source.fileno())  # while the other workers build theirs
         if _read_frame(source)[0] != GO:
             return  # the caller went away before the start
         encode = msgspec.msgpack.Encoder().encode

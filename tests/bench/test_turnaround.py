@@ -59,6 +59,22 @@ def test_turnaround_runs_both_paths_at_every_level(bench, adapter: str) -> None:
     ]
 
 
+def test_turnaround_in_worker_processes_reports_every_workers_engine(bench) -> None:
+    data = bench(
+        "turnaround", "--concurrency", "1,4", "--steps", "3", "--latency", "0.01", "--waves", "2", "--processes", "2"
+    )
+    rows = {(row["subject"], row["concurrency"]): row for row in data["rows"]}
+    for path in ("messages", "tokens"):
+        one, four = rows[(path, 1)], rows[(path, 4)]
+        assert "processes" not in one["extra"] and "of_floor" in one["extra"]  # one episode: one loop
+        assert four["extra"]["processes"] == 2 and "of_floor" not in four["extra"]  # the floor is one loop's
+        assert four["episodes"] == 4 and four["steps"] == 12
+        assert four["ops"] == 8  # both workers' engines: a turnaround between each two requests of an episode
+        assert 0 < four["extra"]["first_request_ms"] <= four["extra"]["all_asked_ms"] < four["wall_s"] * 1000
+        assert 0 < four["extra"]["of_ideal"] <= 1.0 and 0 < four["extra"]["sustained_of_ideal"] <= 1.0
+        assert four["extra"]["cpu_us_per_step"] > 0
+
+
 def test_turnaround_refuses_a_latency_that_is_not_positive(bench) -> None:
     from orchard_async.apps.cli import main
 
