@@ -4,9 +4,9 @@
 each episode's start and end) is bounded by one core. At a sampler's rate of about 10,000
 steps/s (1,024 episodes at a 100 ms engine latency) that core is half busy, and the episodes'
 starts and ends, which come in bursts, make the sampler wait (``bench turnaround``,
-docs/performance.md). ``ProcessRollout`` runs the same plan in N processes (``python -c
-orchard_async.engine.processes``, ``main``), each a ``rollout`` of its share, and yields every
-trajectory to the caller as ``rollout`` does. A trainer's own loop then only receives them.
+docs/performance.md). ``ProcessRollout`` runs the same plan in N processes (``python -c``,
+this module's ``main``), each a ``rollout`` of its share, and yields every trajectory to the
+caller as ``rollout`` does. A trainer's own loop then only receives them.
 
 * The plan is the one ``rollout`` makes (the same episode ids, so ``skip`` resumes it); each
   worker runs the GRPO groups whose index is its own modulo N, so a group, and the setup
@@ -68,7 +68,8 @@ class Workload:
     tasks: Sequence[Task]
     policy: Policy
     adapter: Adapter
-    # called once the worker's share is done; what it returns (msgpack-able) is in ProcessRollout.reports
+    # called (and awaited, if it is a coroutine) once the worker's share is done, before the
+    # adapter closes; what it returns (msgpack-able) is in ProcessRollout.reports
     report: Callable[[], Any] | None = None
 
 
@@ -171,7 +172,7 @@ class ProcessRollout:
                         group.cancel_scope.cancel()
                         missing.clear()  # not a failure: the workers are stopped below
             if missing:
-                raise OrchardError("; ".join(missing) + ": their episodes can be run again with skip=")
+                raise OrchardError("; ".join(missing) + "; run again with skip= the episodes received, for the rest")
         finally:
             with anyio.CancelScope(shield=True):
                 await _stop(processes)
@@ -270,7 +271,9 @@ class FrameWriter:
     def send_now(self, kind: bytes, body: bytes) -> None:
         """The same, blocking: outside the event loop (the worker's last word)."""
         os.set_blocking(self.fd, True)
-        os.write(self.fd, HEADER.pack(len(body) + 1) + kind + body)
+        view = memoryview(HEADER.pack(len(body) + 1) + kind + body)
+        while view:
+            view = view[os.write(self.fd, view) :]
 
 
 def _read_frame(source: BinaryIO) -> tuple[bytes, bytes]:
@@ -342,6 +345,8 @@ async def work(assignment: Assignment, source: BinaryIO, out: FrameWriter) -> No
             ):
                 await out.send(TRAJECTORY, encode(trajectory))
             report = workload.report() if workload.report is not None else None
+            if inspect.isawaitable(report):
+                report = await report
             await out.send(DONE, msgspec.msgpack.encode(report))
             group.cancel_scope.cancel()
     finally:
@@ -360,7 +365,9 @@ def main() -> int:
     # process this one starts inherits (a sandbox's, a CLI's), are /dev/null and the logs.
     source = os.fdopen(os.dup(0), "rb", buffering=0)
     out = FrameWriter(os.dup(1))
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
     os.dup2(2, 1)
     kind, body = _read_frame(source)
     if kind != ASSIGNMENT:

@@ -63,6 +63,7 @@ def test_turnaround_in_worker_processes_reports_every_workers_engine(bench) -> N
     data = bench(
         "turnaround", "--concurrency", "1,4", "--steps", "3", "--latency", "0.01", "--waves", "2", "--processes", "2"
     )
+    assert data["leaked"] == 0  # each worker's adapter, counted in its report
     rows = {(row["subject"], row["concurrency"]): row for row in data["rows"]}
     for path in ("messages", "tokens"):
         one, four = rows[(path, 1)], rows[(path, 4)]
