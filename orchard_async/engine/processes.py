@@ -140,7 +140,7 @@ class ProcessRollout:
             for worker, share_of in enumerate(split(concurrency, processes))
         ]
         self.reports: list[Any] = [None] * processes
-        self.started: float | None = None  # time.monotonic() when every worker was told to go
+        self.started: float | None = None  # time.monotonic() just before every worker was told to go
 
     async def __aiter__(self) -> AsyncIterator[Trajectory]:
         processes: list[anyio.abc.Process] = []
@@ -155,9 +155,9 @@ class ProcessRollout:
                 await _send(process, ASSIGNMENT, msgspec.msgpack.encode(assignment))
             readers = [BufferedByteReceiveStream(_stdout(process)) for process in processes]
             expected = [await _ready(reader, index) for index, reader in enumerate(readers)]
+            self.started = time.monotonic()  # before the first go: a worker may start at once
             for process in processes:
                 await _send(process, GO, b"")
-            self.started = time.monotonic()
             send, receive = anyio.create_memory_object_stream[Trajectory](math.inf)  # bounded by the plan
             missing: list[str] = []
             async with anyio.create_task_group() as group:
