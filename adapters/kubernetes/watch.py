@@ -175,7 +175,12 @@ def pod_verdict(pod: dict[str, Any] | PodState) -> tuple[str, str]:
             waiting = state.waiting
             if waiting is not None and waiting.reason:  # never came: why (its image, say) is the sandbox's own
                 return "failed", f"{waiting.reason}: {waiting.message or ''}".rstrip(": ")
-            return "failed", "the sandbox container's processes ended before the pod was ready"
+            why = "the sandbox container's processes ended before the pod was ready"
+            term = state.terminated
+            if term is not None and term != _Terminated():  # what the kubelet says of its end
+                said = ", ".join(part for part in (term.reason, term.message) if part)
+                why += f" ({said + ', ' if said else ''}exit code {term.exitCode})"
+            return "failed", why
         return "failed", f"{EGRESS_FAILED}{ended.reason}: {ended.message or ''} (exit code {ended.exitCode})"
     if phase in ("Failed", "Succeeded"):
         term = state.terminated

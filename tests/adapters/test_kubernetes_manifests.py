@@ -63,6 +63,22 @@ def test_pod_verdicts() -> None:
     assert ended[0] == "failed" and "DeadlineExceeded" in ended[1]
 
 
+def test_a_pod_whose_filter_saw_the_sandbox_end_says_how_it_ended() -> None:
+    def with_filter_done(sandbox: dict) -> dict:
+        pod = _pod("Running", sandbox)
+        pod["status"]["containerStatuses"].insert(0, {"name": "egress", "state": {"terminated": {"exitCode": 0}}})
+        return pod
+
+    gone = "the sandbox container's processes ended before the pod was ready"
+    assert watch.pod_verdict(with_filter_done({"running": {}})) == ("failed", gone)
+    started_wrong = {"terminated": {"reason": "StartError", "message": "exec: no such file", "exitCode": 128}}
+    assert watch.pod_verdict(with_filter_done(started_wrong)) == (
+        "failed",
+        f"{gone} (StartError, exec: no such file, exit code 128)",
+    )
+    assert watch.pod_verdict(with_filter_done({"terminated": {"exitCode": 0}})) == ("failed", f"{gone} (exit code 0)")
+
+
 def _watched_pod(name: str, state: dict, version: str) -> dict:
     """A pod as the API server sends it in a watch event: spec, managedFields and all."""
     return {
