@@ -39,7 +39,7 @@ import contextlib
 import gc
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterable, Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -163,6 +163,17 @@ class FixedLatencyEngine:
 
     def steady_of_ideal(self) -> float | None:
         return steady_share(self.latency, self.periods)
+
+    def records(self, cpu_s: float, gc_pauses: list[float], leaked: int = 0) -> Records:
+        """What this engine recorded, with the CPU and the collector's pauses of its process."""
+        return Records(
+            turnarounds=self.turnarounds,
+            periods=self.periods,
+            first_asks=self.first_asks,
+            cpu_s=cpu_s,
+            gc_pauses=gc_pauses,
+            leaked=leaked,
+        )
 
     async def generate(self, input_ids: Sequence[int], sampling: Sampling) -> Generation:
         await self._answer()
@@ -291,25 +302,24 @@ def workload(
     backend = get_adapter(adapter, **adapter_options)
 
     async def report() -> dict[str, Any]:
-        records = Records(
-            turnarounds=engine.turnarounds,
-            periods=engine.periods,
-            first_asks=engine.first_asks,
-            cpu_s=time.process_time() - engine.cpu_at_first_ask,
-            gc_pauses=pauses,
-            leaked=len(await backend.list_owned()),
-        )
-        return msgspec.to_builtins(records)
+        cpu = time.process_time() - engine.cpu_at_first_ask
+        return msgspec.to_builtins(engine.records(cpu, pauses, len(await backend.list_owned())))
 
     tasks: list[Any] = steps_tasks(episodes, steps=steps)  # StepsTask: a Task by shape (max_steps a property)
     return Workload(tasks, _policy(path, engine, tokenizer), backend, report=report)
 
 
-def _check(trajectory: Trajectory, path: str) -> None:
-    if trajectory.status != "finished":
-        raise RuntimeError(f"turnaround: an episode failed ({trajectory.end_reason}): {trajectory.error}")
-    if path == "tokens" and any(step.action.tokens is None for step in trajectory.steps):
-        raise RuntimeError("turnaround: a token episode has a step without its tokens")
+async def _count(trajectories: AsyncIterable[Trajectory], path: str) -> tuple[int, int]:
+    """(episodes, steps) of a level's rollout, each episode checked as it comes."""
+    done = steps_done = 0
+    async for trajectory in trajectories:
+        if trajectory.status != "finished":
+            raise RuntimeError(f"turnaround: an episode failed ({trajectory.end_reason}): {trajectory.error}")
+        if path == "tokens" and any(step.action.tokens is None for step in trajectory.steps):
+            raise RuntimeError("turnaround: a token episode has a step without its tokens")
+        done += 1
+        steps_done += len(trajectory.steps)
+    return done, steps_done
 
 
 async def _level(
@@ -325,25 +335,14 @@ async def _level(
     engine = FixedLatencyEngine(latency, tokenizer)
     policy = _policy(path, engine, tokenizer)
     tasks: list[Any] = steps_tasks(concurrency * waves, steps=steps)
-    done = steps_done = 0
     async with get_adapter(adapter_name, **adapter_options) as adapter:
         started, cpu_started = time.monotonic(), time.process_time()
         with collector_pauses() as pauses:
-            async for trajectory in rollout(tasks, policy, adapter, concurrency=concurrency, warm=0):
-                _check(trajectory, path)
-                done += 1
-                steps_done += len(trajectory.steps)
+            done, steps_done = await _count(rollout(tasks, policy, adapter, concurrency=concurrency, warm=0), path)
         wall = time.monotonic() - started
         cpu = time.process_time() - cpu_started
         leaked = len(await adapter.list_owned())
-    records = Records(
-        turnarounds=engine.turnarounds,
-        periods=engine.periods,
-        first_asks=engine.first_asks,
-        cpu_s=cpu,
-        gc_pauses=pauses,
-    )
-    return _row(path, concurrency, latency, done, steps_done, wall, started, [records]), leaked
+    return _row(path, concurrency, latency, done, steps_done, wall, started, [engine.records(cpu, pauses)]), leaked
 
 
 async def _level_in_processes(
@@ -369,12 +368,8 @@ async def _level_in_processes(
     run = ProcessRollout(
         "orchard_async.bench.turnaround:workload", options, processes=processes, concurrency=concurrency, warm=0
     )
-    done = steps_done = 0
     cpu_started = time.process_time()
-    async for trajectory in run:
-        _check(trajectory, path)
-        done += 1
-        steps_done += len(trajectory.steps)
+    done, steps_done = await _count(run, path)
     ended = time.monotonic()
     assert run.started is not None
     records = [msgspec.convert(report, Records) for report in run.reports]
